@@ -1,0 +1,206 @@
+"""Agent and AgentConfig: the async facade the seed scenario is written against.
+
+    async with Agent(AgentConfig(name="distributed-training")) as agent:
+        report = await agent.run_distributed_training(TrainingSpec(model_type="mlp", target_workers=4))
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .coordinator import (
+    Coordinator, CoordinatorSettings, EscrowAccount, RunRequest, TrainingStore, run_training,
+)
+from .errors import AitbcError, ConfigError, NotEnoughWorkersError, NotFoundError
+from .market import ScoringStrategy, WeightedScore
+from .messaging import SignedChannel
+from .models import (
+    AggregateResult, CheckpointRef, EscrowSummary, JobAssignment, JobConfig, Payment, Progress, RoundMetrics,
+    Settlement, Shard, TrainingPhase, TrainingRecord, TrainingReport, TrainingSpec, TrainingStatus, Worker,
+    WorkerContract,
+)
+from .stack import STACK_BUILDERS, EmbeddedSettings, Stack
+from .training import FedAvg
+
+
+def default_home() -> Path:
+    return Path(os.environ.get("AITBC_HOME") or Path.home() / ".aitbc")
+
+
+class AgentConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = "aitbc-agent"
+    blockchain_network: Literal["embedded"] = Field(
+        default="embedded", description="'embedded' runs py-evm in-process")
+    wallet_name: str = "default"
+    home: Path = Field(default_factory=default_home)
+    providers: int = Field(default=4, ge=0, le=64, description="local provider agents on the embedded stack")
+    provider_prices_wei: tuple[int, ...] | None = None
+    wallet_funding_wei: int = Field(default=100 * 10**18, ge=0, description="embedded chain only")
+    discovery_timeout_s: float = Field(default=2.0, gt=0)
+    reply_timeout_s: float = Field(default=10.0, gt=0)
+
+
+class Agent:
+    """One coordinating agent. Nothing is global: several can run in one process."""
+
+    def __init__(self, config: AgentConfig | None = None, *, scoring: ScoringStrategy | None = None,
+                 observer: Any = None) -> None:
+        self.config = config or AgentConfig()
+        self.scoring = scoring or WeightedScore()
+        self._observer = observer
+        self._exits: AsyncExitStack | None = None
+        self._stack: Stack | None = None
+        self._coordinator: Coordinator | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> Agent:
+        if self._exits is not None:
+            raise AitbcError("agent already started")
+        exits = AsyncExitStack()
+        try:
+            cfg = self.config
+            builder = STACK_BUILDERS[cfg.blockchain_network]
+            stack = await builder(EmbeddedSettings(
+                home=cfg.home, providers=cfg.providers, provider_prices_wei=cfg.provider_prices_wei,
+                wallet_funding_wei=cfg.wallet_funding_wei), exits)
+            db = await exits.enter_async_context(TrainingStore(cfg.home / "aitbc.db"))
+            coordinator = Coordinator(
+                channel=SignedChannel(stack.bus, stack.account), store=stack.store, db=db,
+                escrow=EscrowAccount(stack.sender, stack.escrow), scoring=self.scoring, aggregation=FedAvg,
+                settings=CoordinatorSettings(discovery_timeout_s=cfg.discovery_timeout_s,
+                                             reply_timeout_s=cfg.reply_timeout_s),
+                observer=self._observer)
+            exits.push_async_callback(coordinator.close)
+        except BaseException:
+            await exits.aclose()
+            raise
+        self._exits, self._stack, self._coordinator = exits, stack, coordinator
+        return self
+
+    async def stop(self) -> None:
+        exits, self._exits = self._exits, None
+        self._stack = self._coordinator = None
+        if exits is not None:
+            await exits.aclose()
+
+    async def __aenter__(self) -> Agent:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    @property
+    def coordinator(self) -> Coordinator:
+        if self._coordinator is None:
+            raise AitbcError("agent not started: use 'async with Agent(...)' or 'await agent.start()'")
+        return self._coordinator
+
+    @property
+    def stack(self) -> Stack:
+        if self._stack is None:
+            raise AitbcError("agent not started")
+        return self._stack
+
+    @property
+    def address(self) -> str:
+        return self.coordinator.address
+
+    # -- the whole thing -------------------------------------------------------------------
+    async def run_distributed_training(self, spec: TrainingSpec, *, dataset: str | Path = "digits",
+                                       label_column: str | None = None, min_gpu: str | None = None) -> TrainingReport:
+        return await run_training(self.coordinator, RunRequest(spec=spec, dataset=dataset,
+                                                               label_column=label_column, min_gpu=min_gpu))
+
+    # -- the seed scenario's steps -----------------------------------------------------------
+    async def initialize_distributed_training(self, model_type: str, target_workers: int, *,
+                                              dataset_size: int | None = None, rounds: int = 5,
+                                              **spec: Any) -> TrainingRecord:
+        return await self.coordinator.initialize(TrainingSpec(
+            model_type=model_type, target_workers=target_workers, dataset_size=dataset_size, rounds=rounds, **spec))
+
+    async def upload_to_ipfs(self, *, path: str | Path | None = None, data: bytes | None = None,
+                             pin: bool = True) -> str:
+        return await self.coordinator.upload(path=path, data=data, pin=pin)
+
+    async def upload_training_data(self, training_id: str, path: str | Path, *,
+                                   label_column: str | None = None) -> str:
+        return await self.coordinator.attach_dataset(training_id, path, label_column=label_column)
+
+    async def create_data_shards(self, training_id: str, num_shards: int) -> list[Shard]:
+        return await self.coordinator.create_shards(training_id, num_shards)
+
+    async def discover_gpu_workers(self, *, min_gpu: str | None = None, required_workers: int | None = None,
+                                   max_price_wei: int | None = None) -> list[Worker]:
+        workers = await self.coordinator.discover(min_gpu=min_gpu, max_price_wei=max_price_wei)
+        if required_workers is not None and len(workers) < required_workers:
+            raise NotEnoughWorkersError(f"asked for {required_workers} workers, found {len(workers)}")
+        return workers
+
+    async def select_best_workers(self, workers: Sequence[Worker], count: int) -> list[Worker]:
+        return self.coordinator.select(workers, count)
+
+    async def negotiate_worker_contract(self, worker_id: str, training_id: str, price: int) -> WorkerContract:
+        return await self.coordinator.negotiate(worker_id, training_id, price)
+
+    async def fund_escrow(self, training_id: str) -> str:
+        return await self.coordinator.fund_escrow(training_id)
+
+    async def send_training_job(self, worker_id: str, training_id: str, shard_id: str,
+                                config: JobConfig | Mapping[str, Any] | None = None) -> JobAssignment:
+        job_config = config if isinstance(config, JobConfig) else JobConfig(**(config or {}))
+        return await self.coordinator.send_job(worker_id, training_id, shard_id, job_config)
+
+    async def get_worker_progress(self, job_id: str) -> Progress:
+        return await self.coordinator.progress(job_id)
+
+    async def collect_checkpoint(self, worker_id: str, job_id: str) -> CheckpointRef:
+        return await self.coordinator.collect_checkpoint(worker_id, job_id)
+
+    async def federated_average(self, checkpoints: Sequence[CheckpointRef],
+                                weights: Sequence[float] | None = None) -> AggregateResult:
+        return await self.coordinator.federated_average(checkpoints, weights)
+
+    async def save_training_results(self, training_id: str, model_cid: str,
+                                    metrics: Mapping[str, Any] | None = None) -> RoundMetrics:
+        return await self.coordinator.save_results(training_id, model_cid, dict(metrics or {}))
+
+    async def update_training_phase(self, training_id: str, phase: TrainingPhase | str) -> TrainingRecord:
+        return await self.coordinator.update_phase(training_id, phase)
+
+    async def get_training_status(self, training_id: str) -> TrainingStatus:
+        return await self.coordinator.status(training_id)
+
+    async def process_payment(self, worker_id: str, contract_id: str, amount: int) -> Payment:
+        contract = await self._contract(contract_id)
+        if contract.worker_id != worker_id:
+            raise ConfigError(f"contract {contract_id} belongs to {contract.worker_id}, not {worker_id}")
+        payments = await self.coordinator.pay(contract.training_id, worker_id, amount_wei=amount)
+        return payments[0]
+
+    async def settle_training(self, training_id: str) -> Settlement:
+        return await self.coordinator.settle(training_id)
+
+    async def refund_remainder(self, training_id: str) -> int:
+        refunded, _ = await self.coordinator.escrow.refund(training_id)
+        return refunded
+
+    async def escrow_summary(self, training_id: str) -> EscrowSummary:
+        return await self.coordinator.escrow.summary(training_id)
+
+    async def payments(self, training_id: str) -> list[Payment]:
+        return await self.coordinator.db.payments(training_id)
+
+    async def _contract(self, contract_id: str) -> WorkerContract:
+        for record in await self.coordinator.db.trainings():
+            for contract in await self.coordinator.db.contracts(record.training_id):
+                if contract.contract_id == contract_id:
+                    return contract
+        raise NotFoundError(f"no contract {contract_id!r}")

@@ -1,0 +1,244 @@
+"""Typed async wrapper around the TrainingEscrow contract.
+
+The client only encodes calls and decodes results; every write goes through a
+:class:`TransactionSender` passed in by the caller, which holds the signer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple
+
+from eth_typing import ChecksumAddress
+from eth_utils import keccak
+from hexbytes import HexBytes
+from web3 import AsyncWeb3
+from web3.types import BlockIdentifier, TxParams, TxReceipt, Wei
+
+from aitbc_agent_sdk.errors import ConfigError
+
+from .artifacts import ContractArtifact, load_artifact
+from .tx import CHAIN_EXCEPTIONS, TransactionSender, map_chain_error
+
+__all__ = [
+    "EscrowClient",
+    "EscrowEvent",
+    "EscrowState",
+    "SlotState",
+    "result_hash",
+    "training_key",
+]
+
+ZERO_ADDRESS = "0x0000000000000000000000000000000000000000"
+EventName = Literal["TrainingOpened", "SlotOpened", "Released", "PaymentDeferred", "Refunded"]
+# Every per-training event has trainingId as its first indexed topic.
+TRAINING_EVENTS: tuple[EventName, ...] = (
+    "TrainingOpened",
+    "SlotOpened",
+    "Released",
+    "PaymentDeferred",
+    "Refunded",
+)
+
+
+def training_key(training_id: str) -> bytes:
+    """The on-chain bytes32 id of a training: keccak256 of its string id (utf-8)."""
+    return keccak(text=training_id)
+
+
+def result_hash(cid: str) -> bytes:
+    """The bytes32 recorded with a payment: keccak256 of the accepted checkpoint's CID (utf-8)."""
+    return keccak(text=cid)
+
+
+@dataclass(frozen=True)
+class EscrowState:
+    """One training's budget as the contract sees it (all amounts in wei)."""
+
+    coordinator: ChecksumAddress
+    deposited: int
+    paid: int
+    refunded: int
+    closed: bool
+
+    @property
+    def exists(self) -> bool:
+        return self.coordinator != ZERO_ADDRESS
+
+    @property
+    def remaining(self) -> int:
+        """Wei still held for this training (not paid, not refunded)."""
+        return self.deposited - self.paid - self.refunded
+
+
+class SlotState(NamedTuple):
+    """A worker's cap and what has been released to it so far, in wei."""
+
+    amount: int
+    paid: int
+
+
+@dataclass(frozen=True)
+class EscrowEvent:
+    name: EventName
+    args: dict[str, Any]
+    block_number: int
+    tx_hash: str
+    log_index: int
+
+
+class EscrowClient:
+    """Reads and writes one deployed TrainingEscrow."""
+
+    def __init__(self, w3: AsyncWeb3, address: str, artifact: ContractArtifact | None = None) -> None:
+        self._artifact = artifact or load_artifact("TrainingEscrow")
+        self._w3 = w3
+        self.address: ChecksumAddress = AsyncWeb3.to_checksum_address(address)
+        self._contract = w3.eth.contract(address=self.address, abi=self._artifact.abi)
+
+    @property
+    def abi(self) -> list[dict[str, Any]]:
+        return self._artifact.abi
+
+    # --- writes -----------------------------------------------------------------------
+
+    async def open(
+        self,
+        sender: TransactionSender,
+        training_id: bytes,
+        workers: Sequence[str],
+        amounts: Sequence[int],
+        *,
+        value: int | None = None,
+    ) -> TxReceipt:
+        """Open a training funded with ``sum(amounts)`` wei (``value`` overrides, for tests)."""
+        tid = _bytes32(training_id, "training_id")
+        addrs = _addresses(workers)
+        _same_length(addrs, amounts)
+        deposit = sum(amounts) if value is None else value
+        return await self._transact(sender, "open", [tid, addrs, list(amounts)], value=deposit)
+
+    async def release(
+        self,
+        sender: TransactionSender,
+        training_id: bytes,
+        workers: Sequence[str],
+        amounts: Sequence[int],
+        result_hashes: Sequence[bytes],
+    ) -> TxReceipt:
+        """Pay each worker its amount for the result with the matching hash, in one tx."""
+        tid = _bytes32(training_id, "training_id")
+        addrs = _addresses(workers)
+        hashes = [_bytes32(h, "result hash") for h in result_hashes]
+        _same_length(addrs, amounts, hashes)
+        return await self._transact(sender, "release", [tid, addrs, list(amounts), hashes])
+
+    async def refund(self, sender: TransactionSender, training_id: bytes) -> TxReceipt:
+        """Close the training and return the unreleased budget to the coordinator."""
+        return await self._transact(sender, "refund", [_bytes32(training_id, "training_id")])
+
+    async def withdraw(self, sender: TransactionSender) -> TxReceipt:
+        """Pull payments that could not be pushed to the sender's address."""
+        return await self._transact(sender, "withdraw", [])
+
+    # --- views ------------------------------------------------------------------------
+
+    async def training(self, training_id: bytes) -> EscrowState:
+        coordinator, deposited, paid, refunded, closed = await self._call(
+            "trainings", _bytes32(training_id, "training_id")
+        )
+        return EscrowState(AsyncWeb3.to_checksum_address(coordinator), deposited, paid, refunded, closed)
+
+    async def slot(self, training_id: bytes, worker: str) -> SlotState:
+        amount, paid = await self._call(
+            "slot", _bytes32(training_id, "training_id"), AsyncWeb3.to_checksum_address(worker)
+        )
+        return SlotState(int(amount), int(paid))
+
+    async def owed(self, account: str) -> int:
+        return int(await self._call("owed", AsyncWeb3.to_checksum_address(account)))
+
+    async def events(
+        self,
+        training_id: bytes,
+        *,
+        names: Sequence[EventName] = TRAINING_EVENTS,
+        from_block: int = 0,
+        to_block: BlockIdentifier = "latest",
+        chunk_size: int = 10_000,
+    ) -> list[EscrowEvent]:
+        """Decoded events of one training, oldest first, read with ``eth_getLogs``.
+
+        The range is walked in ``chunk_size`` blocks because public nodes cap log ranges.
+        """
+        tid = _bytes32(training_id, "training_id")
+        by_topic = {
+            HexBytes(getattr(self._contract.events, name).topic): getattr(self._contract.events, name)
+            for name in names
+        }
+        topics = [[t.to_0x_hex() for t in by_topic], HexBytes(tid).to_0x_hex()]
+        try:
+            last = int((await self._w3.eth.get_block(to_block))["number"])
+            found: list[EscrowEvent] = []
+            for start in range(from_block, last + 1, chunk_size):
+                logs = await self._w3.eth.get_logs(
+                    {
+                        "address": self.address,
+                        "topics": topics,
+                        "fromBlock": start,
+                        "toBlock": min(start + chunk_size - 1, last),
+                    }
+                )
+                for log in logs:
+                    event = by_topic[HexBytes(log["topics"][0])]().process_log(log)
+                    found.append(
+                        EscrowEvent(
+                            name=event["event"],
+                            args=dict(event["args"]),
+                            block_number=int(event["blockNumber"]),
+                            tx_hash=HexBytes(event["transactionHash"]).to_0x_hex(),
+                            log_index=int(event["logIndex"]),
+                        )
+                    )
+        except CHAIN_EXCEPTIONS as exc:
+            raise map_chain_error(exc, abi=self.abi, action="TrainingEscrow events") from exc
+        return found
+
+    # --- encoding and plumbing ---------------------------------------------------------
+
+    def build(self, fn: str, *args: Any, value: int = 0) -> TxParams:
+        """An unsigned ``{to, data, value}`` for any contract function; the sender fills the rest."""
+        data = self._contract.encode_abi(fn, args=list(args))
+        return {"to": self.address, "data": data, "value": Wei(value)}
+
+    async def _transact(
+        self, sender: TransactionSender, fn: str, args: list[Any], *, value: int = 0
+    ) -> TxReceipt:
+        tx = self.build(fn, *args, value=value)
+        return await sender.send(tx, abi=self.abi, label=f"TrainingEscrow.{fn}")
+
+    async def _call(self, fn: str, *args: Any) -> Any:
+        try:
+            return await getattr(self._contract.functions, fn)(*args).call()
+        except CHAIN_EXCEPTIONS as exc:
+            raise map_chain_error(exc, abi=self.abi, action=f"TrainingEscrow.{fn}") from exc
+
+
+def _bytes32(value: bytes, what: str) -> bytes:
+    raw = bytes(value)
+    if len(raw) != 32:
+        raise ConfigError(f"{what} must be 32 bytes, got {len(raw)}")
+    return raw
+
+
+def _addresses(workers: Sequence[str]) -> list[ChecksumAddress]:
+    try:
+        return [AsyncWeb3.to_checksum_address(w) for w in workers]
+    except ValueError as exc:
+        raise ConfigError(f"invalid worker address: {exc}") from exc
+
+
+def _same_length(*columns: Sequence[Any]) -> None:
+    if len({len(c) for c in columns}) != 1:
+        raise ConfigError("workers, amounts (and result hashes) must have the same length")

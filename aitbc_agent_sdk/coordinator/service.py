@@ -1,0 +1,367 @@
+"""The coordinator's operations, one method per step of the seed scenario.
+
+Each method does one step against the ports it was given (bus channel, content
+store, SQLite, escrow); the round loop that strings them together lives in
+``coordinator.run`` and in the scenario scripts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import ConfigError, InsufficientFundsError, MessagingError, NotFoundError, TrainingError
+from ..market import ScoringStrategy, collect_offers, meets_min_gpu, rank_workers, reputation_from_history
+from ..messaging import SignedChannel, topics
+from ..models import (
+    AggregateResult, CheckpointRef, ContractProposal, ContractReply, JobAssignment, JobConfig, Payment,
+    Progress, RoundMetrics, Settlement, Shard, ShardManifest, TrainingPhase, TrainingRecord, TrainingSpec,
+    TrainingStatus, Worker, WorkerContract, new_id,
+)
+from ..storage import ContentStore
+from ..training import (
+    FedAvg, LabeledData, build_model, decode_data, decode_state, dirichlet_partition, encode_data,
+    encode_state, evaluate, fit_normalization, iid_partition, label_counts, load_dataset, model_spec_for,
+    sample_weights, train_test_split,
+)
+from .listener import Observer, TrainingListener
+from .phases import check_transition
+from .settlement import EscrowAccount, plan_payouts
+from .store import TrainingStore
+
+
+@dataclass
+class CoordinatorSettings:
+    discovery_timeout_s: float = 2.0
+    reply_timeout_s: float = 10.0
+    gas_reserve_wei: int = 10**16  # kept back for the open/release/refund transactions
+
+
+@dataclass
+class Coordinator:
+    channel: SignedChannel
+    store: ContentStore
+    db: TrainingStore
+    escrow: EscrowAccount
+    scoring: ScoringStrategy
+    aggregation: Callable[[], FedAvg] = FedAvg
+    settings: CoordinatorSettings = field(default_factory=CoordinatorSettings)
+    observer: Observer | None = None
+    _listeners: dict[str, TrainingListener] = field(default_factory=dict)
+    _data_cache: dict[str, LabeledData] = field(default_factory=dict)
+
+    @property
+    def address(self) -> str:
+        return self.channel.address
+
+    async def close(self) -> None:
+        for listener in self._listeners.values():
+            await listener.stop()
+        self._listeners.clear()
+
+    # -- set-up ----------------------------------------------------------------------------
+    async def initialize(self, spec: TrainingSpec) -> TrainingRecord:
+        record = TrainingRecord(training_id=new_id("training"), spec=spec, coordinator=self.address)
+        await self.db.save_training(record)
+        return record
+
+    async def upload(self, *, path: str | Path | None = None, data: bytes | None = None, pin: bool = True) -> str:
+        if (path is None) == (data is None):
+            raise ConfigError("give exactly one of path= or data=")
+        if path is not None:
+            path = Path(path)
+            if not path.is_file():
+                raise ConfigError(f"no such file: {path}")
+            return await self.store.add(path, pin=pin)
+        assert data is not None
+        return await self.store.add(data, pin=pin)
+
+    async def attach_dataset(self, training_id: str, source: str | Path, *, label_column: str | None = None) -> str:
+        """Load a dataset (validating it), store it as one content-addressed blob, link it to the training."""
+        data = await asyncio.to_thread(load_dataset, source, label_column=label_column)
+        return await self.attach_data(training_id, data)
+
+    async def attach_data(self, training_id: str, data: LabeledData) -> str:
+        record = await self.db.training(training_id)
+        model_spec_for(record.spec.model_type, data)  # fail now on an unknown model, not mid-run
+        cid = await self.store.add(await asyncio.to_thread(encode_data, data))
+        self._data_cache[cid] = data
+        await self.db.save_training(record.model_copy(update={"dataset_cid": cid}))
+        return cid
+
+    async def _data(self, cid: str) -> LabeledData:
+        if cid not in self._data_cache:
+            self._data_cache[cid] = await asyncio.to_thread(decode_data, await self.store.cat(cid))
+        return self._data_cache[cid]
+
+    async def manifest(self, training_id: str) -> ShardManifest:
+        record = await self.db.training(training_id)
+        if record.manifest_cid is None:
+            raise NotFoundError(f"training {training_id} has no shards yet")
+        return ShardManifest.model_validate_json(await self.store.cat(record.manifest_cid))
+
+    async def create_shards(self, training_id: str, num_shards: int) -> list[Shard]:
+        """Split the training set into content-addressed shards; also store the test split and round-0 model."""
+        record = await self.db.training(training_id)
+        if record.manifest_cid is not None:
+            return list((await self.manifest(training_id)).shards)
+        if record.dataset_cid is None:
+            raise ConfigError(f"training {training_id} has no dataset; upload one first")
+        spec = record.spec
+        data = await self._data(record.dataset_cid)
+        train, test = train_test_split(data, spec.test_fraction, spec.seed)
+        if num_shards < 1 or num_shards > len(train):
+            raise ConfigError(f"cannot make {num_shards} shards from {len(train)} training samples")
+        labels = train.labels.numpy()
+        if spec.partition == "iid":
+            parts = iid_partition(len(train), num_shards, spec.seed)
+        else:
+            parts = dirichlet_partition(labels, num_shards, spec.dirichlet_alpha, spec.seed)
+        shards = []
+        for i, indices in enumerate(parts):
+            blob = await asyncio.to_thread(encode_data, train.subset(np.sort(indices)))
+            cid = await self.store.add(blob)
+            shards.append(Shard(shard_id=f"{training_id}-shard-{i}", index=i, cid=cid, samples=len(indices),
+                                label_counts=label_counts(labels[indices], train.num_classes)))
+        test_cid = await self.store.add(await asyncio.to_thread(encode_data, test))
+        manifest = ShardManifest(dataset_cid=record.dataset_cid, test_cid=test_cid, partition=spec.partition,
+                                 seed=spec.seed, num_classes=data.num_classes, feature_shape=data.feature_shape,
+                                 shards=tuple(shards))
+        manifest_cid = await self.store.add(manifest.model_dump_json(indent=1).encode())
+        model_cid = await self.store.add(await asyncio.to_thread(_initial_model, spec, train))
+        self._data_cache[test_cid] = test
+        await self.db.save_shards(training_id, shards)
+        await self.db.save_training(record.model_copy(update={"manifest_cid": manifest_cid, "model_cid": model_cid}))
+        return shards
+
+    # -- market ----------------------------------------------------------------------------
+    async def discover(self, *, min_gpu: str | None = None, max_price_wei: int | None = None) -> list[Worker]:
+        offers = await collect_offers(self.channel, timeout=self.settings.discovery_timeout_s)
+        workers = []
+        for offer in offers:
+            if offer.free_slots < 1 or not meets_min_gpu(offer.hardware.gpu_type, min_gpu):
+                continue
+            if max_price_wei is not None and offer.price_wei > max_price_wei:
+                continue
+            done, failed = await self.db.worker_history(offer.provider)
+            workers.append(Worker(worker_id=offer.provider, offer=offer, reputation=reputation_from_history(done, failed),
+                                  jobs_completed=done, jobs_failed=failed))
+        return workers
+
+    def select(self, workers: Sequence[Worker], count: int) -> list[Worker]:
+        if not workers:
+            return []
+        return rank_workers(workers, self.scoring.score(workers), count)
+
+    async def negotiate(self, worker_id: str, training_id: str, price_wei: int) -> WorkerContract:
+        record = await self.db.training(training_id)
+        proposal = ContractProposal(contract_id=new_id("contract"), training_id=training_id,
+                                    coordinator=self.address, price_wei=price_wei, rounds=record.spec.rounds)
+        reply = await self.channel.request(
+            topics.negotiate(worker_id), proposal, topics.negotiate_reply(self.address, proposal.contract_id),
+            ContractReply, timeout=self.settings.reply_timeout_s, expected_sender=worker_id)
+        if not reply.accepted:
+            raise MessagingError(f"worker {worker_id} declined: {reply.reason}")
+        contract = WorkerContract(contract_id=proposal.contract_id, training_id=training_id, worker_id=worker_id,
+                                  coordinator=self.address, price_wei=price_wei, rounds=record.spec.rounds,
+                                  accepted_at=time.time())
+        await self.db.save_contract(contract)
+        return contract
+
+    async def fund_escrow(self, training_id: str) -> str:
+        """Deposit every contract's full amount in one transaction; returns the tx hash."""
+        contracts = await self.db.contracts(training_id)
+        budget = sum(c.price for c in contracts)
+        balance = await self.escrow.sender.balance()
+        if balance < budget + self.settings.gas_reserve_wei:
+            raise InsufficientFundsError(
+                f"wallet {self.address} holds {balance} wei; the budget needs {budget} wei plus "
+                f"{self.settings.gas_reserve_wei} wei for gas")
+        tx = await self.escrow.open(training_id, contracts)
+        await self.db.save_escrow(training_id, await self.escrow.summary(training_id))
+        return tx
+
+    # -- jobs ------------------------------------------------------------------------------
+    async def listener(self, training_id: str) -> TrainingListener:
+        if training_id not in self._listeners:
+            listener = TrainingListener(self.channel, self.db, training_id, self.observer)
+            await listener.start()
+            self._listeners[training_id] = listener
+        return self._listeners[training_id]
+
+    async def send_job(self, worker_id: str, training_id: str, shard_id: str, config: JobConfig) -> JobAssignment:
+        record = await self.db.training(training_id)
+        shard = next((s for s in await self.db.shards(training_id) if s.shard_id == shard_id), None)
+        if shard is None:
+            raise NotFoundError(f"no shard {shard_id!r} in training {training_id}")
+        contract = next((c for c in await self.db.contracts(training_id) if c.worker_id == worker_id), None)
+        if contract is None:
+            raise NotFoundError(f"worker {worker_id} has no contract for training {training_id}")
+        assert record.model_cid is not None  # create_shards stores the round-0 model
+        round_ = record.round + 1
+        job = JobAssignment(job_id=new_id("job"), training_id=training_id, round=round_, worker_id=worker_id,
+                            contract_id=contract.contract_id, shard_cid=shard.cid, weights_cid=record.model_cid,
+                            model=model_spec_for(record.spec.model_type, await self._model_probe(record)),
+                            config=config, seed=(record.spec.seed * 7919 + round_ * 104729 + shard.index) % 2**31)
+        await self.listener(training_id)  # subscribed before the job goes out, so no result is missed
+        await self.db.save_job(job)
+        await self.channel.publish(topics.jobs(worker_id), job)
+        return job
+
+    async def _model_probe(self, record: TrainingRecord) -> LabeledData:
+        manifest = await self.manifest(record.training_id)
+        return await self._data(manifest.test_cid)
+
+    async def progress(self, job_id: str) -> Progress:
+        progress = await self.db.progress(job_id)
+        if progress is not None:
+            return progress
+        job = await self.db.job(job_id)
+        return Progress(job_id=job_id, training_id=job.training_id, worker_id=job.worker_id, round=job.round,
+                        status="assigned", epoch=0, epochs=job.config.epochs, progress=0.0)
+
+    async def collect_checkpoint(self, worker_id: str, job_id: str) -> CheckpointRef:
+        """Fetch the job's checkpoint by CID (integrity-checked), check it fits the model, accept it."""
+        found = await self.db.checkpoint(job_id)
+        if found is None or found[0].worker_id != worker_id:
+            raise NotFoundError(f"no result from {worker_id} for job {job_id} yet")
+        ref, status = found
+        if status == "accepted":
+            return ref
+        record = await self.db.training(ref.training_id)
+        assert record.model_cid is not None
+        reference = decode_state(await self.store.cat(record.model_cid))
+        problem = _checkpoint_problem(decode_state(await self.store.cat(ref.cid)), reference)
+        if problem is not None:
+            await self.db.save_checkpoint(ref, "rejected")
+            raise TrainingError(f"checkpoint {ref.cid} from {worker_id} rejected: {problem}")
+        await self.db.save_checkpoint(ref, "accepted")
+        return ref
+
+    # -- aggregation -----------------------------------------------------------------------
+    async def federated_average(self, checkpoints: Sequence[CheckpointRef],
+                                weights: Sequence[float] | None = None) -> AggregateResult:
+        """Fold checkpoints one at a time (about two models in memory), store the average."""
+        if not checkpoints:
+            raise ConfigError("no checkpoints to aggregate")
+        weights = list(weights) if weights is not None else sample_weights([c.samples for c in checkpoints])
+        if len(weights) != len(checkpoints):
+            raise ConfigError(f"{len(weights)} weights for {len(checkpoints)} checkpoints")
+        strategy = self.aggregation()
+        strategy.begin()
+        for ref, weight in zip(checkpoints, weights, strict=True):
+            await self.fold(strategy, ref, weight)
+        model = await asyncio.to_thread(lambda: encode_state(strategy.result()))
+        cid = await self.store.add(model)  # the seed uploads ``model`` again: same bytes, same CID
+        total = sum(weights)
+        loss = sum(w * c.loss for c, w in zip(checkpoints, weights, strict=True)) / total if total else None
+        return AggregateResult(model_id=cid, model=model, round=max(c.round for c in checkpoints),
+                               samples=sum(c.samples for c in checkpoints), loss=loss,
+                               contributors=tuple(c.worker_id for c in checkpoints))
+
+    async def fold(self, strategy: FedAvg, ref: CheckpointRef, weight: float) -> None:
+        """Fetch one checkpoint and fold it into ``strategy``; only this one is decoded at a time."""
+        blob = await self.store.cat(ref.cid)
+        await asyncio.to_thread(lambda: strategy.accumulate(decode_state(blob), weight))
+
+    async def save_results(self, training_id: str, model_cid: str, metrics: dict[str, object] | None = None) -> RoundMetrics:
+        """Evaluate the aggregated model on the held-out test split and close the round."""
+        record = await self.db.training(training_id)
+        manifest = await self.manifest(training_id)
+        test = await self._data(manifest.test_cid)
+        state = decode_state(await self.store.cat(model_cid))
+        result = await asyncio.to_thread(_evaluate_state, record.spec, test, state)
+        round_ = record.round + 1
+        jobs = await self.db.jobs(training_id, round_)
+        round_metrics = RoundMetrics(round=round_, accuracy=result.accuracy, loss=result.loss, model_cid=model_cid,
+                                     workers=max(len({j.worker_id for j in jobs}), 1))
+        await self.db.save_round(training_id, round_metrics)
+        await self.db.save_training(record.model_copy(update={"round": round_, "model_cid": model_cid}))
+        if metrics:
+            await self.store.add(json.dumps({"training_id": training_id, "round": round_, **metrics},
+                                            sort_keys=True, default=str).encode())
+        if self.observer is not None:
+            self.observer(round_metrics)
+        return round_metrics
+
+    # -- phases and status -----------------------------------------------------------------
+    async def update_phase(self, training_id: str, phase: TrainingPhase | str) -> TrainingRecord:
+        record = await self.db.training(training_id)
+        target = check_transition(record.phase, phase)
+        updated = record.model_copy(update={"phase": target})
+        await self.db.save_training(updated)
+        if self.observer is not None:
+            self.observer(target)
+        return updated
+
+    async def status(self, training_id: str) -> TrainingStatus:
+        record = await self.db.training(training_id)
+        rounds = await self.db.rounds(training_id)
+        return TrainingStatus(training_id=training_id, phase=record.phase, round=record.round,
+                              rounds=record.spec.rounds, workers=len(await self.db.contracts(training_id)),
+                              accuracy=rounds[-1].accuracy if rounds else None, model_cid=record.model_cid)
+
+    # -- money -----------------------------------------------------------------------------
+    async def pay(self, training_id: str, worker_id: str | None = None, *,
+                  amount_wei: int | None = None) -> list[Payment]:
+        """Release what is owed for accepted work (to one worker, or all) in one transaction.
+
+        Amounts owed are computed against what the chain says was already paid, so paying
+        twice is impossible. ``amount_wei`` pays one worker less than it is owed, never more.
+        """
+        contracts = [c for c in await self.db.contracts(training_id) if worker_id in (None, c.worker_id)]
+        if worker_id is not None and not contracts:
+            raise NotFoundError(f"worker {worker_id} has no contract in training {training_id}")
+        paid = await self.escrow.paid_on_chain(training_id, [c.worker_id for c in contracts])
+        payouts = plan_payouts(contracts, await self.db.checkpoints(training_id, "accepted"), paid)
+        if amount_wei is not None:
+            if worker_id is None or len(payouts) != 1 or amount_wei > payouts[0].amount_wei:
+                owed = payouts[0].amount_wei if len(payouts) == 1 else 0
+                raise ConfigError(f"cannot pay {amount_wei} wei to {worker_id}: {owed} wei is owed for accepted work")
+            payouts = [replace(payouts[0], amount_wei=amount_wei)]
+        payments = await self.escrow.release(training_id, payouts)
+        for payment in payments:
+            await self.db.save_payment(payment)
+            if self.observer is not None:
+                self.observer(payment)
+        await self.db.save_escrow(training_id, await self.escrow.summary(training_id))
+        return payments
+
+    async def settle(self, training_id: str) -> Settlement:
+        """Pay every accepted worker in one transaction, then refund what is left."""
+        payments = await self.pay(training_id)
+        refund_wei, refund_tx = await self.escrow.refund(training_id)
+        summary = await self.escrow.summary(training_id)
+        await self.db.save_escrow(training_id, summary)
+        return Settlement(training_id=training_id, payments=tuple(payments), refund_wei=refund_wei,
+                          refund_tx=refund_tx, escrow=summary)
+
+
+def _initial_model(spec: TrainingSpec, train: LabeledData) -> bytes:
+    model = build_model(model_spec_for(spec.model_type, train), seed=spec.seed)
+    fit_normalization(model, train)
+    return encode_state({k: v.detach().contiguous() for k, v in model.state_dict().items()})
+
+
+def _evaluate_state(spec: TrainingSpec, test: LabeledData, state: dict[str, torch.Tensor]):
+    model = build_model(model_spec_for(spec.model_type, test))
+    model.load_state_dict(state, strict=True)
+    return evaluate(model, test)
+
+
+def _checkpoint_problem(state: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> str | None:
+    if state.keys() != reference.keys():
+        return "tensor names differ from the model"
+    for key, tensor in state.items():
+        if tensor.shape != reference[key].shape or tensor.dtype != reference[key].dtype:
+            return f"tensor {key} has shape {tuple(tensor.shape)}/{tensor.dtype}, model has {tuple(reference[key].shape)}"
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            return f"tensor {key} has non-finite values"
+    return None

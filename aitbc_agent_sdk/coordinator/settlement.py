@@ -1,0 +1,81 @@
+"""Paying workers: a pure payout plan, then one batched escrow release and a refund."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ..chain import EscrowClient, TransactionSender, result_hash, training_key
+from ..errors import ConfigError
+from ..models import CheckpointRef, EscrowSummary, Payment, WorkerContract
+
+
+@dataclass(frozen=True)
+class Payout:
+    worker_id: str
+    contract_id: str
+    amount_wei: int
+    result_cid: str
+
+
+def earned_wei(contract: WorkerContract, accepted_rounds: int) -> int:
+    """A worker earns its per-round price for every accepted round, never more than the contract."""
+    return contract.price_wei * min(accepted_rounds, contract.rounds)
+
+
+def plan_payouts(contracts: Sequence[WorkerContract], accepted: Sequence[CheckpointRef],
+                 already_paid: Mapping[str, int]) -> list[Payout]:
+    """What is still owed to each worker, tied to its latest accepted checkpoint."""
+    payouts = []
+    for contract in contracts:
+        mine = [c for c in accepted if c.worker_id == contract.worker_id and c.training_id == contract.training_id]
+        if not mine:
+            continue
+        due = earned_wei(contract, len({c.round for c in mine})) - already_paid.get(contract.worker_id, 0)
+        if due > 0:
+            latest = max(mine, key=lambda c: c.round)
+            payouts.append(Payout(contract.worker_id, contract.contract_id, due, latest.cid))
+    return payouts
+
+
+@dataclass
+class EscrowAccount:
+    """The coordinator's side of one escrow contract: its signer and the contract client."""
+
+    sender: TransactionSender
+    escrow: EscrowClient
+
+    async def summary(self, training_id: str) -> EscrowSummary:
+        state = await self.escrow.training(training_key(training_id))
+        return EscrowSummary(address=self.escrow.address, deposited_wei=state.deposited,
+                             paid_wei=state.paid, refunded_wei=state.refunded)
+
+    async def paid_on_chain(self, training_id: str, workers: Sequence[str]) -> dict[str, int]:
+        key = training_key(training_id)
+        return {w: (await self.escrow.slot(key, w)).paid for w in workers}
+
+    async def open(self, training_id: str, contracts: Sequence[WorkerContract]) -> str:
+        if not contracts:
+            raise ConfigError("no worker contracts to fund")
+        receipt = await self.escrow.open(self.sender, training_key(training_id),
+                                         [c.worker_id for c in contracts], [c.price for c in contracts])
+        return receipt["transactionHash"].to_0x_hex()
+
+    async def release(self, training_id: str, payouts: Sequence[Payout]) -> list[Payment]:
+        """Pay every payout in one transaction."""
+        if not payouts:
+            return []
+        receipt = await self.escrow.release(
+            self.sender, training_key(training_id), [p.worker_id for p in payouts],
+            [p.amount_wei for p in payouts], [result_hash(p.result_cid) for p in payouts])
+        tx = receipt["transactionHash"].to_0x_hex()
+        return [Payment(training_id=training_id, worker_id=p.worker_id, contract_id=p.contract_id,
+                        amount_wei=p.amount_wei, tx_hash=tx, result_hash="0x" + result_hash(p.result_cid).hex())
+                for p in payouts]
+
+    async def refund(self, training_id: str) -> tuple[int, str | None]:
+        state = await self.escrow.training(training_key(training_id))
+        if state.closed:
+            return 0, None
+        receipt = await self.escrow.refund(self.sender, training_key(training_id))
+        return state.remaining, receipt["transactionHash"].to_0x_hex()

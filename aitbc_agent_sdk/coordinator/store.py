@@ -1,0 +1,214 @@
+"""SQLite persistence for trainings, shards, contracts, jobs, results, rounds and payments.
+
+Records are stored as validated JSON next to the columns we query by; every write
+goes through one connection, serialised and run off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel
+
+from ..errors import NotFoundError
+from ..models import (
+    CheckpointRef, EscrowSummary, JobAssignment, Payment, Progress, RoundMetrics, Shard,
+    TrainingPhase, TrainingRecord, WorkerContract,
+)
+
+R = TypeVar("R", bound=BaseModel)
+CheckpointStatus = Literal["received", "accepted", "rejected"]
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS trainings (
+  training_id TEXT PRIMARY KEY, phase TEXT NOT NULL, data TEXT NOT NULL, updated_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS shards (
+  training_id TEXT NOT NULL, shard_id TEXT NOT NULL, idx INTEGER NOT NULL, data TEXT NOT NULL,
+  PRIMARY KEY (training_id, shard_id));
+CREATE TABLE IF NOT EXISTS contracts (
+  contract_id TEXT PRIMARY KEY, training_id TEXT NOT NULL, worker_id TEXT NOT NULL, data TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS jobs (
+  job_id TEXT PRIMARY KEY, training_id TEXT NOT NULL, worker_id TEXT NOT NULL, round INTEGER NOT NULL,
+  data TEXT NOT NULL, progress TEXT);
+CREATE TABLE IF NOT EXISTS checkpoints (
+  job_id TEXT PRIMARY KEY, training_id TEXT NOT NULL, worker_id TEXT NOT NULL, round INTEGER NOT NULL,
+  status TEXT NOT NULL, data TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS rounds (
+  training_id TEXT NOT NULL, round INTEGER NOT NULL, data TEXT NOT NULL, PRIMARY KEY (training_id, round));
+CREATE TABLE IF NOT EXISTS payments (
+  training_id TEXT NOT NULL, worker_id TEXT NOT NULL, tx_hash TEXT NOT NULL, data TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS escrows (
+  training_id TEXT PRIMARY KEY, data TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS jobs_by_training ON jobs (training_id, round);
+CREATE INDEX IF NOT EXISTS checkpoints_by_training ON checkpoints (training_id, round);
+"""
+
+
+class TrainingStore:
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._conn: sqlite3.Connection | None = None
+        self._lock = asyncio.Lock()
+
+    async def open(self) -> TrainingStore:
+        def connect() -> sqlite3.Connection:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(self._path, check_same_thread=False, isolation_level=None)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA busy_timeout=5000")
+            conn.executescript(SCHEMA)
+            return conn
+
+        self._conn = await asyncio.to_thread(connect)
+        return self
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            await asyncio.to_thread(self._conn.close)
+            self._conn = None
+
+    async def __aenter__(self) -> TrainingStore:
+        return await self.open()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _run(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
+        if self._conn is None:
+            raise RuntimeError("TrainingStore is not open")
+        conn = self._conn
+
+        def in_transaction() -> Any:
+            with conn:  # BEGIN/COMMIT, ROLLBACK on error: nothing half-written
+                conn.execute("BEGIN")
+                return fn(conn)
+
+        async with self._lock:
+            return await asyncio.to_thread(in_transaction)
+
+    async def _rows(self, sql: str, args: Iterable[Any], model: type[R]) -> list[R]:
+        rows = await self._run(lambda c: c.execute(sql, tuple(args)).fetchall())
+        return [model.model_validate_json(r[0]) for r in rows]
+
+    # trainings -------------------------------------------------------------
+    async def save_training(self, record: TrainingRecord) -> None:
+        await self._run(lambda c: c.execute(
+            "INSERT INTO trainings VALUES (?,?,?,?) ON CONFLICT(training_id) DO UPDATE SET "
+            "phase=excluded.phase, data=excluded.data, updated_at=excluded.updated_at",
+            (record.training_id, record.phase.value, record.model_dump_json(), time.time())))
+
+    async def training(self, training_id: str) -> TrainingRecord:
+        found = await self._rows("SELECT data FROM trainings WHERE training_id=?", [training_id], TrainingRecord)
+        if not found:
+            raise NotFoundError(f"no training {training_id!r}")
+        return found[0]
+
+    async def trainings(self, phase: TrainingPhase | None = None) -> list[TrainingRecord]:
+        if phase is None:
+            return await self._rows("SELECT data FROM trainings ORDER BY updated_at", [], TrainingRecord)
+        return await self._rows("SELECT data FROM trainings WHERE phase=? ORDER BY updated_at",
+                                [phase.value], TrainingRecord)
+
+    # shards ----------------------------------------------------------------
+    async def save_shards(self, training_id: str, shards: Iterable[Shard]) -> None:
+        rows = [(training_id, s.shard_id, s.index, s.model_dump_json()) for s in shards]
+        await self._run(lambda c: c.executemany("INSERT OR REPLACE INTO shards VALUES (?,?,?,?)", rows))
+
+    async def shards(self, training_id: str) -> list[Shard]:
+        return await self._rows("SELECT data FROM shards WHERE training_id=? ORDER BY idx", [training_id], Shard)
+
+    # contracts -------------------------------------------------------------
+    async def save_contract(self, contract: WorkerContract) -> None:
+        await self._run(lambda c: c.execute(
+            "INSERT OR REPLACE INTO contracts VALUES (?,?,?,?)",
+            (contract.contract_id, contract.training_id, contract.worker_id, contract.model_dump_json())))
+
+    async def contracts(self, training_id: str) -> list[WorkerContract]:
+        return await self._rows("SELECT data FROM contracts WHERE training_id=? ORDER BY rowid",
+                                [training_id], WorkerContract)
+
+    # jobs and progress -----------------------------------------------------
+    async def save_job(self, job: JobAssignment) -> None:
+        await self._run(lambda c: c.execute(
+            "INSERT OR REPLACE INTO jobs (job_id, training_id, worker_id, round, data) VALUES (?,?,?,?,?)",
+            (job.job_id, job.training_id, job.worker_id, job.round, job.model_dump_json())))
+
+    async def job(self, job_id: str) -> JobAssignment:
+        found = await self._rows("SELECT data FROM jobs WHERE job_id=?", [job_id], JobAssignment)
+        if not found:
+            raise NotFoundError(f"no job {job_id!r}")
+        return found[0]
+
+    async def jobs(self, training_id: str, round_: int | None = None) -> list[JobAssignment]:
+        if round_ is None:
+            return await self._rows("SELECT data FROM jobs WHERE training_id=? ORDER BY round, rowid",
+                                    [training_id], JobAssignment)
+        return await self._rows("SELECT data FROM jobs WHERE training_id=? AND round=? ORDER BY rowid",
+                                [training_id, round_], JobAssignment)
+
+    async def save_progress(self, progress: Progress) -> None:
+        await self._run(lambda c: c.execute(
+            "UPDATE jobs SET progress=? WHERE job_id=?", (progress.model_dump_json(), progress.job_id)))
+
+    async def progress(self, job_id: str) -> Progress | None:
+        rows = await self._run(lambda c: c.execute("SELECT progress FROM jobs WHERE job_id=?", (job_id,)).fetchall())
+        if not rows:
+            raise NotFoundError(f"no job {job_id!r}")
+        return Progress.model_validate_json(rows[0][0]) if rows[0][0] else None
+
+    # checkpoints -----------------------------------------------------------
+    async def save_checkpoint(self, ref: CheckpointRef, status: CheckpointStatus) -> None:
+        await self._run(lambda c: c.execute(
+            "INSERT OR REPLACE INTO checkpoints VALUES (?,?,?,?,?,?)",
+            (ref.job_id, ref.training_id, ref.worker_id, ref.round, status, ref.model_dump_json())))
+
+    async def checkpoint(self, job_id: str) -> tuple[CheckpointRef, CheckpointStatus] | None:
+        rows = await self._run(lambda c: c.execute(
+            "SELECT data, status FROM checkpoints WHERE job_id=?", (job_id,)).fetchall())
+        return (CheckpointRef.model_validate_json(rows[0][0]), rows[0][1]) if rows else None
+
+    async def checkpoints(self, training_id: str, status: CheckpointStatus = "accepted") -> list[CheckpointRef]:
+        return await self._rows(
+            "SELECT data FROM checkpoints WHERE training_id=? AND status=? ORDER BY round, rowid",
+            [training_id, status], CheckpointRef)
+
+    # rounds, escrow, payments ----------------------------------------------
+    async def save_round(self, training_id: str, metrics: RoundMetrics) -> None:
+        await self._run(lambda c: c.execute(
+            "INSERT OR REPLACE INTO rounds VALUES (?,?,?)", (training_id, metrics.round, metrics.model_dump_json())))
+
+    async def rounds(self, training_id: str) -> list[RoundMetrics]:
+        return await self._rows("SELECT data FROM rounds WHERE training_id=? ORDER BY round",
+                                [training_id], RoundMetrics)
+
+    async def save_escrow(self, training_id: str, summary: EscrowSummary) -> None:
+        await self._run(lambda c: c.execute(
+            "INSERT OR REPLACE INTO escrows VALUES (?,?)", (training_id, summary.model_dump_json())))
+
+    async def escrow(self, training_id: str) -> EscrowSummary | None:
+        found = await self._rows("SELECT data FROM escrows WHERE training_id=?", [training_id], EscrowSummary)
+        return found[0] if found else None
+
+    async def save_payment(self, payment: Payment) -> None:
+        await self._run(lambda c: c.execute(
+            "INSERT INTO payments VALUES (?,?,?,?)",
+            (payment.training_id, payment.worker_id, payment.tx_hash, payment.model_dump_json())))
+
+    async def payments(self, training_id: str) -> list[Payment]:
+        return await self._rows("SELECT data FROM payments WHERE training_id=? ORDER BY rowid",
+                                [training_id], Payment)
+
+    async def worker_history(self, worker_id: str) -> tuple[int, int]:
+        """(accepted, rejected-or-failed) checkpoints across all trainings, for reputation."""
+        def count(c: sqlite3.Connection) -> tuple[int, int]:
+            sql = "SELECT COUNT(*) FROM checkpoints WHERE worker_id=? AND status=?"
+            ok = c.execute(sql, (worker_id, "accepted")).fetchone()
+            bad = c.execute(sql, (worker_id, "rejected")).fetchone()
+            return int(ok[0]), int(bad[0])
+        return await self._run(count)

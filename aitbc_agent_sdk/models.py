@@ -1,0 +1,364 @@
+"""Records and messages, validated with pydantic v2 at every boundary.
+
+Every record also answers ``record["field"]`` so the seed scenario's dict-style
+access keeps working; attribute access is the primary API.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from eth_utils import is_address, to_checksum_address
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+
+def _checksum(value: str) -> str:
+    if not is_address(value):
+        raise ValueError(f"not an Ethereum address: {value!r}")
+    return to_checksum_address(value)
+
+
+def _cid(value: str) -> str:
+    # CIDv0 is base58btc "Qm..." (46 chars); CIDv1 here is base32 lower-case "b...".
+    if value.startswith("Qm") and len(value) == 46:
+        return value
+    if value.startswith("b") and len(value) > 10 and value[1:].isalnum() and value == value.lower():
+        return value
+    raise ValueError(f"not a CID: {value!r}")
+
+
+Address = Annotated[str, AfterValidator(_checksum)]
+Cid = Annotated[str, AfterValidator(_cid)]
+Wei = Annotated[int, Field(ge=0)]
+Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:16]}"
+
+
+class Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def __getitem__(self, key: str) -> Any:
+        try:
+            return getattr(self, key)
+        except AttributeError:
+            raise KeyError(key) from None
+
+
+class TrainingPhase(StrEnum):
+    INITIALIZING = "initializing"
+    DISTRIBUTING = "distributing"
+    TRAINING = "training"
+    AGGREGATING = "aggregating"
+    COMPLETE = "complete"
+    FAILED = "failed"
+
+
+class GpuInfo(Record):
+    name: str
+    memory_total_bytes: int = Field(ge=0)
+    memory_free_bytes: int | None = Field(default=None, ge=0)
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    utilization_percent: float | None = Field(default=None, ge=0, le=100)
+
+
+class Hardware(Record):
+    """What a provider really has, detected on its host."""
+
+    cpu_model: str
+    cpu_cores: int = Field(ge=1)
+    ram_bytes: int = Field(ge=0)
+    gpus: tuple[GpuInfo, ...] = ()
+
+    @property
+    def gpu_type(self) -> str:
+        return self.gpus[0].name if self.gpus else "cpu"
+
+
+class Offer(Record):
+    """A provider's signed advertisement on the market."""
+
+    provider: Address
+    price_wei: Wei = Field(description="price for one training round")
+    hardware: Hardware
+    slots: int = Field(default=1, ge=1)
+    free_slots: int = Field(default=1, ge=0)
+    issued_at: float = Field(default_factory=time.time)
+
+    @model_validator(mode="after")
+    def _free_within_slots(self) -> Offer:
+        if self.free_slots > self.slots:
+            raise ValueError("free_slots cannot exceed slots")
+        return self
+
+    @property
+    def availability(self) -> float:
+        return self.free_slots / self.slots
+
+
+class Worker(Record):
+    """A discovered provider as the coordinator sees it, seed-style keys included."""
+
+    worker_id: Address
+    offer: Offer
+    reputation: float = Field(ge=0.0, le=5.0, description="0..5, from observed job history")
+    jobs_completed: int = Field(default=0, ge=0)
+    jobs_failed: int = Field(default=0, ge=0)
+
+    @property
+    def gpu_type(self) -> str:
+        return self.offer.hardware.gpu_type
+
+    @property
+    def price(self) -> int:
+        return self.offer.price_wei
+
+    @property
+    def availability(self) -> float:
+        return self.offer.availability
+
+
+class ModelSpec(Record):
+    name: str
+    input_shape: tuple[int, ...]
+    num_classes: int = Field(ge=2)
+    hidden: int = Field(default=128, ge=1)
+
+
+class JobConfig(Record):
+    batch_size: int = Field(default=32, ge=1, le=65536)
+    learning_rate: float = Field(default=1e-3, gt=0.0, le=10.0)
+    epochs: int = Field(default=1, ge=1, le=1000)
+
+
+Partition = Literal["iid", "dirichlet"]
+
+
+class TrainingSpec(Record):
+    model_type: str
+    target_workers: int = Field(ge=1, le=1024)
+    rounds: int = Field(default=5, ge=1, le=10_000)
+    job: JobConfig = JobConfig()
+    partition: Partition = "iid"
+    dirichlet_alpha: float = Field(default=0.5, gt=0.0)
+    test_fraction: float = Field(default=0.2, gt=0.0, lt=1.0)
+    seed: int = 0
+    max_price_wei: Wei | None = None
+    dataset_size: int | None = Field(default=None, ge=0, description="informational, as in the seed")
+
+
+class TrainingRecord(Record):
+    training_id: str
+    spec: TrainingSpec
+    phase: TrainingPhase = TrainingPhase.INITIALIZING
+    round: int = Field(default=0, ge=0)
+    coordinator: Address
+    dataset_cid: Cid | None = None
+    manifest_cid: Cid | None = None
+    model_cid: Cid | None = None
+    escrow_id: str | None = None
+    created_at: float = Field(default_factory=time.time)
+
+    @property
+    def status(self) -> str:
+        return self.phase.value
+
+
+class Shard(Record):
+    shard_id: str
+    index: int = Field(ge=0)
+    cid: Cid
+    samples: int = Field(ge=1)
+    label_counts: tuple[int, ...]
+
+
+class ShardManifest(Record):
+    dataset_cid: Cid
+    test_cid: Cid
+    partition: Partition
+    seed: int
+    num_classes: int = Field(ge=2)
+    feature_shape: tuple[int, ...]
+    shards: tuple[Shard, ...]
+
+    @property
+    def total_samples(self) -> int:
+        return sum(s.samples for s in self.shards)
+
+
+class WorkerContract(Record):
+    contract_id: str
+    training_id: str
+    worker_id: Address
+    coordinator: Address
+    price_wei: Wei = Field(description="per round")
+    rounds: int = Field(ge=1)
+    accepted_at: float
+
+    @property
+    def price(self) -> int:
+        """Whole-contract amount, the seed's ``contract['price']``."""
+        return self.price_wei * self.rounds
+
+
+class JobAssignment(Record):
+    job_id: str
+    training_id: str
+    round: int = Field(ge=1)
+    worker_id: Address
+    contract_id: str
+    shard_cid: Cid
+    weights_cid: Cid
+    model: ModelSpec
+    config: JobConfig
+    seed: int = Field(default=0, ge=0, description="shuffling seed for the worker's local epochs")
+
+
+JobStatus = Literal["assigned", "running", "complete", "failed"]
+
+
+class Progress(Record):
+    job_id: str
+    training_id: str
+    worker_id: Address
+    round: int = Field(ge=1)
+    status: JobStatus
+    epoch: int = Field(ge=0)
+    epochs: int = Field(ge=1)
+    progress: float = Field(ge=0.0, le=100.0)
+    loss: float | None = None
+    samples_per_s: float | None = Field(default=None, ge=0.0)
+    error: str | None = None
+
+
+class JobResult(Record):
+    job_id: str
+    training_id: str
+    worker_id: Address
+    round: int = Field(ge=1)
+    checkpoint_cid: Cid
+    samples: int = Field(ge=1)
+    loss: float
+    train_seconds: float = Field(ge=0.0)
+
+
+class CheckpointRef(Record):
+    checkpoint_id: str
+    cid: Cid
+    job_id: str
+    worker_id: Address
+    training_id: str
+    round: int = Field(ge=1)
+    samples: int = Field(ge=1)
+    loss: float
+    train_seconds: float = Field(default=0.0, ge=0.0)
+
+
+class AggregateResult(Record):
+    model_id: Cid
+    model: bytes = Field(repr=False, description="the averaged weights as safetensors bytes")
+    round: int = Field(ge=0)
+    samples: int = Field(ge=0)
+    loss: float | None
+    contributors: tuple[Address, ...]
+
+
+class RoundMetrics(Record):
+    round: int = Field(ge=1)
+    accuracy: Fraction
+    loss: float
+    model_cid: Cid
+    workers: int = Field(ge=1)
+
+
+class Payment(Record):
+    training_id: str
+    worker_id: Address
+    contract_id: str
+    amount_wei: Wei
+    tx_hash: str
+    result_hash: str
+
+
+class EscrowSummary(Record):
+    address: Address
+    deposited_wei: Wei
+    paid_wei: Wei
+    refunded_wei: Wei
+
+
+class ContractProposal(Record):
+    contract_id: str
+    training_id: str
+    coordinator: Address
+    price_wei: Wei
+    rounds: int = Field(ge=1)
+
+
+class ContractReply(Record):
+    contract_id: str
+    accepted: bool
+    reason: str | None = None
+
+
+class Heartbeat(Record):
+    provider: Address
+    sent_at: float
+    busy_jobs: int = Field(ge=0)
+
+
+class TrainingStatus(Record):
+    training_id: str
+    phase: TrainingPhase
+    round: int = Field(ge=0, description="rounds completed")
+    rounds: int = Field(ge=1)
+    workers: int = Field(ge=0)
+    accuracy: float | None = None
+    model_cid: Cid | None = None
+
+
+class Settlement(Record):
+    training_id: str
+    payments: tuple[Payment, ...]
+    refund_wei: Wei
+    refund_tx: str | None
+    escrow: EscrowSummary
+
+
+class WorkerReport(Record):
+    address: Address
+    samples: int = Field(ge=0)
+    rounds_accepted: int = Field(ge=0)
+    paid_wei: Wei
+    tx_hash: str | None
+    status: Literal["paid", "unpaid"]
+    price_wei: Wei
+    gpu_type: str
+
+
+class RoundReport(Record):
+    round: int = Field(ge=1)
+    accuracy: Fraction
+    loss: float
+    model_cid: Cid
+    worker_losses: dict[str, float]
+
+
+class TrainingReport(Record):
+    training_id: str
+    status: TrainingPhase
+    final_accuracy: Fraction
+    model_cid: Cid
+    manifest_cid: Cid
+    rounds: tuple[RoundReport, ...]
+    workers: tuple[WorkerReport, ...]
+    escrow: EscrowSummary
+    refund_tx: str | None
+    wall_seconds: float
+    compute_seconds: float = Field(description="sum over rounds of the slowest worker's training time")

@@ -1,0 +1,170 @@
+"""The provider daemon: advertise an offer, accept contracts, run jobs in a separate process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import time
+from pathlib import Path
+
+from eth_account.signers.local import LocalAccount
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..errors import AitbcError
+from ..messaging import Bus, SignedChannel, Verified, topics
+from ..models import (
+    ContractProposal, ContractReply, Hardware, Heartbeat, JobAssignment, JobResult, Offer, Progress, Wei,
+)
+from ..storage import ContentStore
+from .hardware import detect_hardware
+from .process import TrainingProcess
+from .worker_process import CHECKPOINT_FILE, SHARD_FILE, WEIGHTS_FILE
+
+log = logging.getLogger(__name__)
+
+
+class ProviderConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    price_wei: Wei
+    work_dir: Path
+    slots: int = Field(default=1, ge=1)
+    heartbeat_interval_s: float = Field(default=1.0, gt=0)
+    offer_refresh_s: float = Field(default=30.0, gt=0)
+    worker_threads: int = Field(default=1, ge=1)
+
+
+class ProviderAgent:
+    """``async with ProviderAgent(...)`` serves the market until the block exits."""
+
+    def __init__(self, account: LocalAccount, bus: Bus, store: ContentStore, config: ProviderConfig,
+                 *, hardware: Hardware | None = None) -> None:
+        self.channel = SignedChannel(bus, account)
+        self.store = store
+        self.config = config
+        self.hardware = hardware
+        self.process = TrainingProcess(config.work_dir, threads=config.worker_threads)
+        self._contracts: dict[str, ContractProposal] = {}
+        self._busy = 0
+        self._slots = asyncio.Semaphore(config.slots)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._job_tasks: set[asyncio.Task[None]] = set()
+        self.completed_jobs = 0
+
+    @property
+    def address(self) -> str:
+        return self.channel.address
+
+    def offer(self) -> Offer:
+        assert self.hardware is not None
+        return Offer(provider=self.address, price_wei=self.config.price_wei, hardware=self.hardware,
+                     slots=self.config.slots, free_slots=max(self.config.slots - self._busy, 0))
+
+    async def __aenter__(self) -> ProviderAgent:
+        if self.hardware is None:
+            self.hardware = await asyncio.to_thread(detect_hardware)
+        await self.process.start()
+        ready = [asyncio.Event(), asyncio.Event()]
+        self._tasks = [
+            asyncio.create_task(self._serve_negotiations(ready[0])),
+            asyncio.create_task(self._serve_jobs(ready[1])),
+        ]
+        await asyncio.gather(*(e.wait() for e in ready))
+        # Advertise only once we can answer, so no proposal is lost.
+        await self.channel.publish(topics.offer(self.address), self.offer(), retain=True)
+        self._tasks.append(asyncio.create_task(self._advertise()))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        with contextlib.suppress(AitbcError):
+            await self.channel.clear_retained(topics.offer(self.address))
+        for task in [*self._tasks, *self._job_tasks]:
+            task.cancel()
+        await asyncio.gather(*self._tasks, *self._job_tasks, return_exceptions=True)
+        await self.process.stop()
+
+    async def _advertise(self) -> None:
+        last_offer = time.monotonic()
+        while True:
+            await asyncio.sleep(self.config.heartbeat_interval_s)
+            beat = Heartbeat(provider=self.address, sent_at=time.time(), busy_jobs=self._busy)
+            await self.channel.publish(topics.heartbeat(self.address), beat)
+            if time.monotonic() - last_offer >= self.config.offer_refresh_s:
+                await self.channel.publish(topics.offer(self.address), self.offer(), retain=True)
+                last_offer = time.monotonic()
+
+    async def _serve_negotiations(self, ready: asyncio.Event) -> None:
+        async with self.channel.subscribe(topics.negotiate(self.address), ContractProposal) as proposals:
+            ready.set()
+            async for proposal in proposals:
+                await self._answer(proposal)
+
+    async def _answer(self, verified: Verified[ContractProposal]) -> None:
+        proposal = verified.message
+        if verified.sender != proposal.coordinator:
+            return  # someone proposing on another coordinator's behalf
+        if proposal.price_wei < self.config.price_wei:
+            reply = ContractReply(contract_id=proposal.contract_id, accepted=False,
+                                  reason=f"price below ask of {self.config.price_wei} wei")
+        else:
+            self._contracts[proposal.contract_id] = proposal
+            reply = ContractReply(contract_id=proposal.contract_id, accepted=True)
+        await self.channel.publish(topics.negotiate_reply(proposal.coordinator, proposal.contract_id), reply)
+
+    async def _serve_jobs(self, ready: asyncio.Event) -> None:
+        async with self.channel.subscribe(topics.jobs(self.address), JobAssignment) as jobs:
+            ready.set()
+            async for verified in jobs:
+                contract = self._contracts.get(verified.message.contract_id)
+                if contract is None or contract.coordinator != verified.sender:
+                    log.warning("job %s without a contract from its sender dropped", verified.message.job_id)
+                    continue
+                task = asyncio.create_task(self._run_job(verified.message))
+                self._job_tasks.add(task)
+                task.add_done_callback(self._job_tasks.discard)
+
+    async def _report(self, job: JobAssignment, status: str, *, epoch: int = 0, loss: float | None = None,
+                      samples_per_s: float | None = None, error: str | None = None) -> None:
+        progress = 100.0 if status == "complete" else 100.0 * epoch / job.config.epochs
+        await self.channel.publish(topics.progress(job.training_id, job.job_id), Progress(
+            job_id=job.job_id, training_id=job.training_id, worker_id=self.address, round=job.round,
+            status=status, epoch=epoch, epochs=job.config.epochs, progress=progress, loss=loss,
+            samples_per_s=samples_per_s, error=error))
+
+    async def _run_job(self, job: JobAssignment) -> None:
+        async with self._slots:
+            self._busy += 1
+            job_dir = self.config.work_dir / "jobs" / job.job_id
+            try:
+                await self._report(job, "running")
+                shard, weights = await asyncio.gather(self.store.cat(job.shard_cid), self.store.cat(job.weights_cid))
+                await asyncio.to_thread(_write_inputs, job_dir, shard, weights)
+
+                async def on_epoch(event: dict) -> None:
+                    await self._report(job, "running", epoch=event["epoch"], loss=event["loss"],
+                                       samples_per_s=event["samples_per_s"])
+
+                done = await self.process.train(job_dir, job_id=job.job_id, model=job.model, config=job.config,
+                                                seed=job.seed, on_epoch=on_epoch)
+                checkpoint_cid = await self.store.add(job_dir / CHECKPOINT_FILE)
+                await self.channel.publish(topics.results(job.training_id), JobResult(
+                    job_id=job.job_id, training_id=job.training_id, worker_id=self.address, round=job.round,
+                    checkpoint_cid=checkpoint_cid, samples=done["samples"], loss=done["loss"],
+                    train_seconds=done["seconds"]))
+                await self._report(job, "complete", epoch=job.config.epochs, loss=done["loss"])
+                self.completed_jobs += 1
+            except AitbcError as exc:
+                log.error("job %s failed: %s", job.job_id, exc)
+                await self._report(job, "failed", error=str(exc))
+            finally:
+                self._busy -= 1
+                await asyncio.to_thread(shutil.rmtree, job_dir, True)
+
+
+def _write_inputs(job_dir: Path, shard: bytes, weights: bytes) -> None:
+    job_dir.mkdir(parents=True, exist_ok=True)
+    (job_dir / SHARD_FILE).write_bytes(shard)
+    (job_dir / WEIGHTS_FILE).write_bytes(weights)
+

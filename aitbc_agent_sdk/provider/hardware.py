@@ -1,0 +1,67 @@
+"""Honest hardware detection: /proc for CPU and RAM, NVML for GPUs (none when there is no driver)."""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+from ..models import GpuInfo, Hardware
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def _ram_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def detect_gpus() -> tuple[GpuInfo, ...]:
+    """Read every GPU through NVML. No NVML library or driver means no GPUs, not an error."""
+    try:
+        import pynvml
+    except ImportError:
+        return ()
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return ()
+    try:
+        driver = _text(pynvml.nvmlSystemGetDriverVersion())
+        cuda_raw = pynvml.nvmlSystemGetCudaDriverVersion_v2()
+        cuda = f"{cuda_raw // 1000}.{(cuda_raw % 1000) // 10}"
+        gpus = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            try:
+                util: float | None = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+            except pynvml.NVMLError:
+                util = None  # not supported on some parts (MIG slices)
+            gpus.append(GpuInfo(
+                name=_text(pynvml.nvmlDeviceGetName(handle)), memory_total_bytes=int(memory.total),
+                memory_free_bytes=int(memory.free), driver_version=driver, cuda_version=cuda,
+                utilization_percent=util,
+            ))
+        return tuple(gpus)
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def detect_hardware() -> Hardware:
+    return Hardware(cpu_model=_cpu_model(), cpu_cores=os.cpu_count() or 1, ram_bytes=_ram_bytes(),
+                    gpus=detect_gpus())

@@ -1,0 +1,1 @@
+"""The `aitbc` command-line interface (typer + rich): parse, call the SDK, render."""

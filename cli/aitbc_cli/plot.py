@@ -1,0 +1,33 @@
+"""Training curves as a PNG (matplotlib, headless)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from aitbc_agent_sdk import TrainingReport
+
+
+def plot_report(report: TrainingReport, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display here, and none needed
+    import matplotlib.pyplot as plt
+
+    rounds = [r.round for r in report.rounds]
+    fig, (acc_ax, loss_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
+    acc_ax.plot(rounds, [r.accuracy for r in report.rounds], marker="o", color="tab:green")
+    acc_ax.set(title="Test accuracy of the global model", xlabel="round", ylabel="accuracy")
+    acc_ax.grid(alpha=0.3)
+    loss_ax.plot(rounds, [r.loss for r in report.rounds], marker="o", color="black", linewidth=2, label="global (test)")
+    for worker in report.workers:
+        losses = [r.worker_losses.get(worker.address) for r in report.rounds]
+        loss_ax.plot(rounds, losses, marker=".", linestyle="--", alpha=0.7,
+                     label=f"worker {worker.address[:8]} (train)")
+    loss_ax.set(title="Loss per round", xlabel="round", ylabel="cross-entropy")
+    loss_ax.grid(alpha=0.3)
+    loss_ax.legend(fontsize=7)
+    fig.suptitle(f"{report.training_id}: final accuracy {report.final_accuracy:.4f}")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,86 @@
+"""Rich rendering: live per-worker progress while training, tables afterwards."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from aitbc_agent_sdk import Payment, RoundMetrics, TrainingPhase, TrainingReport, TrainingSpec
+from aitbc_agent_sdk.models import Progress as JobProgress
+
+WEI_PER_ETH = 10**18
+
+
+def eth(wei: int) -> str:
+    return f"{wei / WEI_PER_ETH:.6f}"
+
+
+def short(address: str) -> str:
+    return f"{address[:8]}…{address[-4:]}"
+
+
+class LiveTraining:
+    """Observer for the coordinator's events; one bar per worker plus one for the rounds."""
+
+    def __init__(self, console: Console, spec: TrainingSpec) -> None:
+        self.spec = spec
+        self.progress = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=console, transient=False)
+        self.rounds: TaskID = self.progress.add_task("rounds", total=spec.rounds, detail="initializing")
+        self.workers: dict[str, TaskID] = {}
+
+    def __enter__(self) -> LiveTraining:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def observe(self, event: object) -> None:
+        if isinstance(event, JobProgress):
+            self._worker(event)
+        elif isinstance(event, RoundMetrics):
+            self.progress.update(self.rounds, completed=event.round,
+                                 detail=f"accuracy {event.accuracy:.4f}  loss {event.loss:.4f}")
+        elif isinstance(event, TrainingPhase):
+            self.progress.update(self.rounds, detail=event.value)
+        elif isinstance(event, Payment):
+            task = self.workers.get(event.worker_id)
+            if task is not None:
+                self.progress.update(task, detail=f"paid {eth(event.amount_wei)} ETH")
+
+    def _worker(self, p: JobProgress) -> None:
+        epochs_total = self.spec.rounds * p.epochs
+        if p.worker_id not in self.workers:
+            self.workers[p.worker_id] = self.progress.add_task(f"worker {short(p.worker_id)}", total=epochs_total,
+                                                               detail="")
+        done = (p.round - 1) * p.epochs + p.epoch
+        loss = f"loss {p.loss:.4f}" if p.loss is not None else ""
+        speed = f"{p.samples_per_s:,.0f} samples/s" if p.samples_per_s else ""
+        self.progress.update(self.workers[p.worker_id], completed=done,
+                             detail=f"round {p.round} {p.status} {loss} {speed}".strip())
+
+
+def report_tables(report: TrainingReport) -> list[Table]:
+    rounds = Table(title=f"Training {report.training_id}: accuracy per round")
+    for col in ("round", "test accuracy", "test loss", "model CID"):
+        rounds.add_column(col)
+    for r in report.rounds:
+        rounds.add_row(str(r.round), f"{r.accuracy:.4f}", f"{r.loss:.4f}", r.model_cid)
+
+    workers = Table(title="Workers")
+    for col in ("address", "hardware", "samples", "rounds accepted", "price/round ETH", "paid ETH", "status",
+                "tx hash"):
+        workers.add_column(col)
+    for w in report.workers:
+        workers.add_row(w.address, w.gpu_type, str(w.samples), str(w.rounds_accepted), eth(w.price_wei),
+                        eth(w.paid_wei), w.status, w.tx_hash or "-")
+
+    escrow = Table(title=f"Escrow {report.escrow.address}")
+    for col in ("deposited ETH", "paid ETH", "refunded ETH", "refund tx", "wall s", "compute s"):
+        escrow.add_column(col)
+    escrow.add_row(eth(report.escrow.deposited_wei), eth(report.escrow.paid_wei), eth(report.escrow.refunded_wei),
+                   report.refund_tx or "-", f"{report.wall_seconds:.1f}", f"{report.compute_seconds:.1f}")
+    return [rounds, workers, escrow]

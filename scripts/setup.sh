@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# One-time (and idempotent) set-up: a virtualenv with the SDK, and the Solidity compiler.
+# Re-running is cheap: each step is skipped when its inputs have not changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+VENV=.venv
+STAMPS=.stamps
+mkdir -p "$STAMPS"
+
+stamp_ok() {  # stamp_ok NAME FILES... : true when the files' hash matches the stamp
+  local name=$1; shift
+  local want; want=$(cat "$@" 2>/dev/null | sha256sum | cut -d' ' -f1)
+  [[ -f "$STAMPS/$name" && "$(cat "$STAMPS/$name")" == "$want" ]] && return 0
+  echo "$want" > "$STAMPS/$name.want"
+  return 1
+}
+stamp_done() { mv "$STAMPS/$1.want" "$STAMPS/$1"; }
+
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+  echo "setup: Python 3.11 or newer is required ($PYTHON is $("$PYTHON" --version 2>&1))" >&2
+  exit 2
+fi
+
+if [[ ! -x $VENV/bin/python ]]; then
+  echo "setup: creating $VENV"
+  "$PYTHON" -m venv "$VENV"
+fi
+
+if ! stamp_ok python pyproject.toml scripts/setup.sh; then
+  echo "setup: installing Python packages"
+  "$VENV/bin/python" -m pip install --quiet --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
+  # torch first and pinned: the CPU wheel. A loose torch requirement would pull a multi-GB CUDA build.
+  "$VENV/bin/python" -m pip install --quiet "torch==2.13.0" 2>&1 | grep -v '^WARNING: Location' || true
+  "$VENV/bin/python" -m pip install --quiet -e ".[dev]" 2>&1 | grep -v '^WARNING: Location' || true
+  "$VENV/bin/python" -c 'import aitbc_agent_sdk, aitbc_cli, torch' \
+    || { echo "setup: the Python install failed" >&2; exit 1; }
+  stamp_done python
+fi
+
+if command -v npm >/dev/null 2>&1; then
+  if ! stamp_ok npm contracts/package.json contracts/package-lock.json; then
+    echo "setup: installing the Solidity compiler (npm solc)"
+    npm ci --prefix contracts --no-audit --no-fund --loglevel=error
+    stamp_done npm
+  fi
+else
+  echo "setup: npm not found; contract rebuilds (scripts/build_contracts.sh) will not work" >&2
+fi
+echo "setup: ready"

@@ -1,0 +1,261 @@
+"""TrainingEscrow on the embedded py-evm chain, through the SDK's async chain client."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from eth_account import Account
+from eth_account.signers.local import LocalAccount
+
+from aitbc_agent_sdk.chain import (
+    ContractArtifact,
+    DevChain,
+    EscrowClient,
+    TransactionSender,
+    connect_rpc,
+    deploy,
+    load_artifact,
+    result_hash,
+    start_embedded_chain,
+    training_key,
+)
+from aitbc_agent_sdk.errors import ChainError, ContractRevertError, InsufficientFundsError
+
+ETH = 10**18
+TEST_ARTIFACTS = Path(__file__).parent / "artifacts"
+
+
+@dataclass
+class Env:
+    chain: DevChain
+    escrow: EscrowClient
+    coordinator: TransactionSender
+    workers: list[LocalAccount]
+    trainings: list[bytes]  # every training opened, for the conservation check
+
+
+async def _new_sender(chain: DevChain, wei: int) -> TransactionSender:
+    account = Account.create()
+    await chain.fund(account.address, wei)
+    return TransactionSender(chain.w3, account)
+
+
+@pytest.fixture
+async def env() -> Env:
+    chain = await start_embedded_chain()
+    coordinator = await _new_sender(chain, 100 * ETH)
+    address = await deploy(coordinator, load_artifact("TrainingEscrow"))
+    workers = [Account.create() for _ in range(4)]
+    return Env(chain, EscrowClient(chain.w3, address), coordinator, workers, [])
+
+
+async def _open(env: Env, name: str, amounts: list[int], workers: Sequence[str] | None = None) -> bytes:
+    tid = training_key(name)
+    addrs = workers or [w.address for w in env.workers[: len(amounts)]]
+    await env.escrow.open(env.coordinator, tid, addrs, amounts)
+    env.trainings.append(tid)
+    return tid
+
+
+async def assert_conserved(env: Env, owed_accounts: tuple[str, ...] = ()) -> None:
+    """Every wei deposited is paid, refunded, or still in the contract (held or owed)."""
+    held = 0
+    for tid in env.trainings:
+        state = await env.escrow.training(tid)
+        assert state.paid + state.refunded <= state.deposited
+        held += state.deposited - state.paid - state.refunded
+    owed = sum([await env.escrow.owed(a) for a in owed_accounts])
+    assert await env.chain.balance(env.escrow.address) == held + owed
+
+
+def _gas_cost(receipt: Mapping[str, Any]) -> int:
+    return int(receipt["gasUsed"]) * int(receipt["effectiveGasPrice"])
+
+
+async def test_open_release_partial_and_full_then_refund(env: Env) -> None:
+    amounts = [1 * ETH, 2 * ETH, 3 * ETH]
+    tid = await _open(env, "training-1", amounts)
+    w0, w1, w2 = (w.address for w in env.workers[:3])
+    state = await env.escrow.training(tid)
+    assert (state.coordinator, state.deposited, state.paid, state.closed) == (
+        env.coordinator.address, 6 * ETH, 0, False,
+    )
+    assert await env.escrow.slot(tid, w1) == (2 * ETH, 0)
+    await assert_conserved(env)
+
+    h0, h1 = result_hash("bafy-cid-0"), result_hash("bafy-cid-1")
+    await env.escrow.release(env.coordinator, tid, [w0, w1], [ETH * 4 // 10, 2 * ETH], [h0, h1])
+    assert await env.escrow.slot(tid, w0) == (ETH, ETH * 4 // 10)
+    assert await env.escrow.slot(tid, w1) == (2 * ETH, 2 * ETH)
+    await assert_conserved(env)
+
+    await env.escrow.release(env.coordinator, tid, [w0], [ETH * 6 // 10], [h0])
+    assert await env.escrow.slot(tid, w0) == (ETH, ETH)
+    await assert_conserved(env)
+
+    before = await env.chain.balance(env.coordinator.address)
+    receipt = await env.escrow.refund(env.coordinator, tid)
+    after = await env.chain.balance(env.coordinator.address)
+    assert after == before - _gas_cost(receipt) + 3 * ETH
+    state = await env.escrow.training(tid)
+    assert (state.paid, state.refunded, state.closed, state.remaining) == (3 * ETH, 3 * ETH, True, 0)
+    await assert_conserved(env)
+
+    # Workers held nothing before and sent nothing, so balances equal their payments exactly.
+    assert [await env.chain.balance(a) for a in (w0, w1, w2)] == [ETH, 2 * ETH, 0]
+
+    events = await env.escrow.events(tid)
+    names = [e.name for e in events]
+    assert names == ["SlotOpened"] * 3 + ["TrainingOpened"] + ["Released"] * 3 + ["Refunded"]
+    released = [(e.args["worker"], e.args["amount"], e.args["resultHash"]) for e in events if e.name == "Released"]
+    assert released == [(w0, ETH * 4 // 10, h0), (w1, 2 * ETH, h1), (w0, ETH * 6 // 10, h0)]
+    assert events[-1].args == {"trainingId": tid, "to": env.coordinator.address, "amount": 3 * ETH}
+    # Another training's events are not mixed in.
+    await _open(env, "training-2", [ETH])
+    assert len(await env.escrow.events(tid)) == len(events)
+
+
+async def test_over_release_reverts_with_reason(env: Env) -> None:
+    tid = await _open(env, "t", [ETH, ETH, ETH])
+    w0 = env.workers[0].address
+    await env.escrow.release(env.coordinator, tid, [w0], [ETH // 2], [result_hash("a")])
+    with pytest.raises(ContractRevertError) as info:
+        await env.escrow.release(env.coordinator, tid, [w0], [ETH // 2 + 1], [result_hash("b")])
+    assert info.value.reason == "OverRelease"
+    assert f"remaining={ETH // 2}" in str(info.value)
+    assert await env.escrow.slot(tid, w0) == (ETH, ETH // 2)
+    await assert_conserved(env)
+
+
+async def test_mined_revert_is_explained(env: Env) -> None:
+    """With an explicit gas limit estimation is skipped; the failed receipt is replayed for a reason."""
+    tid = await _open(env, "t", [ETH])
+    tx = env.escrow.build("release", tid, [env.workers[0].address], [2 * ETH], [result_hash("x")])
+    with pytest.raises(ContractRevertError) as info:
+        await env.coordinator.send({**tx, "gas": 200_000}, abi=env.escrow.abi)
+    assert info.value.reason == "OverRelease"
+    await assert_conserved(env)
+
+
+async def test_release_by_non_coordinator_reverts(env: Env) -> None:
+    tid = await _open(env, "t", [ETH, ETH, ETH])
+    stranger = await _new_sender(env.chain, ETH)
+    with pytest.raises(ContractRevertError) as info:
+        await env.escrow.release(stranger, tid, [env.workers[0].address], [1], [result_hash("a")])
+    assert info.value.reason == "NotCoordinator"
+    with pytest.raises(ContractRevertError) as info:
+        await env.escrow.refund(stranger, tid)
+    assert info.value.reason == "NotCoordinator"
+    await assert_conserved(env)
+
+
+async def test_double_refund_and_release_after_refund_revert(env: Env) -> None:
+    tid = await _open(env, "t", [ETH, ETH, ETH])
+    await env.escrow.release(env.coordinator, tid, [env.workers[0].address], [ETH], [result_hash("a")])
+    await env.escrow.refund(env.coordinator, tid)
+    with pytest.raises(ContractRevertError) as info:
+        await env.escrow.refund(env.coordinator, tid)
+    assert info.value.reason == "TrainingClosed"
+    with pytest.raises(ContractRevertError) as info:
+        await env.escrow.release(env.coordinator, tid, [env.workers[1].address], [1], [result_hash("b")])
+    assert info.value.reason == "TrainingClosed"
+    state = await env.escrow.training(tid)
+    assert (state.paid, state.refunded) == (ETH, 2 * ETH)
+    await assert_conserved(env)
+
+
+async def test_open_rejects_bad_deposits_and_workers(env: Env) -> None:
+    tid = training_key("t")
+    w = [a.address for a in env.workers[:3]]
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"workers": w, "amounts": [ETH] * 3, "value": 3 * ETH - 1}, "DepositMismatch"),
+        ({"workers": w, "amounts": [ETH] * 3, "value": 3 * ETH + 1}, "DepositMismatch"),
+        ({"workers": [w[0], w[1], w[0]], "amounts": [ETH] * 3}, "DuplicateWorker"),
+        ({"workers": w, "amounts": [ETH, 0, ETH]}, "ZeroAmount"),
+        ({"workers": [], "amounts": []}, "NoWorkers"),
+    ]
+    for kwargs, reason in cases:
+        with pytest.raises(ContractRevertError) as info:
+            await env.escrow.open(env.coordinator, tid, **kwargs)
+        assert info.value.reason == reason, kwargs
+    assert not (await env.escrow.training(tid)).exists
+
+    await _open(env, "t", [ETH])
+    with pytest.raises(ContractRevertError) as info:
+        await env.escrow.open(env.coordinator, tid, [w[1]], [ETH])
+    assert info.value.reason == "TrainingExists"
+    await assert_conserved(env)
+
+
+async def test_reverting_receiver_does_not_block_others_and_cannot_withdraw(env: Env) -> None:
+    receiver_art = ContractArtifact.from_file(TEST_ARTIFACTS / "RevertingReceiver.json")
+    receiver = await deploy(env.coordinator, receiver_art)
+    w1, w2 = env.workers[0].address, env.workers[1].address
+    tid = await _open(env, "t", [ETH, 2 * ETH, 3 * ETH], workers=[receiver, w1, w2])
+
+    receipt = await env.escrow.release(
+        env.coordinator, tid, [receiver, w1, w2], [ETH, 2 * ETH, ETH], [result_hash("c")] * 3
+    )
+    assert receipt["status"] == 1
+    assert [await env.chain.balance(a) for a in (receiver, w1, w2)] == [0, 2 * ETH, ETH]
+    assert await env.escrow.owed(receiver) == ETH
+    deferred = [e for e in await env.escrow.events(tid) if e.name == "PaymentDeferred"]
+    assert [(e.args["to"], e.args["amount"]) for e in deferred] == [(receiver, ETH)]
+    await assert_conserved(env, owed_accounts=(receiver,))
+
+    # The receiver pulls, but refuses the ETH again: the whole withdraw reverts, owed stays.
+    data = env.chain.w3.eth.contract(abi=receiver_art.abi).encode_abi("pull", args=[env.escrow.address])
+    with pytest.raises(ContractRevertError) as info:
+        await env.coordinator.send({"to": receiver, "data": data}, abi=receiver_art.abi + env.escrow.abi)
+    assert info.value.reason == "TransferFailed"
+    assert await env.escrow.owed(receiver) == ETH
+    assert await env.chain.balance(receiver) == 0
+
+    # A worker with nothing owed cannot withdraw either.
+    with pytest.raises(ContractRevertError) as info:
+        await env.escrow.withdraw(env.coordinator)
+    assert info.value.reason == "NothingOwed"
+
+    await env.escrow.refund(env.coordinator, tid)
+    await assert_conserved(env, owed_accounts=(receiver,))
+
+
+async def test_concurrent_sends_share_one_nonce_sequence(env: Env) -> None:
+    tids = [training_key(f"c{i}") for i in range(6)]
+    worker = env.workers[0].address
+    receipts = await asyncio.gather(*(env.escrow.open(env.coordinator, t, [worker], [ETH]) for t in tids))
+    assert all(r["status"] == 1 for r in receipts)
+    env.trainings.extend(tids)
+    await assert_conserved(env)
+
+
+async def test_insufficient_funds(env: Env) -> None:
+    poor = await _new_sender(env.chain, ETH // 100)
+    with pytest.raises(InsufficientFundsError):
+        await env.escrow.open(poor, training_key("p"), [env.workers[0].address], [ETH])
+
+
+async def test_dead_rpc_gives_chain_error() -> None:
+    with pytest.raises(ChainError, match="unreachable"):
+        await connect_rpc("http://127.0.0.1:9", timeout=1.0)
+
+
+async def test_release_gas_for_four_workers(env: Env, capsys: pytest.CaptureFixture[str]) -> None:
+    """Measure a 4-payee release against 4 plain transfers (21000 gas each)."""
+    workers = [w.address for w in env.workers]
+    tid = await _open(env, "gas", [ETH] * 4, workers=workers)
+    hashes = [result_hash(f"cid-{i}") for i in range(4)]
+    first = await env.escrow.release(env.coordinator, tid, workers, [ETH // 2] * 4, hashes)
+    second = await env.escrow.release(env.coordinator, tid, workers, [ETH // 2] * 4, hashes)
+    with capsys.disabled():
+        print(
+            f"\nrelease(4 workers): first {first['gasUsed']} gas (fresh payees, zero slots),"
+            f" second {second['gasUsed']} gas; 4 plain transfers: {4 * 21000} gas"
+        )
+    assert second["gasUsed"] < first["gasUsed"] < 400_000
+    await assert_conserved(env)
