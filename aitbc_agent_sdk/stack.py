@@ -13,7 +13,8 @@ from eth_account.signers.local import LocalAccount
 
 from .chain import EscrowClient, TransactionSender, deploy, load_artifact, start_embedded_chain
 from .messaging import Bus, InMemoryBus
-from .provider import ProviderAgent, ProviderConfig, detect_hardware
+from .provider.agent import ProviderAgent, ProviderConfig
+from .provider.hardware import detect_hardware
 from .storage import ContentStore, LocalContentStore
 
 ETH = 10**18
@@ -50,10 +51,16 @@ async def build_embedded(config: EmbeddedSettings, exits: AsyncExitStack) -> Sta
     exits.push_async_callback(bus.close)
     store = LocalContentStore(config.home / "store")
     chain = await start_embedded_chain()
+    # The contract is deployed by a separate dev key, as on a shared devnet, so the
+    # coordinator's wallet holds exactly what the user funded it with.
+    deployer: LocalAccount = Account.create()
+    await chain.fund(deployer.address, ETH)
+    escrow_address = await deploy(TransactionSender(chain.w3, deployer), load_artifact("TrainingEscrow"))
     coordinator: LocalAccount = Account.create()
-    await chain.fund(coordinator.address, config.wallet_funding_wei)
+    if config.wallet_funding_wei:
+        await chain.fund(coordinator.address, config.wallet_funding_wei)
     sender = TransactionSender(chain.w3, coordinator)
-    escrow = EscrowClient(chain.w3, await deploy(sender, load_artifact("TrainingEscrow")))
+    escrow = EscrowClient(chain.w3, escrow_address)
     stack = Stack(bus=bus, store=store, account=coordinator, sender=sender, escrow=escrow)
     hardware = await asyncio.to_thread(detect_hardware)
     prices = list(config.provider_prices_wei or default_prices(config.providers))

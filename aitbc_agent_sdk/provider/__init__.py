@@ -1,7 +1,6 @@
-"""The provider daemon: offers, heartbeats and jobs run in a separate training process."""
+"""The provider daemon: offers, heartbeats and jobs run in a separate training process.
 
-from .agent import ProviderAgent, ProviderConfig
-from .hardware import detect_gpus, detect_hardware
-from .process import TrainingProcess, scrubbed_env
-
-__all__ = ["ProviderAgent", "ProviderConfig", "TrainingProcess", "detect_gpus", "detect_hardware", "scrubbed_env"]
+Import from the submodules (``provider.agent``, ``provider.hardware``, ``provider.process``):
+this package is also the parent of the training process's entry point, which must
+not pay for the networking and signing imports.
+"""

@@ -32,7 +32,7 @@ def run(
     rounds: Annotated[int, typer.Option(min=1, help="federated rounds")] = 5,
     epochs: Annotated[int, typer.Option(min=1, help="local epochs per round")] = 2,
     batch_size: Annotated[int, typer.Option(min=1)] = 32,
-    lr: Annotated[float, typer.Option(min=0.0, help="Adam learning rate")] = 3e-3,
+    lr: Annotated[float, typer.Option(min=0.0, help="Adam learning rate (tuned on digits; see bench/bench_accuracy.py)")] = 1e-2,
     partition: Annotated[str, typer.Option(help="iid or dirichlet")] = "iid",
     alpha: Annotated[float, typer.Option(help="Dirichlet concentration (non-IID skew)")] = 0.5,
     seed: Annotated[int, typer.Option()] = 0,

@@ -280,7 +280,7 @@ async def main():
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--model", default="mlp")
     parser.add_argument("--min-gpu", default=None)
     parser.add_argument("--dataset-size", type=int, default=None)

@@ -1,0 +1,432 @@
+"""UnixFS files as kubo's ``ipfs add`` builds them, and their CIDs. Pure: no I/O.
+
+Layout facts this module reproduces (boxo ``importer/balanced`` + go-codec-dagpb):
+
+* fixed-size chunks; each chunk is a leaf. Without raw leaves a leaf is a dag-pb node
+  whose Data is UnixFS ``{Type=File, Data=chunk, filesize=len(chunk)}``; with raw
+  leaves it is the chunk itself under codec ``raw`` (always a CIDv1, even when the
+  parents are CIDv0: that is what kubo's ``V0Builder.WithCodec(raw)`` does).
+* internal nodes hold at most 174 links and UnixFS ``{Type=File, filesize, blocksizes}``;
+  every link is ``{Hash, Name="", Tsize}`` with all three fields written.
+* dag-pb writes Links (field 2) before Data (field 1).
+* balanced: all leaves sit at the same depth; a lone leaf under a new level is still
+  wrapped in its own internal node. A one-chunk file's root is the leaf itself, and an
+  empty file is a single leaf without a Data field.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import base58
+
+from ..errors import IntegrityError, StorageError
+from .port import AddOptions
+
+DAG_PB = 0x70
+RAW = 0x55
+SHA2_256 = 0x12
+MAX_LINKS = 174  # boxo helpers.DefaultLinksPerBlock
+
+UNIXFS_RAW, UNIXFS_DIRECTORY, UNIXFS_FILE = 0, 1, 2
+
+_MH_PREFIX = b"\x12\x20"  # sha2-256, 32-byte digest
+_SMALL_VARINTS = [bytes((i,)) for i in range(128)]
+_EMPTY_LEAF = b"\x0a\x04\x08\x02\x18\x00"  # dag-pb{Data: unixfs{Type=File, filesize=0}}
+
+Buffer = bytes | bytearray | memoryview  # collections.abc.Buffer is 3.12+
+Block = tuple[str, bytes]
+"""A finished block: its CID string and its bytes."""
+
+
+class InvalidCidError(StorageError, ValueError):
+    """A CID string or binary CID that cannot be parsed, or uses an unsupported hash."""
+
+
+# --- varints and CIDs ---------------------------------------------------------------
+
+def uvarint(n: int) -> bytes:
+    if n < 0x80:
+        return _SMALL_VARINTS[n]
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def read_uvarint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+    """Decode a varint at ``pos``; return (value, next position)."""
+    if pos < len(buf) and buf[pos] < 0x80:  # the common one-byte case
+        return buf[pos], pos + 1
+    result = shift = 0
+    while True:
+        if pos >= len(buf) or shift > 63:
+            raise ValueError("truncated or overlong varint")
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, pos
+        shift += 7
+
+
+def cid_bytes(version: int, codec: int, digest: bytes) -> bytes:
+    """The binary CID (what dag-pb links hold)."""
+    if version == 0:
+        if codec != DAG_PB:
+            raise InvalidCidError("CIDv0 can only name dag-pb blocks")
+        return _MH_PREFIX + digest
+    return b"\x01" + uvarint(codec) + _MH_PREFIX + digest
+
+
+def decode_cid_bytes(raw: bytes | memoryview) -> tuple[int, int, bytes]:
+    """Binary CID -> (version, codec, sha2-256 digest)."""
+    raw = bytes(raw)
+    try:
+        if len(raw) == 34 and raw[:2] == _MH_PREFIX:
+            return 0, DAG_PB, raw[2:]
+        version, pos = read_uvarint(raw, 0)
+        codec, pos = read_uvarint(raw, pos)
+        mh_code, pos = read_uvarint(raw, pos)
+        mh_len, pos = read_uvarint(raw, pos)
+    except ValueError as exc:
+        raise InvalidCidError(f"malformed binary CID {raw.hex()}") from exc
+    if version != 1:
+        raise InvalidCidError(f"unsupported CID version {version}")
+    if mh_code != SHA2_256 or mh_len != 32 or len(raw) - pos != 32:
+        raise InvalidCidError("only sha2-256 multihashes are supported")
+    return 1, codec, raw[pos:]
+
+
+def cid_to_str(raw: bytes) -> str:
+    """Binary CID -> the string kubo prints (base58btc for v0, base32 lower for v1)."""
+    if raw[:2] == _MH_PREFIX:
+        return base58.b58encode(raw).decode("ascii")
+    return "b" + base64.b32encode(raw).decode("ascii").lower().rstrip("=")
+
+
+def cid_from_str(cid: str) -> bytes:
+    """CID string -> binary CID. Accepts Qm… (v0) and multibase b/B (base32), z (base58btc), f (hex)."""
+    try:
+        if len(cid) == 46 and cid.startswith("Qm"):
+            raw = base58.b58decode(cid)
+        elif cid[:1] in ("b", "B"):
+            body = cid[1:].upper()
+            raw = base64.b32decode(body + "=" * (-len(body) % 8))
+        elif cid[:1] == "z":
+            raw = base58.b58decode(cid[1:])
+        elif cid[:1] == "f":
+            raw = bytes.fromhex(cid[1:])
+        else:
+            raise InvalidCidError(f"unsupported CID encoding: {cid!r}")
+    except (ValueError, TypeError) as exc:  # binascii.Error is a ValueError
+        raise InvalidCidError(f"malformed CID: {cid!r}") from exc
+    decode_cid_bytes(raw)  # validates
+    return raw
+
+
+def parse_cid(cid: str) -> tuple[int, int, bytes]:
+    """CID string -> (version, codec, sha2-256 digest)."""
+    return decode_cid_bytes(cid_from_str(cid))
+
+
+def cid_for_block(block: Buffer, codec: int = DAG_PB, version: int = 0) -> str:
+    """The CID of one block's bytes."""
+    return cid_to_str(cid_bytes(version, codec, hashlib.sha256(block).digest()))
+
+
+# --- the streaming builder ------------------------------------------------------------
+
+@dataclass(slots=True)
+class _Level:
+    # Per child: binary CID, Tsize (cumulative block bytes), file bytes under it.
+    cids: list[bytes] = field(default_factory=list)
+    tsizes: list[int] = field(default_factory=list)
+    filesizes: list[int] = field(default_factory=list)
+
+
+class FileDagBuilder:
+    """Feed chunks, get finished blocks back; ``finish()`` returns the last blocks and the root.
+
+    Memory is one pending level per tree depth (<= 174 small entries each), never file data.
+    Every chunk but the last must be exactly ``chunk_size`` bytes (use ``write`` to have the
+    builder cut them). With ``emit_blocks=False`` only CIDs are computed (``--only-hash``) and
+    the returned block lists stay empty, which avoids copying chunk bytes.
+    """
+
+    def __init__(self, options: AddOptions | None = None, *, emit_blocks: bool = True) -> None:
+        opts = options or AddOptions()
+        self.chunk_size = opts.chunk_size
+        self._version = opts.cid_version
+        self._raw_leaves = opts.use_raw_leaves
+        self._emit = emit_blocks
+        self._levels: list[_Level] = [_Level()]
+        self._short_chunk_seen = False
+        self._finished = False
+        self._pending = bytearray()  # only used by write()
+        self._leaf_heads: dict[int, tuple[bytes, bytes]] = {}
+
+    def write(self, data: Buffer) -> list[Block]:
+        """Accept bytes of any length; cut them into chunks the way kubo's size splitter does."""
+        view = memoryview(data).cast("B")
+        out: list[Block] = []
+        size = self.chunk_size
+        if self._pending:
+            take = min(size - len(self._pending), len(view))
+            self._pending += view[:take]
+            view = view[take:]
+            if len(self._pending) < size:
+                return out
+            out += self.add_chunk(self._pending)
+            self._pending = bytearray()
+        whole = len(view) - len(view) % size
+        for start in range(0, whole, size):
+            out += self.add_chunk(view[start:start + size])
+        self._pending += view[whole:]
+        return out
+
+    def add_chunk(self, chunk: Buffer) -> list[Block]:
+        """Add one chunk (not kept: a reused read buffer is fine)."""
+        if self._finished:
+            raise StorageError("builder already finished")
+        n = len(memoryview(chunk))
+        if n == 0:
+            return []
+        if n > self.chunk_size or self._short_chunk_seen:
+            raise StorageError("chunks must be chunk_size bytes except the last one")
+        self._short_chunk_seen = n < self.chunk_size
+        out: list[Block] = []
+        raw_cid, tsize = self._leaf(chunk, n, out)
+        self._push(0, raw_cid, tsize, n, out)
+        return out
+
+    def finish(self) -> tuple[list[Block], str]:
+        """Flush what is pending; return (remaining blocks, root CID)."""
+        if self._finished:
+            raise StorageError("builder already finished")
+        out: list[Block] = []
+        if self._pending:
+            out += self.add_chunk(self._pending)
+            self._pending = bytearray()
+        self._finished = True
+        levels = self._levels
+        if not levels[0].cids and len(levels) == 1:  # empty file: one leaf without Data
+            if self._raw_leaves:
+                return out, cid_to_str(self._block(1, RAW, b"", out))
+            return out, cid_to_str(self._block(self._version, DAG_PB, _EMPTY_LEAF, out))
+        # Close every partial level below the top: balanced keeps all leaves at one depth.
+        for depth in range(len(levels) - 1):
+            if levels[depth].cids:
+                self._flush(depth, out)
+        top = levels[-1]
+        if len(top.cids) == 1:  # a single leaf, or a tree that was exactly full
+            return out, cid_to_str(top.cids[0])
+        self._flush(len(levels) - 1, out)
+        return out, cid_to_str(levels[-1].cids[0])
+
+    # internals
+
+    def _leaf(self, chunk: Buffer, n: int, out: list[Block]) -> tuple[bytes, int]:
+        if self._raw_leaves:  # raw leaves are CIDv1 even under CIDv0 parents
+            return self._block(1, RAW, bytes(chunk) if self._emit else chunk, out), n
+        head, tail = self._leaf_heads.get(n) or self._make_leaf_head(n)
+        if self._emit:
+            return self._block(self._version, DAG_PB, b"".join((head, chunk, tail)), out), len(head) + n + len(tail)
+        h = hashlib.sha256(head)  # only-hash: hash the pieces, never copy the chunk
+        h.update(chunk)
+        h.update(tail)
+        return cid_bytes(self._version, DAG_PB, h.digest()), len(head) + n + len(tail)
+
+    def _block(self, version: int, codec: int, block: Buffer, out: list[Block]) -> bytes:
+        raw_cid = cid_bytes(version, codec, hashlib.sha256(block).digest())
+        if self._emit:
+            assert isinstance(block, bytes)
+            out.append((cid_to_str(raw_cid), block))
+        return raw_cid
+
+    def _make_leaf_head(self, n: int) -> tuple[bytes, bytes]:
+        # dag-pb{Data(1): unixfs{Type(1)=File, Data(2)=chunk, filesize(3)=n}}
+        size_field = b"\x18" + uvarint(n)
+        unixfs_len = 2 + 1 + len(uvarint(n)) + n + len(size_field)
+        head = b"\x0a" + uvarint(unixfs_len) + b"\x08\x02\x12" + uvarint(n)
+        self._leaf_heads[n] = (head, size_field)
+        return head, size_field
+
+    def _push(self, depth: int, raw_cid: bytes, tsize: int, filesize: int, out: list[Block]) -> None:
+        level = self._levels[depth]
+        level.cids.append(raw_cid)
+        level.tsizes.append(tsize)
+        level.filesizes.append(filesize)
+        if len(level.cids) == MAX_LINKS:
+            # A full node is final whatever comes next, so emit it now.
+            self._flush(depth, out)
+
+    def _flush(self, depth: int, out: list[Block]) -> None:
+        level = self._levels[depth]
+        block = encode_file_node(level.cids, level.tsizes, level.filesizes)
+        raw_cid = self._block(self._version, DAG_PB, block, out)
+        tsize = len(block) + sum(level.tsizes)
+        filesize = sum(level.filesizes)
+        self._levels[depth] = _Level()
+        if depth + 1 == len(self._levels):
+            self._levels.append(_Level())
+        self._push(depth + 1, raw_cid, tsize, filesize, out)
+
+
+def encode_file_node(cids: list[bytes], tsizes: list[int], filesizes: list[int]) -> bytes:
+    """An internal dag-pb node: Links first, then Data = unixfs{File, filesize, blocksizes}."""
+    parts: list[bytes] = []
+    for raw_cid, tsize in zip(cids, tsizes, strict=True):
+        link = b"\x0a" + uvarint(len(raw_cid)) + raw_cid + b"\x12\x00\x18" + uvarint(tsize)
+        parts.append(b"\x12" + uvarint(len(link)) + link)
+    unixfs = b"".join([b"\x08\x02\x18", uvarint(sum(filesizes))] + [b"\x20" + uvarint(s) for s in filesizes])
+    parts.append(b"\x0a" + uvarint(len(unixfs)) + unixfs)
+    return b"".join(parts)
+
+
+def split(data: Buffer, chunk_size: int) -> Iterator[memoryview]:
+    """Zero-copy fixed-size chunks of in-memory bytes."""
+    view = memoryview(data).cast("B")
+    return (view[i:i + chunk_size] for i in range(0, len(view), chunk_size))
+
+
+def compute_cid(data: Buffer, options: AddOptions | None = None) -> str:
+    """The CID ``ipfs add --only-hash`` prints for these bytes."""
+    builder = FileDagBuilder(options, emit_blocks=False)
+    for chunk in split(data, builder.chunk_size):
+        builder.add_chunk(chunk)
+    return builder.finish()[1]
+
+
+def iter_blocks(data: Buffer, options: AddOptions | None = None) -> Iterator[Block]:
+    """Every block of the DAG for ``data``, root last."""
+    builder = FileDagBuilder(options)
+    for chunk in split(data, builder.chunk_size):
+        yield from builder.add_chunk(chunk)
+    yield from builder.finish()[0]
+
+
+# --- decoding ---------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class PBLink:
+    cid: bytes  # binary CID
+    name: str | None
+    tsize: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class PBNode:
+    links: list[PBLink]
+    data: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class UnixFSData:
+    type: int
+    data: bytes | None
+    filesize: int | None
+    blocksizes: list[int]
+
+
+def _fields(buf: bytes) -> Iterator[tuple[int, int, int | bytes]]:
+    """Protobuf (field number, wire type, value) triples; dag-pb/UnixFS use only varint and bytes."""
+    pos, end = 0, len(buf)
+    while pos < end:
+        key, pos = read_uvarint(buf, pos)
+        num, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = read_uvarint(buf, pos)
+            yield num, wire, value
+        elif wire == 2:
+            length, pos = read_uvarint(buf, pos)
+            if pos + length > end:
+                raise ValueError("length-delimited field overruns the message")
+            yield num, wire, buf[pos:pos + length]
+            pos += length
+        else:
+            raise ValueError(f"unsupported protobuf wire type {wire}")
+
+
+def decode_dagpb(block: bytes) -> PBNode:
+    """Split a dag-pb block into its links and its (UnixFS) data."""
+    links: list[PBLink] = []
+    data: bytes | None = None
+    try:
+        for num, wire, value in _fields(block):
+            if wire != 2 or num not in (1, 2):
+                raise ValueError(f"unexpected dag-pb field {num}")
+            assert isinstance(value, bytes)
+            if num == 1:
+                data = value
+            else:
+                links.append(_decode_link(value))
+    except ValueError as exc:  # UnicodeDecodeError included
+        raise IntegrityError(f"malformed dag-pb block: {exc}") from exc
+    return PBNode(links, data)
+
+
+def _decode_link(buf: bytes) -> PBLink:
+    found: dict[int, int | bytes] = {}
+    for num, wire, value in _fields(buf):
+        if (num, wire) not in ((1, 2), (2, 2), (3, 0)):
+            raise ValueError(f"unexpected dag-pb link field {num}")
+        found[num] = value
+    raw_cid, name, tsize = found.get(1), found.get(2), found.get(3)
+    if not isinstance(raw_cid, bytes):
+        raise ValueError("dag-pb link without Hash")
+    return PBLink(raw_cid, name.decode() if isinstance(name, bytes) else None, tsize if isinstance(tsize, int) else None)
+
+
+def decode_unixfs(data: bytes) -> UnixFSData:
+    """Decode UnixFS ``Data``; mode/mtime/hashType/fanout are skipped."""
+    found: dict[int, int | bytes] = {}
+    blocksizes: list[int] = []
+    try:
+        for num, _, value in _fields(data):
+            if num == 4 and isinstance(value, int):
+                blocksizes.append(value)
+            elif num == 4 and isinstance(value, bytes):  # tolerate packed encoding on read
+                pos = 0
+                while pos < len(value):
+                    size, pos = read_uvarint(value, pos)
+                    blocksizes.append(size)
+            else:
+                found[num] = value
+    except ValueError as exc:
+        raise IntegrityError(f"malformed UnixFS data: {exc}") from exc
+    typ, payload, filesize = found.get(1), found.get(2), found.get(3)
+    if not isinstance(typ, int) or isinstance(payload, int) or isinstance(filesize, bytes):
+        raise IntegrityError("UnixFS data without a valid Type, Data or filesize")
+    return UnixFSData(typ, payload, filesize, blocksizes)
+
+
+def walk_file(root: bytes, get_block: Callable[[bytes], bytes]) -> Iterator[bytes]:
+    """Yield a file's bytes in order, depth first from binary CID ``root``.
+
+    ``get_block`` does the I/O and must verify each block against its CID; this function
+    only interprets blocks. Recursion depth is the DAG depth (3 levels cover 1.3 TB).
+    """
+    _, codec, _ = decode_cid_bytes(root)
+    block = get_block(root)
+    if codec == RAW:
+        if block:
+            yield block
+        return
+    if codec != DAG_PB:
+        raise StorageError(f"unsupported codec 0x{codec:x} in a file DAG")
+    node = decode_dagpb(block)
+    if node.data is None:
+        raise IntegrityError(f"{cid_to_str(root)} is not a UnixFS node")
+    unixfs = decode_unixfs(node.data)
+    if unixfs.type not in (UNIXFS_FILE, UNIXFS_RAW):
+        raise StorageError(f"{cid_to_str(root)} is not a file (UnixFS type {unixfs.type})")
+    if unixfs.data:
+        yield unixfs.data
+    for link in node.links:
+        yield from walk_file(link.cid, get_block)
