@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from .coordinator import (
     Coordinator, CoordinatorSettings, EscrowAccount, RunRequest, TrainingStore, run_training,
 )
-from .errors import AitbcError, ConfigError, NotEnoughWorkersError, NotFoundError
+from .errors import AitbcError, ConfigError, NotEnoughWorkersError
 from .market import ScoringStrategy, WeightedScore
 from .messaging import SignedChannel
 from .models import (
@@ -179,7 +179,7 @@ class Agent:
         return await self.coordinator.status(training_id)
 
     async def process_payment(self, worker_id: str, contract_id: str, amount: int) -> Payment:
-        contract = await self._contract(contract_id)
+        contract = await self.coordinator.db.contract(contract_id)
         if contract.worker_id != worker_id:
             raise ConfigError(f"contract {contract_id} belongs to {contract.worker_id}, not {worker_id}")
         payments = await self.coordinator.pay(contract.training_id, worker_id, amount_wei=amount)
@@ -197,10 +197,3 @@ class Agent:
 
     async def payments(self, training_id: str) -> list[Payment]:
         return await self.coordinator.db.payments(training_id)
-
-    async def _contract(self, contract_id: str) -> WorkerContract:
-        for record in await self.coordinator.db.trainings():
-            for contract in await self.coordinator.db.contracts(record.training_id):
-                if contract.contract_id == contract_id:
-                    return contract
-        raise NotFoundError(f"no contract {contract_id!r}")

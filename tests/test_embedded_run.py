@@ -7,7 +7,7 @@ import pytest
 from aitbc_agent_sdk import Agent, AgentConfig, JobConfig, TrainingPhase, TrainingSpec
 from aitbc_agent_sdk.chain import result_hash, training_key
 from aitbc_agent_sdk.models import ShardManifest
-from aitbc_agent_sdk.training import decode_state
+from aitbc_agent_sdk.training import build_model, decode_data, decode_state
 
 GAS_MONEY = 10**17  # what the embedded stack gives each provider
 
@@ -30,12 +30,15 @@ async def test_four_workers_five_rounds_train_and_get_paid(aitbc_home):
         # every shard, the test split and every model are content-addressed and verifiable
         store = agent.stack.store
         manifest = ShardManifest.model_validate_json(await store.cat(report.manifest_cid))
-        assert sum(s.samples for s in manifest.shards) + len(
-            (await agent.coordinator._data(manifest.test_cid))) == 1797
-        for shard in manifest.shards:
-            assert len(await store.cat(shard.cid)) > 0
+        test_split = decode_data(await store.cat(manifest.test_cid))
+        shards = [decode_data(await store.cat(s.cid)) for s in manifest.shards]
+        assert [len(s) for s in shards] == [s.samples for s in manifest.shards]
+        assert sum(len(s) for s in shards) + len(test_split) == 1797  # all of digits, nothing twice
         final = decode_state(await store.cat(report.model_cid))
-        assert set(final) >= {"net.0.weight"} or len(final) > 0
+        model_spec = await agent.coordinator.model_spec(report.training_id)
+        assert set(final) == set(build_model(model_spec).state_dict())
+        assert all(t.isfinite().all() for t in final.values())
+        assert report.rounds[-1].model_cid == report.model_cid
 
         # the chain agrees with the report, to the wei
         escrow = agent.stack.escrow

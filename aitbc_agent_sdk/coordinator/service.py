@@ -21,7 +21,7 @@ from ..errors import ConfigError, InsufficientFundsError, MessagingError, NotFou
 from ..market import ScoringStrategy, collect_offers, meets_min_gpu, rank_workers, reputation_from_history
 from ..messaging import SignedChannel, topics
 from ..models import (
-    AggregateResult, CheckpointRef, ContractProposal, ContractReply, JobAssignment, JobConfig, Payment,
+    AggregateResult, CheckpointRef, ContractProposal, ContractReply, JobAssignment, JobConfig, ModelSpec, Payment,
     Progress, RoundMetrics, Settlement, Shard, ShardManifest, TrainingPhase, TrainingRecord, TrainingSpec,
     TrainingStatus, Worker, WorkerContract, new_id,
 )
@@ -208,16 +208,18 @@ class Coordinator:
         round_ = record.round + 1
         job = JobAssignment(job_id=new_id("job"), training_id=training_id, round=round_, worker_id=worker_id,
                             contract_id=contract.contract_id, shard_cid=shard.cid, weights_cid=record.model_cid,
-                            model=model_spec_for(record.spec.model_type, await self._model_probe(record)),
+                            model=await self.model_spec(training_id),
                             config=config, seed=(record.spec.seed * 7919 + round_ * 104729 + shard.index) % 2**31)
         await self.listener(training_id)  # subscribed before the job goes out, so no result is missed
         await self.db.save_job(job)
         await self.channel.publish(topics.jobs(worker_id), job)
         return job
 
-    async def _model_probe(self, record: TrainingRecord) -> LabeledData:
-        manifest = await self.manifest(record.training_id)
-        return await self._data(manifest.test_cid)
+    async def model_spec(self, training_id: str) -> ModelSpec:
+        """The model's shape follows the data: built from the (cached) test split."""
+        record = await self.db.training(training_id)
+        manifest = await self.manifest(training_id)
+        return model_spec_for(record.spec.model_type, await self._data(manifest.test_cid))
 
     async def progress(self, job_id: str) -> Progress:
         progress = await self.db.progress(job_id)

@@ -129,6 +129,12 @@ class TrainingStore:
             "INSERT OR REPLACE INTO contracts VALUES (?,?,?,?)",
             (contract.contract_id, contract.training_id, contract.worker_id, contract.model_dump_json())))
 
+    async def contract(self, contract_id: str) -> WorkerContract:
+        found = await self._rows("SELECT data FROM contracts WHERE contract_id=?", [contract_id], WorkerContract)
+        if not found:
+            raise NotFoundError(f"no contract {contract_id!r}")
+        return found[0]
+
     async def contracts(self, training_id: str) -> list[WorkerContract]:
         return await self._rows("SELECT data FROM contracts WHERE training_id=? ORDER BY rowid",
                                 [training_id], WorkerContract)

@@ -1,0 +1,43 @@
+"""Run every benchmark once and print its JSON line. ``--quick`` shrinks them for CI-sized machines."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+FULL = {
+    "bench_fedavg.py": ["--k", "16", "--params", "10000000", "--repeat", "5"],
+    "bench_cid.py": ["--size-mib", "256", "--repeat", "3"],
+    "bench_accuracy.py": ["--seeds", "0", "1", "2"],
+    "bench_e2e.py": ["--repeat", "3"],
+}
+QUICK = {
+    "bench_fedavg.py": ["--k", "4", "--params", "1000000", "--repeat", "2"],
+    "bench_cid.py": ["--size-mib", "16", "--repeat", "1"],
+    "bench_accuracy.py": ["--seeds", "0"],
+    "bench_e2e.py": ["--repeat", "1"],
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("only", nargs="*", help="benchmark file names to run (default: all)")
+    args = parser.parse_args()
+    plan = QUICK if args.quick else FULL
+    failed = 0
+    for script, script_args in plan.items():
+        if args.only and script not in args.only:
+            continue
+        print(f"== {script} {' '.join(script_args)}", flush=True)
+        done = subprocess.run([sys.executable, str(HERE / script), *script_args])
+        failed += done.returncode != 0
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""The provider's training process: a separate OS process with a scrubbed environment."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from aitbc_agent_sdk.errors import TrainingError
+from aitbc_agent_sdk.models import JobConfig
+from aitbc_agent_sdk.provider.hardware import detect_hardware
+from aitbc_agent_sdk.provider.process import TrainingProcess, scrubbed_env
+from aitbc_agent_sdk.provider.worker_process import CHECKPOINT_FILE, SHARD_FILE, WEIGHTS_FILE
+from aitbc_agent_sdk.training import build_model, decode_state, encode_data, encode_state, load_dataset, model_spec_for
+
+
+def test_scrubbed_env_keeps_only_the_allow_list(tmp_path):
+    env = scrubbed_env(tmp_path, 1, {"PATH": "/bin", "AITBC_WALLET_PASSWORD": "hunter2",
+                                     "AWS_SECRET_ACCESS_KEY": "x", "LANG": "C.UTF-8"})
+    assert env["PATH"] == "/bin" and env["LANG"] == "C.UTF-8"
+    assert "AITBC_WALLET_PASSWORD" not in env and "AWS_SECRET_ACCESS_KEY" not in env
+    assert env["HOME"] == str(tmp_path) and env["OMP_NUM_THREADS"] == "1"
+
+
+async def test_a_job_runs_in_another_process_without_the_parents_secrets(tmp_path, monkeypatch):
+    monkeypatch.setenv("AITBC_WALLET_PASSWORD", "hunter2")
+    data = load_dataset("digits").subset(list(range(200)))
+    model = build_model(model_spec_for("mlp", data), seed=0)
+    job_dir = tmp_path / "jobs" / "j1"
+    job_dir.mkdir(parents=True)
+    (job_dir / SHARD_FILE).write_bytes(encode_data(data))
+    (job_dir / WEIGHTS_FILE).write_bytes(encode_state(model.state_dict()))
+
+    process = TrainingProcess(tmp_path / "work")
+    await process.start()
+    try:
+        assert process.pid != os.getpid()
+        environ = Path(f"/proc/{process.pid}/environ").read_bytes()
+        assert b"hunter2" not in environ
+        epochs = []
+        done = await process.train(job_dir, job_id="j1", model=model_spec_for("mlp", data),
+                                   config=JobConfig(epochs=2), seed=1, on_epoch=epochs.append)
+    finally:
+        await process.stop()
+    assert done["samples"] == 200 and [e["epoch"] for e in epochs] == [1, 2]
+    trained = decode_state((job_dir / CHECKPOINT_FILE).read_bytes())
+    assert not all((trained[k] == v).all() for k, v in model.state_dict().items())
+
+
+async def test_a_broken_job_is_reported_and_the_process_survives(tmp_path):
+    data = load_dataset("digits").subset(list(range(50)))
+    job_dir = tmp_path / "j"
+    job_dir.mkdir()
+    (job_dir / SHARD_FILE).write_bytes(encode_data(data))
+    (job_dir / WEIGHTS_FILE).write_bytes(b"not safetensors")
+    process = TrainingProcess(tmp_path / "work")
+    await process.start()
+    try:
+        with pytest.raises(TrainingError):
+            await process.train(job_dir, job_id="j", model=model_spec_for("mlp", data), config=JobConfig(), seed=0)
+        pid = process.pid
+        model = build_model(model_spec_for("mlp", data), seed=0)
+        (job_dir / WEIGHTS_FILE).write_bytes(encode_state(model.state_dict()))
+        done = await process.train(job_dir, job_id="j", model=model_spec_for("mlp", data), config=JobConfig(), seed=0)
+        assert done["samples"] == 50 and process.pid == pid
+    finally:
+        await process.stop()
+
+
+def test_hardware_is_detected_honestly():
+    hardware = detect_hardware()
+    assert hardware.cpu_cores == os.cpu_count()
+    assert hardware.ram_bytes > 0
+    # no NVIDIA driver on this machine: no GPU may be claimed
+    if not Path("/proc/driver/nvidia").exists():
+        assert hardware.gpus == () and hardware.gpu_type == "cpu"
