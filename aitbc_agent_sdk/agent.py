@@ -6,14 +6,14 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from eth_account.signers.local import LocalAccount
+from typing import Any
 
+from .config import AgentConfig, default_home
 from .coordinator import (
     Coordinator, CoordinatorSettings, EscrowAccount, RunRequest, TrainingStore, run_training,
 )
@@ -25,35 +25,19 @@ from .models import (
     Settlement, Shard, TrainingPhase, TrainingRecord, TrainingReport, TrainingSpec, TrainingStatus, Worker,
     WorkerContract,
 )
-from .stack import STACK_BUILDERS, EmbeddedSettings, Stack
+from .stack import STACK_BUILDERS, Stack
 from .training import FedAvg
 
-
-def default_home() -> Path:
-    return Path(os.environ.get("AITBC_HOME") or Path.home() / ".aitbc")
-
-
-class AgentConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str = "aitbc-agent"
-    blockchain_network: Literal["embedded"] = Field(
-        default="embedded", description="'embedded' runs py-evm in-process")
-    wallet_name: str = "default"
-    home: Path = Field(default_factory=default_home)
-    providers: int = Field(default=4, ge=0, le=64, description="local provider agents on the embedded stack")
-    provider_prices_wei: tuple[int, ...] | None = None
-    wallet_funding_wei: int = Field(default=100 * 10**18, ge=0, description="embedded chain only")
-    discovery_timeout_s: float = Field(default=2.0, gt=0)
-    reply_timeout_s: float = Field(default=10.0, gt=0)
+__all__ = ["Agent", "AgentConfig", "default_home"]
 
 
 class Agent:
     """One coordinating agent. Nothing is global: several can run in one process."""
 
-    def __init__(self, config: AgentConfig | None = None, *, scoring: ScoringStrategy | None = None,
-                 observer: Any = None) -> None:
+    def __init__(self, config: AgentConfig | None = None, *, account: LocalAccount | None = None,
+                 scoring: ScoringStrategy | None = None, observer: Any = None) -> None:
         self.config = config or AgentConfig()
+        self._account = account
         self.scoring = scoring or WeightedScore()
         self._observer = observer
         self._exits: AsyncExitStack | None = None
@@ -67,10 +51,7 @@ class Agent:
         exits = AsyncExitStack()
         try:
             cfg = self.config
-            builder = STACK_BUILDERS[cfg.blockchain_network]
-            stack = await builder(EmbeddedSettings(
-                home=cfg.home, providers=cfg.providers, provider_prices_wei=cfg.provider_prices_wei,
-                wallet_funding_wei=cfg.wallet_funding_wei), exits)
+            stack = await STACK_BUILDERS[cfg.blockchain_network](cfg, self._account, exits)
             db = await exits.enter_async_context(TrainingStore(cfg.home / "aitbc.db"))
             coordinator = Coordinator(
                 channel=SignedChannel(stack.bus, stack.account), store=stack.store, db=db,

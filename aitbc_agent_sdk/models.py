@@ -159,6 +159,7 @@ class TrainingRecord(Record):
     phase: TrainingPhase = TrainingPhase.INITIALIZING
     round: int = Field(default=0, ge=0)
     coordinator: Address
+    wallet: str | None = Field(default=None, description="wallet name of the coordinator, for later commands")
     dataset_cid: Cid | None = None
     manifest_cid: Cid | None = None
     model_cid: Cid | None = None

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 
-from .chain import EscrowClient, TransactionSender, deploy, load_artifact, start_embedded_chain
+from .chain import EscrowClient, TransactionSender, connect_rpc, deploy, load_artifact, start_embedded_chain
+from .config import AgentConfig
+from .errors import ConfigError
 from .messaging import Bus, InMemoryBus
+from .profile import Profile, load_profile
 from .provider.agent import ProviderAgent, ProviderConfig
 from .provider.hardware import detect_hardware
 from .storage import ContentStore, LocalContentStore
@@ -26,18 +29,10 @@ class Stack:
 
     bus: Bus
     store: ContentStore
-    account: LocalAccount  # the coordinator's key; signs envelopes and (through sender) transactions
+    account: LocalAccount  # the agent's key; signs envelopes and (through sender) transactions
     sender: TransactionSender
     escrow: EscrowClient
     providers: list[ProviderAgent] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class EmbeddedSettings:
-    home: Path
-    providers: int
-    provider_prices_wei: tuple[int, ...] | None
-    wallet_funding_wei: int
 
 
 def default_prices(count: int, base_wei: int = ETH // 100) -> list[int]:
@@ -45,7 +40,7 @@ def default_prices(count: int, base_wei: int = ETH // 100) -> list[int]:
     return [base_wei + i * (base_wei // 10) for i in range(count)]
 
 
-async def build_embedded(config: EmbeddedSettings, exits: AsyncExitStack) -> Stack:
+async def build_embedded(config: AgentConfig, account: LocalAccount | None, exits: AsyncExitStack) -> Stack:
     """In-process bus, a local content store under $AITBC_HOME, py-evm, local provider agents."""
     bus = InMemoryBus()
     exits.push_async_callback(bus.close)
@@ -56,7 +51,7 @@ async def build_embedded(config: EmbeddedSettings, exits: AsyncExitStack) -> Sta
     deployer: LocalAccount = Account.create()
     await chain.fund(deployer.address, ETH)
     escrow_address = await deploy(TransactionSender(chain.w3, deployer), load_artifact("TrainingEscrow"))
-    coordinator: LocalAccount = Account.create()
+    coordinator: LocalAccount = account or Account.create()
     if config.wallet_funding_wei:
         await chain.fund(coordinator.address, config.wallet_funding_wei)
     sender = TransactionSender(chain.w3, coordinator)
@@ -65,14 +60,52 @@ async def build_embedded(config: EmbeddedSettings, exits: AsyncExitStack) -> Sta
     hardware = await asyncio.to_thread(detect_hardware)
     prices = list(config.provider_prices_wei or default_prices(config.providers))
     for i in range(config.providers):
-        account: LocalAccount = Account.create()
-        await chain.fund(account.address, ETH // 10, source=1 + i % 9)  # gas money to withdraw with
-        provider = ProviderAgent(account, bus, store, ProviderConfig(
-            price_wei=prices[i % len(prices)], work_dir=config.home / "providers" / account.address),
+        provider_account: LocalAccount = Account.create()
+        await chain.fund(provider_account.address, ETH // 10, source=1 + i % 9)  # gas money to withdraw with
+        provider = ProviderAgent(provider_account, bus, store, ProviderConfig(
+            price_wei=prices[i % len(prices)], work_dir=config.home / "providers" / provider_account.address),
             hardware=hardware)
         stack.providers.append(await exits.enter_async_context(provider))
     return stack
 
 
-StackBuilder = Callable[[EmbeddedSettings, AsyncExitStack], Awaitable[Stack]]
-STACK_BUILDERS: dict[str, StackBuilder] = {"embedded": build_embedded}
+async def open_bus(profile: Profile, client_id: str, exits: AsyncExitStack) -> Bus:
+    from .messaging.mqtt import MqttBus  # aiomqtt is only needed off the embedded stack
+
+    return await exits.enter_async_context(MqttBus(profile.bus.host, profile.bus.port, client_id=client_id))
+
+
+async def _local_store(profile: Profile, config: AgentConfig, exits: AsyncExitStack) -> ContentStore:
+    return LocalContentStore(profile.store.root or config.home / "store")
+
+
+async def _kubo_store(profile: Profile, config: AgentConfig, exits: AsyncExitStack) -> ContentStore:
+    from .storage.kubo import KuboClient, KuboContentStore
+
+    if not profile.store.api:
+        raise ConfigError("profile store kind 'kubo' needs an api URL")
+    return KuboContentStore(await exits.enter_async_context(KuboClient(profile.store.api)))
+
+
+STORE_OPENERS = {"local": _local_store, "kubo": _kubo_store}
+
+
+async def open_store(profile: Profile, config: AgentConfig, exits: AsyncExitStack) -> ContentStore:
+    return await STORE_OPENERS[profile.store.kind](profile, config, exits)
+
+
+async def build_devnet(config: AgentConfig, account: LocalAccount | None, exits: AsyncExitStack) -> Stack:
+    """Connect to the servers named in $AITBC_HOME/profile.json; the signer must be passed in."""
+    if account is None:
+        raise ConfigError("a devnet agent needs a wallet: unlock one and pass it as Agent(config, account=...)")
+    profile = load_profile(config.home)
+    client_id = config.client_id or f"{config.name}-{account.address[2:10]}-{os.getpid()}"
+    bus = await open_bus(profile, client_id, exits)
+    store = await open_store(profile, config, exits)
+    w3 = await connect_rpc(profile.chain.rpc_url)
+    return Stack(bus=bus, store=store, account=account, sender=TransactionSender(w3, account),
+                 escrow=EscrowClient(w3, profile.chain.escrow))
+
+
+StackBuilder = Callable[[AgentConfig, LocalAccount | None, AsyncExitStack], Awaitable[Stack]]
+STACK_BUILDERS: dict[str, StackBuilder] = {"embedded": build_embedded, "devnet": build_devnet}

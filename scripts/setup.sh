@@ -39,13 +39,32 @@ if ! stamp_ok python pyproject.toml scripts/setup.sh; then
   stamp_done python
 fi
 
-if command -v npm >/dev/null 2>&1; then
-  if ! stamp_ok npm contracts/package.json contracts/package-lock.json; then
-    echo "setup: installing the Solidity compiler (npm solc)"
-    npm ci --prefix contracts --no-audit --no-fund --loglevel=error
-    stamp_done npm
-  fi
-else
-  echo "setup: npm not found; contract rebuilds (scripts/build_contracts.sh) will not work" >&2
+# The devnet's servers: Debian's mosquitto (MQTT broker) and bubblewrap (job sandbox).
+missing=()
+[[ -x /usr/sbin/mosquitto ]] || command -v mosquitto >/dev/null 2>&1 || missing+=(mosquitto)
+command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
+if (( ${#missing[@]} )); then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  SUDO=""
+  [[ $(id -u) -eq 0 ]] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if ! command -v npm >/dev/null 2>&1; then
+  echo "setup: npm is required (Node.js 20) for solc, anvil and js-ipfs" >&2
+  exit 2
+fi
+if ! stamp_ok npm-contracts contracts/package.json contracts/package-lock.json; then
+  echo "setup: installing the Solidity compiler (npm solc)"
+  npm ci --prefix contracts --no-audit --no-fund --loglevel=error
+  stamp_done npm-contracts
+fi
+# anvil (Ethereum node) and js-ipfs (Kubo RPC API); the js-ipfs tree takes minutes on a cold
+# npm cache, seconds on a warm one.
+if ! stamp_ok npm-tools tools/node/package.json tools/node/package-lock.json; then
+  echo "setup: installing anvil and js-ipfs (npm)"
+  npm ci --prefix tools/node --no-audit --no-fund --loglevel=error
+  stamp_done npm-tools
 fi
 echo "setup: ready"

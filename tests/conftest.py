@@ -6,6 +6,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+# Fixtures that start real servers on 127.0.0.1 (mosquitto, js-ipfs, anvil) and stop them after.
+pytest_plugins = ["plugins.mqtt", "plugins.ipfs", "plugins.chain"]
+
 
 @pytest.fixture
 def aitbc_home(tmp_path, monkeypatch) -> Path:

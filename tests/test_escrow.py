@@ -1,10 +1,10 @@
-"""TrainingEscrow on the embedded py-evm chain, through the SDK's async chain client."""
+"""TrainingEscrow through the SDK's async chain client, on the embedded py-evm chain and on anvil."""
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +45,32 @@ async def _new_sender(chain: DevChain, wei: int) -> TransactionSender:
     return TransactionSender(chain.w3, account)
 
 
+@pytest.fixture(params=["eth-tester", "anvil"])
+def chain_url(request: pytest.FixtureRequest) -> str | None:
+    """None for py-evm in-process, else a real JSON-RPC node's URL (anvil auto-mines too)."""
+    if request.param == "eth-tester":
+        return None
+    # Resolved lazily (and from a sync fixture, outside the test's running loop), so
+    # eth-tester-only runs never start anvil.
+    return str(request.getfixturevalue("anvil").url)
+
+
 @pytest.fixture
-async def env() -> Env:
-    chain = await start_embedded_chain()
+async def chain(chain_url: str | None) -> AsyncIterator[DevChain]:
+    if chain_url is None:
+        yield await start_embedded_chain()
+        return
+    w3 = await connect_rpc(chain_url)
+    # anvil unlocks its funded dev accounts, so DevChain.fund's eth_sendTransaction works unchanged.
+    accounts = tuple(w3.to_checksum_address(a) for a in await w3.eth.accounts)
+    try:
+        yield DevChain(w3=w3, accounts=accounts)
+    finally:
+        await w3.provider.disconnect()
+
+
+@pytest.fixture
+async def env(chain: DevChain) -> Env:
     coordinator = await _new_sender(chain, 100 * ETH)
     address = await deploy(coordinator, load_artifact("TrainingEscrow"))
     workers = [Account.create() for _ in range(4)]

@@ -168,16 +168,27 @@ class EscrowClient:
         to_block: BlockIdentifier = "latest",
         chunk_size: int = 10_000,
     ) -> list[EscrowEvent]:
-        """Decoded events of one training, oldest first, read with ``eth_getLogs``.
+        """Decoded events of one training, oldest first, read with ``eth_getLogs``."""
+        tid = _bytes32(training_id, "training_id")
+        return await self._logs(names, [HexBytes(tid).to_0x_hex()], from_block, to_block, chunk_size)
+
+    async def worker_payments(self, worker: str, *, from_block: int = 0,
+                              to_block: BlockIdentifier = "latest") -> list[EscrowEvent]:
+        """Every ``Released`` event paying ``worker``, across all trainings (its earnings)."""
+        padded = "0x" + "00" * 12 + AsyncWeb3.to_checksum_address(worker)[2:].lower()
+        return await self._logs(("Released",), [None, padded], from_block, to_block, 10_000)
+
+    async def _logs(self, names: Sequence[EventName], indexed: list[str | None], from_block: int,
+                    to_block: BlockIdentifier, chunk_size: int) -> list[EscrowEvent]:
+        """Decoded logs of the named events whose indexed topics match, oldest first.
 
         The range is walked in ``chunk_size`` blocks because public nodes cap log ranges.
         """
-        tid = _bytes32(training_id, "training_id")
         by_topic = {
             HexBytes(getattr(self._contract.events, name).topic): getattr(self._contract.events, name)
             for name in names
         }
-        topics = [[t.to_0x_hex() for t in by_topic], HexBytes(tid).to_0x_hex()]
+        topics = [[t.to_0x_hex() for t in by_topic], *indexed]
         try:
             last = int((await self._w3.eth.get_block(to_block))["number"])
             found: list[EscrowEvent] = []

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..errors import AitbcError, InsufficientFundsError, NotEnoughWorkersError, TrainingError
 from ..models import (
-    CheckpointRef, JobAssignment, Progress, RoundReport, TrainingPhase, TrainingRecord, TrainingReport,
+    CheckpointRef, JobAssignment, Progress, RoundReport, Settlement, TrainingPhase, TrainingRecord, TrainingReport,
     TrainingSpec, Worker, WorkerReport,
 )
 from ..training import LabeledData, encode_state, load_dataset, model_spec_for
@@ -56,30 +56,49 @@ async def prepare(coordinator: Coordinator, request: RunRequest) -> tuple[Labele
 async def run_training(coordinator: Coordinator, request: RunRequest) -> TrainingReport:
     started = time.perf_counter()
     data, selected = await prepare(coordinator, request)
-    spec = request.spec
-    record = await coordinator.initialize(spec)
+    record = await coordinator.initialize(request.spec)
     tid = record.training_id
-    funded = False
     try:
         await coordinator.attach_data(tid, data)
-        shards = await coordinator.create_shards(tid, len(selected))
-        contracts = await asyncio.gather(*(coordinator.negotiate(w.worker_id, tid, w.price) for w in selected))
+        await coordinator.create_shards(tid, len(selected))
+        await asyncio.gather(*(coordinator.negotiate(w.worker_id, tid, w.price) for w in selected))
         await coordinator.fund_escrow(tid)
-        funded = True
+    except (AitbcError, asyncio.CancelledError):
+        await fail_training(coordinator, tid)
+        raise
+    settlement, compute = await drive_training(coordinator, tid, round_timeout_s=request.round_timeout_s)
+    return await _report(coordinator, tid, selected, settlement.refund_tx, started, compute)
+
+
+async def drive_training(coordinator: Coordinator, tid: str, *,
+                         round_timeout_s: float = 600.0) -> tuple[Settlement, float]:
+    """Run the remaining rounds of a funded training, then pay and refund.
+
+    Returns the settlement and the training compute time (slowest worker per round, summed).
+    Used by ``run`` in-process and by the detached coordinator daemon after ``distribute``.
+    """
+    try:
+        record = await coordinator.db.training(tid)
+        contracts = await coordinator.db.contracts(tid)
+        shards = await coordinator.db.shards(tid)
+        if not contracts or len(shards) != len(contracts):
+            raise TrainingError(f"training {tid} needs one shard per contracted worker "
+                                f"({len(shards)} shards, {len(contracts)} contracts)")
         compute = 0.0
-        for _ in range(spec.rounds):
+        while record.round < record.spec.rounds:
             await coordinator.update_phase(tid, P.DISTRIBUTING)
-            jobs = [await coordinator.send_job(c.worker_id, tid, shard.shard_id, spec.job)
+            jobs = [await coordinator.send_job(c.worker_id, tid, shard.shard_id, record.spec.job)
                     for c, shard in zip(contracts, shards, strict=True)]
             await coordinator.update_phase(tid, P.TRAINING)
-            model_cid, slowest = await _run_round(coordinator, tid, jobs, request.round_timeout_s)
+            model_cid, slowest = await _run_round(coordinator, tid, jobs, round_timeout_s)
             compute += slowest
             await coordinator.save_results(tid, model_cid)
+            record = await coordinator.db.training(tid)
         settlement = await coordinator.settle(tid)
         await coordinator.update_phase(tid, P.COMPLETE)
-        return await _report(coordinator, tid, selected, settlement.refund_tx, started, compute)
+        return settlement, compute
     except (AitbcError, asyncio.CancelledError):
-        await _fail(coordinator, tid, funded)
+        await fail_training(coordinator, tid)
         raise
 
 
@@ -110,10 +129,11 @@ async def _run_round(coordinator: Coordinator, tid: str, jobs: list[JobAssignmen
     return await coordinator.store.add(model), slowest
 
 
-async def _fail(coordinator: Coordinator, tid: str, funded: bool) -> None:
+async def fail_training(coordinator: Coordinator, tid: str) -> None:
+    """Mark the training failed and refund whatever the escrow still holds for it."""
     try:
         await coordinator.update_phase(tid, P.FAILED)
-        if funded:
+        if (await coordinator.db.escrow(tid)) is not None:
             await coordinator.escrow.refund(tid)
             await coordinator.db.save_escrow(tid, await coordinator.escrow.summary(tid))
     except AitbcError as exc:  # keep the original error; note the cleanup failure

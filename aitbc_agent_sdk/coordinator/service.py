@@ -67,8 +67,8 @@ class Coordinator:
         self._listeners.clear()
 
     # -- set-up ----------------------------------------------------------------------------
-    async def initialize(self, spec: TrainingSpec) -> TrainingRecord:
-        record = TrainingRecord(training_id=new_id("training"), spec=spec, coordinator=self.address)
+    async def initialize(self, spec: TrainingSpec, *, wallet: str | None = None) -> TrainingRecord:
+        record = TrainingRecord(training_id=new_id("training"), spec=spec, coordinator=self.address, wallet=wallet)
         await self.db.save_training(record)
         return record
 

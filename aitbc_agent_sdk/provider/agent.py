@@ -52,6 +52,7 @@ class ProviderAgent:
         self._tasks: list[asyncio.Task[None]] = []
         self._job_tasks: set[asyncio.Task[None]] = set()
         self.completed_jobs = 0
+        self.jobs: dict[str, Progress] = {}  # latest progress of every job this daemon ran
 
     @property
     def address(self) -> str:
@@ -127,11 +128,13 @@ class ProviderAgent:
 
     async def _report(self, job: JobAssignment, status: str, *, epoch: int = 0, loss: float | None = None,
                       samples_per_s: float | None = None, error: str | None = None) -> None:
-        progress = 100.0 if status == "complete" else 100.0 * epoch / job.config.epochs
-        await self.channel.publish(topics.progress(job.training_id, job.job_id), Progress(
+        percent = 100.0 if status == "complete" else 100.0 * epoch / job.config.epochs
+        progress = Progress(
             job_id=job.job_id, training_id=job.training_id, worker_id=self.address, round=job.round,
-            status=status, epoch=epoch, epochs=job.config.epochs, progress=progress, loss=loss,
-            samples_per_s=samples_per_s, error=error))
+            status=status, epoch=epoch, epochs=job.config.epochs, progress=percent, loss=loss,
+            samples_per_s=samples_per_s, error=error)
+        self.jobs[job.job_id] = progress
+        await self.channel.publish(topics.progress(job.training_id, job.job_id), progress)
 
     async def _run_job(self, job: JobAssignment) -> None:
         async with self._slots:

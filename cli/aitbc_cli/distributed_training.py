@@ -14,10 +14,12 @@ from rich.console import Console
 from aitbc_agent_sdk import Agent, AgentConfig, JobConfig, TrainingReport, TrainingSpec
 from aitbc_agent_sdk.errors import ConfigError
 
-from .render import LiveTraining, report_tables
+from . import steps
 from .plot import plot_report
+from .render import LiveTraining, report_tables
 
 app = typer.Typer(help="Coordinate federated training across GPU providers.", no_args_is_help=True)
+steps.register(app)
 
 WEI_PER_ETH = 10**18
 

@@ -1,0 +1,127 @@
+"""Starting and stopping the devnet's server processes.
+
+Servers run detached (their own session and process group), so a devnet outlives
+the command that started it; a ``ServiceProcess`` record (pid, port, log) is what
+``devnet down`` and the tests use to stop them again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from ..errors import AitbcError
+
+LOCALHOST = "127.0.0.1"
+
+
+class ServiceError(AitbcError):
+    """A devnet server could not be found, started or reached."""
+
+
+class ServiceProcess(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    pid: int
+    host: str = LOCALHOST
+    port: int
+    log: Path
+
+    def alive(self) -> bool:
+        return pid_alive(self.pid)
+
+
+def free_port(host: str = LOCALHOST) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child still answers kill(0); treat it as dead.
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def spawn(name: str, argv: Sequence[str], *, port: int, log: Path, host: str = LOCALHOST,
+          env: Mapping[str, str] | None = None, cwd: Path | None = None,
+          stdin_data: bytes | None = None) -> ServiceProcess:
+    """Start ``argv`` detached, stdout and stderr to ``log``; ``stdin_data`` (a secret, say) goes to its stdin."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        try:
+            proc = subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.PIPE if stdin_data is not None else subprocess.DEVNULL,
+                                    env=dict(env) if env is not None else None, cwd=cwd, start_new_session=True)
+        except OSError as exc:
+            raise ServiceError(f"cannot start {name} ({argv[0]}): {exc}") from exc
+    if stdin_data is not None:
+        assert proc.stdin is not None
+        proc.stdin.write(stdin_data)
+        proc.stdin.close()
+    return ServiceProcess(name=name, pid=proc.pid, host=host, port=port, log=log)
+
+
+async def wait_for_port(service: ServiceProcess, timeout: float = 30.0) -> None:
+    """Wait until the service accepts TCP connections; fail early if it died."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not service.alive():
+            raise ServiceError(f"{service.name} exited during start-up; last log lines:\n{tail(service.log)}")
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(service.host, service.port), 1.0)
+        except (OSError, TimeoutError):
+            await asyncio.sleep(0.1)
+            continue
+        writer.close()
+        await writer.wait_closed()
+        return
+    raise ServiceError(f"{service.name} did not listen on {service.host}:{service.port} within {timeout:.0f}s;"
+                       f" last log lines:\n{tail(service.log)}")
+
+
+def stop(service: ServiceProcess, timeout: float = 10.0) -> None:
+    """SIGTERM the service's process group, SIGKILL what is left after ``timeout``."""
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(service.pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            _reap(service.pid)
+            if not pid_alive(service.pid):
+                return
+            time.sleep(0.05)
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"

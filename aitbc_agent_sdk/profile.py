@@ -1,0 +1,104 @@
+"""Profiles: where the bus, the content store and the chain are, written by ``aitbc devnet up``.
+
+A profile is a small JSON file under ``$AITBC_HOME``; every later command (provider
+daemons, the step-by-step CLI, the coordinator daemon) reads it, so they all talk to
+the same servers without repeating addresses on every command line.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .devnet.service import ServiceProcess
+from .errors import ConfigError
+from .models import Address
+
+PROFILE_FILE = "profile.json"
+
+
+class BusSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["mqtt"] = "mqtt"
+    host: str = "127.0.0.1"
+    port: int = Field(default=1883, ge=1, le=65535)
+
+
+class StoreSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["local", "kubo"] = "local"
+    root: Path | None = Field(default=None, description="local store directory (kind=local)")
+    api: str | None = Field(default=None, description="Kubo RPC base URL (kind=kubo)")
+
+
+class ChainSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rpc_url: str
+    chain_id: int
+    escrow: Address
+    deployed_block: int = 0
+
+
+class Profile(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = "devnet"
+    bus: BusSettings
+    store: StoreSettings
+    chain: ChainSettings
+    services: tuple[ServiceProcess, ...] = ()
+    providers: tuple[str, ...] = Field(default=(), description="wallet names of the devnet's provider daemons")
+
+
+def profile_path(home: Path) -> Path:
+    return home / PROFILE_FILE
+
+
+def save_profile(home: Path, profile: Profile) -> Path:
+    path = profile_path(home)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(profile.model_dump_json(indent=2))
+    os.replace(tmp, path)
+    return path
+
+
+def load_profile(home: Path) -> Profile:
+    path = profile_path(home)
+    if not path.is_file():
+        raise ConfigError(f"no devnet profile at {path}; start one with 'aitbc devnet up'")
+    try:
+        return Profile.model_validate_json(path.read_text())
+    except ValueError as exc:
+        raise ConfigError(f"unreadable profile {path}: {exc}") from exc
+
+
+def remove_profile(home: Path) -> None:
+    profile_path(home).unlink(missing_ok=True)
+
+
+PASSWORD_FILE = "wallet-password"
+
+
+def devnet_password(home: Path, *, create: bool = False) -> str | None:
+    """The password of the devnet's own wallets: $AITBC_WALLET_PASSWORD, else a random one kept 0600 in $AITBC_HOME."""
+    if env := os.environ.get("AITBC_WALLET_PASSWORD"):
+        return env
+    path = home / "devnet" / PASSWORD_FILE
+    if path.is_file():
+        return path.read_text().strip()
+    if not create:
+        return None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    password = secrets.token_urlsafe(24)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(password + "\n")
+    return password

@@ -1,0 +1,95 @@
+"""The provider daemon process: one ProviderAgent on the devnet's servers until told to stop.
+
+``python -m aitbc_agent_sdk.provider.daemon --wallet W --price-wei N`` reads the wallet
+password from its first line of stdin, so it never appears in argv or the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+from eth_account.signers.local import LocalAccount
+
+from ..chain import WalletStore
+from ..config import AgentConfig, default_home
+from ..profile import load_profile
+from ..stack import open_bus, open_store
+from .agent import ProviderAgent, ProviderConfig
+from .hardware import detect_hardware
+
+STATUS_FILE = "status.json"
+
+
+def provider_dir(home: Path, address: str) -> Path:
+    return home / "providers" / address
+
+
+async def serve_provider(home: Path, account: LocalAccount, *, price_wei: int, slots: int = 1,
+                         gpu: str = "auto", stop: asyncio.Event) -> None:
+    profile = load_profile(home)
+    work_dir = provider_dir(home, account.address)
+    hardware = await asyncio.to_thread(detect_hardware)
+    if gpu == "none":
+        hardware = hardware.model_copy(update={"gpus": ()})
+    async with AsyncExitStack() as exits:
+        # A stable client id gives the provider a persistent session: jobs sent while it
+        # was reconnecting are delivered when it is back.
+        bus = await open_bus(profile, f"provider-{account.address}", exits)
+        store = await open_store(profile, AgentConfig(home=home), exits)
+        provider = ProviderAgent(account, bus, store, ProviderConfig(price_wei=price_wei, slots=slots,
+                                                                      work_dir=work_dir), hardware=hardware)
+        async with provider:
+            logging.info("provider %s serving at %s wei per round", account.address, price_wei)
+            while not stop.is_set():
+                write_status(work_dir, provider)
+                try:
+                    await asyncio.wait_for(stop.wait(), 1.0)
+                except TimeoutError:
+                    pass
+            write_status(work_dir, provider, running=False)
+
+
+def write_status(work_dir: Path, provider: ProviderAgent, *, running: bool = True) -> None:
+    status = {"address": provider.address, "pid": os.getpid(), "running": running, "updated_at": time.time(),
+              "price_wei": provider.config.price_wei, "hardware": provider.hardware.model_dump(mode="json") if provider.hardware else None,
+              "completed_jobs": provider.completed_jobs,
+              "jobs": [p.model_dump(mode="json") for p in provider.jobs.values()]}
+    work_dir.mkdir(parents=True, exist_ok=True)
+    tmp = work_dir / (STATUS_FILE + ".tmp")
+    tmp.write_text(json.dumps(status, indent=1))
+    os.replace(tmp, work_dir / STATUS_FILE)
+
+
+async def _main(args: argparse.Namespace) -> None:
+    password = sys.stdin.readline().rstrip("\n")
+    account = await WalletStore(args.home / "wallets").unlock(args.wallet, password)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await serve_provider(args.home, account, price_wei=args.price_wei, slots=args.slots, gpu=args.gpu, stop=stop)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="aitbc provider daemon (reads the wallet password from stdin)")
+    parser.add_argument("--home", type=Path, default=default_home())
+    parser.add_argument("--wallet", required=True)
+    parser.add_argument("--price-wei", type=int, required=True)
+    parser.add_argument("--slots", type=int, default=1)
+    parser.add_argument("--gpu", choices=("auto", "none"), default="auto")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(_main(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+"""Shared CLI plumbing: the home directory, wallet unlocking, JSON output."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from eth_account.signers.local import LocalAccount
+
+from aitbc_agent_sdk.config import default_home
+from aitbc_agent_sdk.devnet.network import wallet_store
+from aitbc_agent_sdk.profile import devnet_password
+
+HomeOption = Annotated[Optional[Path], typer.Option("--home", help="state directory [default: $AITBC_HOME or ~/.aitbc]")]
+JsonOption = Annotated[bool, typer.Option("--json", help="print one JSON object and nothing else")]
+
+
+def resolve_home(home: Path | None) -> Path:
+    return home if home is not None else default_home()
+
+
+def wallet_password(home: Path) -> str:
+    """$AITBC_WALLET_PASSWORD, else the devnet's own password file, else ask."""
+    password = devnet_password(home)
+    if password is None:
+        password = typer.prompt("wallet password", hide_input=True)
+    return password
+
+
+async def unlock(home: Path, wallet: str) -> tuple[LocalAccount, str]:
+    password = wallet_password(home)
+    return await wallet_store(home).unlock(wallet, password), password
+
+
+def print_json(value: Any) -> None:
+    typer.echo(json.dumps(value, sort_keys=True, default=str))

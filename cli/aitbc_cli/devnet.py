@@ -1,0 +1,73 @@
+"""``aitbc devnet up|down|status``: every server on 127.0.0.1, for development and tests."""
+
+from __future__ import annotations
+
+import asyncio
+from decimal import Decimal
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from aitbc_agent_sdk.devnet.network import DevnetOptions, devnet_down, devnet_status, devnet_up
+
+from .common import HomeOption, JsonOption, print_json, resolve_home
+
+app = typer.Typer(help="Run a local devnet: MQTT broker, anvil with the contracts, IPFS, provider daemons.",
+                  no_args_is_help=True)
+
+
+@app.command()
+def up(
+    providers: Annotated[int, typer.Option(min=0, help="provider daemons to start")] = 3,
+    ipfs: Annotated[str, typer.Option(help="'local' content store, or 'daemon' to start js-ipfs")] = "local",
+    ipfs_api: Annotated[Optional[str], typer.Option(help="use a running Kubo RPC API instead")] = None,
+    price_eth: Annotated[Decimal, typer.Option(help="first provider's price per round, in ETH")] = Decimal("0.01"),
+    home: HomeOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Start the devnet and write the profile later commands use."""
+    options = DevnetOptions(providers=providers, ipfs=ipfs, ipfs_api=ipfs_api,  # type: ignore[arg-type]
+                            provider_price_wei=int(price_eth * 10**18))
+    console = Console(stderr=True, quiet=as_json)
+    with console.status("starting broker, chain, contracts and providers..."):
+        profile = asyncio.run(devnet_up(resolve_home(home), options))
+    if as_json:
+        print_json(profile.model_dump(mode="json"))
+        return
+    table = Table(title="devnet up")
+    for col in ("service", "pid", "address"):
+        table.add_column(col)
+    for service in profile.services:
+        table.add_row(service.name, str(service.pid), f"{service.host}:{service.port}" if service.port else "-")
+    Console().print(table)
+    Console().print(f"chain {profile.chain.rpc_url} (id {profile.chain.chain_id}), escrow {profile.chain.escrow}; "
+                    f"store {profile.store.kind}; coordinator wallet 'dev'")
+
+
+@app.command()
+def down(home: HomeOption = None, as_json: JsonOption = False) -> None:
+    """Stop every devnet process and remove the profile."""
+    stopped = devnet_down(resolve_home(home))
+    if as_json:
+        print_json({"stopped": stopped})
+    else:
+        Console().print(f"stopped {len(stopped)} processes: {', '.join(stopped) or '-'}")
+
+
+@app.command()
+def status(home: HomeOption = None, as_json: JsonOption = False) -> None:
+    """Health of each part: processes, chain and contract, broker, offers and heartbeats."""
+    checks = asyncio.run(devnet_status(resolve_home(home)))
+    if as_json:
+        print_json({"ok": all(c.ok for c in checks), "checks": [c.model_dump() for c in checks]})
+    else:
+        table = Table(title="devnet status")
+        for col in ("part", "ok", "detail"):
+            table.add_column(col)
+        for check in checks:
+            table.add_row(check.part, "[green]ok[/]" if check.ok else "[red]FAIL[/]", check.detail)
+        Console().print(table)
+    if not all(c.ok for c in checks):
+        raise typer.Exit(1)

@@ -1,0 +1,135 @@
+"""``aitbc ipfs``: add, cat and pin content in the configured store.
+
+The store is a Kubo RPC daemon when ``--api URL`` (or ``$AITBC_IPFS_API``) is given, else
+the local content store under ``$AITBC_HOME/store``. Both give the CIDs ``ipfs add`` gives,
+and both verify every block they return. SDK errors propagate to ``app.main`` (exit 2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Annotated, Optional, TypeVar
+
+import typer
+
+from aitbc_agent_sdk.errors import ConfigError
+from aitbc_agent_sdk.storage import AddOptions, LocalContentStore
+from aitbc_agent_sdk.storage.kubo import KuboClient, KuboContentStore
+
+from .common import HomeOption, JsonOption, print_json, resolve_home
+
+API_ENV = "AITBC_IPFS_API"
+
+app = typer.Typer(help="Content-addressed storage: a Kubo RPC daemon (--api / $AITBC_IPFS_API)"
+                       " or the local store under $AITBC_HOME/store.", no_args_is_help=True)
+pin_app = typer.Typer(help="Pin, unpin and list pinned CIDs.", no_args_is_help=True)
+app.add_typer(pin_app, name="pin")
+
+ApiOption = Annotated[Optional[str], typer.Option("--api", envvar=API_ENV, show_envvar=True,
+                                                  help="Kubo RPC API URL, e.g. http://127.0.0.1:5001")]
+TimeoutOption = Annotated[float, typer.Option("--timeout", min=0.1,
+                                              help="seconds to wait for the daemon / for content it lacks")]
+
+Store = LocalContentStore | KuboContentStore
+T = TypeVar("T")
+
+
+@asynccontextmanager
+async def _store(api: str | None, home: Path | None, timeout: float) -> AsyncIterator[Store]:
+    if api:
+        async with KuboClient(api, timeout=timeout, find_timeout=timeout) as client:
+            yield KuboContentStore(client)
+    else:
+        yield LocalContentStore(resolve_home(home) / "store")
+
+
+def _with_store(api: str | None, home: Path | None, timeout: float, fn: Callable[[Store], Awaitable[T]]) -> T:
+    async def go() -> T:
+        async with _store(api, home, timeout) as store:
+            return await fn(store)
+    return asyncio.run(go())
+
+
+def _chunk_size(chunker: str) -> int:
+    # Only kubo's fixed-size splitter: the CID must be computable locally to be checked.
+    match = re.fullmatch(r"size-(\d+)", chunker)
+    if not match:
+        raise ConfigError(f"unsupported chunker {chunker!r}: use size-N (e.g. size-262144)")
+    return int(match.group(1))
+
+
+@app.command()
+def add(
+    file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, readable=True, help="file to add")],
+    only_hash: Annotated[bool, typer.Option("--only-hash", help="compute the CID; store nothing")] = False,
+    cid_version: Annotated[int, typer.Option("--cid-version", min=0, max=1)] = 0,
+    raw_leaves: Annotated[Optional[bool], typer.Option("--raw-leaves/--no-raw-leaves",
+                                                       help="[default: on for CIDv1, as kubo]")] = None,
+    chunker: Annotated[str, typer.Option(help="fixed-size chunker, size-N")] = "size-262144",
+    pin: Annotated[bool, typer.Option("--pin/--no-pin")] = True,
+    api: ApiOption = None,
+    home: HomeOption = None,
+    timeout: TimeoutOption = 60.0,
+    as_json: JsonOption = False,
+) -> None:
+    """Add FILE and print its CID (the one `ipfs add` prints)."""
+    options = AddOptions(cid_version=cid_version, raw_leaves=raw_leaves,  # type: ignore[arg-type]
+                         chunk_size=_chunk_size(chunker))
+    size = file.stat().st_size
+    cid = _with_store(api, home, timeout, lambda store: store.add(file, pin=pin, options=options,
+                                                                   only_hash=only_hash))
+    if as_json:
+        print_json({"cid": cid, "size": size})
+    else:
+        typer.echo(cid)
+
+
+@app.command()
+def cat(
+    cid: Annotated[str, typer.Argument(help="CID of a file")],
+    api: ApiOption = None,
+    home: HomeOption = None,
+    timeout: TimeoutOption = 60.0,
+) -> None:
+    """Write the content of CID to stdout, each block verified before it is written."""
+    out = sys.stdout.buffer
+
+    async def copy(store: Store) -> None:
+        async for chunk in store.stream(cid):
+            out.write(chunk)
+        out.flush()
+
+    _with_store(api, home, timeout, copy)
+
+
+@pin_app.command("add")
+def pin_add(cid: Annotated[str, typer.Argument()], api: ApiOption = None, home: HomeOption = None,
+            timeout: TimeoutOption = 60.0) -> None:
+    """Pin CID (its content must be in the store, or fetchable by the daemon)."""
+    _with_store(api, home, timeout, lambda store: store.pin(cid))
+    typer.echo(f"pinned {cid}")
+
+
+@pin_app.command("rm")
+def pin_rm(cid: Annotated[str, typer.Argument()], api: ApiOption = None, home: HomeOption = None,
+           timeout: TimeoutOption = 60.0) -> None:
+    """Unpin CID (a no-op when it is not pinned)."""
+    _with_store(api, home, timeout, lambda store: store.unpin(cid))
+    typer.echo(f"unpinned {cid}")
+
+
+@pin_app.command("ls")
+def pin_ls(api: ApiOption = None, home: HomeOption = None, timeout: TimeoutOption = 60.0,
+           as_json: JsonOption = False) -> None:
+    """List the pinned (recursive) CIDs."""
+    pins = _with_store(api, home, timeout, lambda store: store.pins())
+    if as_json:
+        print_json({"pins": pins})
+    else:
+        for cid in pins:
+            typer.echo(cid)

@@ -1,0 +1,266 @@
+"""The seed's step-by-step flow, each step its own process against the devnet profile:
+init, upload-data, discover-workers, distribute, monitor."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from decimal import Decimal
+from pathlib import Path
+from typing import Annotated, Any, Optional, TypeVar
+
+import typer
+from eth_account.signers.local import LocalAccount
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+
+from aitbc_agent_sdk import Agent, AgentConfig, JobConfig, TrainingPhase, TrainingSpec
+from aitbc_agent_sdk.coordinator import TrainingStore
+from aitbc_agent_sdk.coordinator.daemon import spawn_coordinator, training_dir
+from aitbc_agent_sdk.coordinator.monitor import Snapshot, snapshot
+from aitbc_agent_sdk.devnet.network import wallet_store
+from aitbc_agent_sdk.devnet.service import pid_alive, tail
+from aitbc_agent_sdk.errors import AitbcError, ConfigError, NotEnoughWorkersError
+from aitbc_agent_sdk.models import TrainingRecord, new_id
+from aitbc_agent_sdk.training import MODEL_NAMES, load_dataset
+
+from .common import HomeOption, JsonOption, print_json, resolve_home, unlock
+from .render import eth, short
+
+T = TypeVar("T")
+
+
+async def with_agent(home: Path, account: LocalAccount, work: Callable[[Agent], Awaitable[T]]) -> T:
+    async with Agent(AgentConfig(name="aitbc-cli", blockchain_network="devnet", home=home), account=account) as agent:
+        return await work(agent)
+
+
+def run_as(home: Path, training_id: str, work: Callable[[Agent], Awaitable[T]]) -> T:
+    """Unlock the training's wallet and run ``work`` with a devnet agent signing as it."""
+    async def go() -> T:
+        account, _ = await unlock(home, await wallet_of(home, training_id))
+        return await with_agent(home, account, work)
+    return asyncio.run(go())
+
+
+async def wallet_of(home: Path, training_id: str) -> str:
+    async with TrainingStore(home / "aitbc.db") as db:
+        record = await db.training(training_id)
+    if record.wallet is None:
+        raise ConfigError(f"training {training_id} has no wallet recorded")
+    return record.wallet
+
+
+def register(app: typer.Typer) -> None:
+    """Add the step commands to the ``distributed-training`` app."""
+
+    @app.command()
+    def init(
+        wallet: Annotated[str, typer.Option(help="the coordinator's wallet (pays the escrow)")],
+        model_type: Annotated[str, typer.Option(help="mlp, cnn or transformer")] = "mlp",
+        target_workers: Annotated[int, typer.Option(min=1)] = 3,
+        dataset_size: Annotated[Optional[int], typer.Option(help="informational, as in the seed")] = None,
+        rounds: Annotated[int, typer.Option(min=1)] = 5,
+        epochs: Annotated[int, typer.Option(min=1)] = 2,
+        batch_size: Annotated[int, typer.Option(min=1)] = 32,
+        lr: Annotated[float, typer.Option(min=0.0)] = 1e-2,
+        partition: Annotated[str, typer.Option(help="iid or dirichlet")] = "iid",
+        seed: Annotated[int, typer.Option()] = 0,
+        home: HomeOption = None,
+        as_json: JsonOption = False,
+    ) -> None:
+        """Create a training; nothing is spent yet."""
+        root = resolve_home(home)
+        if model_type not in MODEL_NAMES:
+            raise ConfigError(f"unknown model {model_type!r}; valid models are {list(MODEL_NAMES)}")
+        spec = TrainingSpec(model_type=model_type, target_workers=target_workers, rounds=rounds,
+                            dataset_size=dataset_size, partition=partition, seed=seed,  # type: ignore[arg-type]
+                            job=JobConfig(batch_size=batch_size, learning_rate=lr, epochs=epochs))
+        address = asyncio.run(wallet_store(root).get(wallet)).address
+
+        async def create() -> TrainingRecord:
+            record = TrainingRecord(training_id=new_id("training"), spec=spec, coordinator=address, wallet=wallet)
+            async with TrainingStore(root / "aitbc.db") as db:
+                await db.save_training(record)
+            return record
+
+        record = asyncio.run(create())
+        if as_json:
+            print_json({"training_id": record.training_id, "status": record.status, "model_type": model_type,
+                        "target_workers": target_workers, "coordinator": address})
+            return
+        console = Console()
+        console.print("Distributed training initialized")
+        console.print(f"Training ID: {record.training_id}")
+        console.print(f"Model Type: {model_type}")
+        console.print(f"Dataset Size: {dataset_size if dataset_size is not None else '-'}")
+        console.print(f"Target Workers: {target_workers}")
+        console.print(f"Status: {record.status}")
+
+    @app.command("upload-data")
+    def upload_data(
+        training_id: Annotated[str, typer.Option()],
+        data_path: Annotated[Path, typer.Option(help=".npz, .pt or .csv file, or 'digits'")],
+        label_column: Annotated[Optional[str], typer.Option()] = None,
+        home: HomeOption = None,
+        as_json: JsonOption = False,
+    ) -> None:
+        """Validate the dataset and store it by CID in the devnet's content store."""
+        root = resolve_home(home)
+        source: str | Path = data_path if str(data_path) != "digits" else "digits"
+        if source != "digits" and not data_path.is_file():
+            raise ConfigError(f"dataset file not found: {data_path}")
+        load_dataset(source, label_column=label_column)  # fail before connecting anywhere
+
+        async def upload(agent: Agent) -> str:
+            return await agent.upload_training_data(training_id, source, label_column=label_column)
+
+        cid = run_as(root, training_id, upload)
+        if as_json:
+            print_json({"training_id": training_id, "dataset_cid": cid})
+        else:
+            Console().print(f"Dataset uploaded: {cid}")
+
+    @app.command("discover-workers")
+    def discover_workers(
+        training_id: Annotated[str, typer.Option()],
+        required_workers: Annotated[int, typer.Option(min=1)],
+        min_gpu: Annotated[Optional[str], typer.Option(help="e.g. RTX3090; 'cpu' or omitted accepts any")] = None,
+        max_price: Annotated[Optional[Decimal], typer.Option(help="highest price per round, in ETH")] = None,
+        home: HomeOption = None,
+        as_json: JsonOption = False,
+    ) -> None:
+        """Discover offers, score them, and sign contracts with the best workers."""
+        root = resolve_home(home)
+        max_wei = int(max_price * 10**18) if max_price is not None else None
+
+        async def hire(agent: Agent) -> list[dict[str, Any]]:
+            workers = await agent.discover_gpu_workers(min_gpu=min_gpu, max_price_wei=max_wei)
+            if len(workers) < required_workers:
+                raise NotEnoughWorkersError(f"asked for {required_workers} workers, {len(workers)} suitable offers")
+            scores = dict(zip([w.worker_id for w in workers], agent.scoring.score(workers), strict=True))
+            chosen = await agent.select_best_workers(workers, required_workers)
+            rows = []
+            for worker in chosen:
+                contract = await agent.negotiate_worker_contract(worker.worker_id, training_id, worker.price)
+                rows.append({"worker_id": worker.worker_id, "gpu": worker.gpu_type, "price_wei": worker.price,
+                             "reputation": worker.reputation, "score": float(scores[worker.worker_id]),
+                             "contract_id": contract.contract_id})
+            return rows
+
+        rows = run_as(root, training_id, hire)
+        if as_json:
+            print_json({"training_id": training_id, "workers": rows})
+            return
+        table = Table(title=f"Selected {len(rows)} workers")
+        for col in ("worker", "hardware", "price/round ETH", "reputation", "score", "contract"):
+            table.add_column(col)
+        for r in rows:
+            table.add_row(r["worker_id"], r["gpu"], eth(r["price_wei"]), f"{r['reputation']:.2f}",
+                          f"{r['score']:.3f}", r["contract_id"])
+        Console().print(table)
+
+    @app.command()
+    def distribute(
+        training_id: Annotated[str, typer.Option()],
+        strategy: Annotated[str, typer.Option(help="only data-parallel (FedAvg) is supported")] = "data-parallel",
+        home: HomeOption = None,
+        as_json: JsonOption = False,
+    ) -> None:
+        """Fund the escrow, shard the data, and hand the rounds to a detached coordinator daemon."""
+        if strategy != "data-parallel":
+            raise ConfigError(f"unknown strategy {strategy!r}; supported: data-parallel")
+        root = resolve_home(home)
+        wallet = asyncio.run(wallet_of(root, training_id))
+
+        async def prepare(agent: Agent) -> tuple[str, int]:
+            contracts = await agent.coordinator.db.contracts(training_id)
+            record = await agent.coordinator.db.training(training_id)
+            if record.phase != TrainingPhase.INITIALIZING:
+                raise ConfigError(f"training {training_id} is already {record.phase.value}")
+            if not contracts:
+                raise ConfigError("no workers under contract; run discover-workers first")
+            if record.dataset_cid is None:
+                raise ConfigError("no dataset; run upload-data first")
+            await agent.create_data_shards(training_id, len(contracts))
+            tx = await agent.fund_escrow(training_id)
+            return tx, len(contracts)
+
+        account, password = asyncio.run(unlock(root, wallet))
+        tx, workers = asyncio.run(with_agent(root, account, prepare))
+        proc = spawn_coordinator(root, wallet, password, training_id)
+        _wait_until_started(root, training_id, proc.pid)
+        if as_json:
+            print_json({"training_id": training_id, "escrow_tx": tx, "workers": workers,
+                        "coordinator_pid": proc.pid, "log": str(training_dir(root, training_id) / "coordinator.log")})
+            return
+        Console().print(f"Escrow funded in {tx}; {workers} jobs distributed; coordinator daemon pid {proc.pid} "
+                        f"(log: {training_dir(root, training_id) / 'coordinator.log'})")
+
+    @app.command()
+    def monitor(
+        training_id: Annotated[str, typer.Option()],
+        follow: Annotated[bool, typer.Option("--follow", help="refresh until the training ends")] = False,
+        interval: Annotated[float, typer.Option(min=0.1)] = 1.0,
+        home: HomeOption = None,
+        as_json: JsonOption = False,
+    ) -> None:
+        """Each worker's progress, epoch, loss, throughput and status, and each round's accuracy."""
+        root = resolve_home(home)
+        if as_json:
+            while True:
+                snap = asyncio.run(_snapshot(root, training_id))
+                print_json(snap.model_dump(mode="json"))
+                if not follow or snap.finished:
+                    return
+                time.sleep(interval)
+        console = Console()
+        snap = asyncio.run(_snapshot(root, training_id))
+        if not follow:
+            console.print(render_snapshot(snap))
+            return
+        with Live(render_snapshot(snap), console=console, refresh_per_second=4) as live:
+            while not snap.finished:
+                time.sleep(interval)
+                snap = asyncio.run(_snapshot(root, training_id))
+                live.update(render_snapshot(snap))
+
+
+async def _snapshot(home: Path, training_id: str) -> Snapshot:
+    async with TrainingStore(home / "aitbc.db") as db:
+        return await snapshot(db, training_id)
+
+
+def _wait_until_started(home: Path, training_id: str, pid: int, timeout: float = 60.0) -> None:
+    """Return once the daemon moved the training on; fail with its log if it died."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if asyncio.run(_snapshot(home, training_id)).phase != TrainingPhase.INITIALIZING:
+            return
+        if not pid_alive(pid):
+            log = training_dir(home, training_id) / "coordinator.log"
+            raise AitbcError(f"the coordinator daemon exited; last log lines:\n{tail(log)}")
+        time.sleep(0.2)
+    raise AitbcError(f"the coordinator daemon did not start the training within {timeout:.0f}s")
+
+
+def render_snapshot(snap: Snapshot) -> Group:
+    workers = Table(title=f"{snap.training_id}: {snap.phase.value}, round {snap.round}/{snap.rounds}")
+    for col in ("worker", "round", "status", "epoch", "progress", "loss", "samples/s", "paid ETH"):
+        workers.add_column(col)
+    for w in snap.workers:
+        workers.add_row(short(w.worker_id), str(w.round), w.status, f"{w.epoch}/{w.epochs}", f"{w.progress:.0f}%",
+                        f"{w.loss:.4f}" if w.loss is not None else "-",
+                        f"{w.samples_per_s:,.0f}" if w.samples_per_s else "-", eth(w.paid_wei))
+    rounds = Table(title="accuracy per round")
+    for col in ("round", "test accuracy", "test loss", "workers"):
+        rounds.add_column(col)
+    for r in snap.round_metrics:
+        rounds.add_row(str(r.round), f"{r.accuracy:.4f}", f"{r.loss:.4f}", str(r.workers))
+    parts: list[Any] = [workers, rounds]
+    if snap.escrow is not None:
+        parts.append(f"escrow {snap.escrow.address}: deposited {eth(snap.escrow.deposited_wei)} ETH, "
+                     f"paid {eth(snap.escrow.paid_wei)}, refunded {eth(snap.escrow.refunded_wei)}")
+    return Group(*parts)

@@ -1,0 +1,199 @@
+"""``aitbc wallet``: create, import, list and inspect keystore wallets in ``$AITBC_HOME/wallets``.
+
+Keys never pass through argv (shell history, ``ps``): ``import`` reads them from a file
+or stdin. Passwords come from ``$AITBC_WALLET_PASSWORD`` or a hidden prompt. Nothing
+here ever prints a key or a password. SDK errors propagate to ``app.main`` (exit 2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from decimal import Decimal
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from eth_account import Account
+from eth_account.signers.local import LocalAccount
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+from web3.types import TxReceipt
+
+from aitbc_agent_sdk.chain import TransactionSender, Wallet, WalletStore, connect_rpc
+from aitbc_agent_sdk.chain.tx import CHAIN_EXCEPTIONS, map_chain_error
+from aitbc_agent_sdk.config import default_home
+from aitbc_agent_sdk.errors import ConfigError
+
+app = typer.Typer(help="Manage local wallets (encrypted keystore v3 files).", no_args_is_help=True)
+
+PASSWORD_ENV = "AITBC_WALLET_PASSWORD"
+RPC_ENV = "AITBC_RPC_URL"
+WEI_PER_ETH = 10**18
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="print one JSON object and nothing else")]
+RpcOption = Annotated[Optional[str], typer.Option("--rpc", help=f"JSON-RPC URL (default ${RPC_ENV})")]
+
+
+def _store() -> WalletStore:
+    return WalletStore(default_home() / "wallets")
+
+
+def _new_wallet_store(name: str) -> WalletStore:
+    """The store, once NAME is known to be valid and free: fail before asking for a password."""
+    store = _store()
+    path = store._path(name)  # the store's own name check (raises ConfigError)
+    if path.exists():
+        raise ConfigError(f"wallet {name!r} already exists at {path}")
+    return store
+
+
+def _password(name: str, *, confirm: bool) -> str:
+    if (env := os.environ.get(PASSWORD_ENV)) is not None:
+        if not env:
+            raise ConfigError(f"${PASSWORD_ENV} is set but empty")
+        return env
+    # Hidden, and asked twice on create/import: a typo here locks the key away for good.
+    password: str = typer.prompt(f"Password for wallet {name!r}", hide_input=True,
+                                 confirmation_prompt=confirm, err=True)
+    if not password:
+        raise ConfigError("the password must not be empty")
+    return password
+
+
+def _rpc_url(rpc: str | None) -> str:
+    url = rpc or os.environ.get(RPC_ENV)
+    if not url:
+        raise ConfigError(f"no RPC node given: pass --rpc URL or set ${RPC_ENV}")
+    return url
+
+
+def _eth(wei: int) -> str:
+    # Exact, by integer division: a float (or a 28-digit Decimal) would misstate large or tiny balances.
+    whole, frac = divmod(wei, WEI_PER_ETH)
+    return f"{whole}.{frac:018d}".rstrip("0").rstrip(".")
+
+
+def _wallet_json(wallet: Wallet) -> dict[str, Any]:
+    return {"name": wallet.name, "address": wallet.address, "path": str(wallet.path)}
+
+
+def _emit(as_json: bool, data: dict[str, Any], text: str) -> None:
+    if as_json:
+        typer.echo(json.dumps(data, sort_keys=True))
+    else:
+        Console().print(text, highlight=False)
+
+
+@app.command()
+def create(name: Annotated[str, typer.Argument(help="wallet name (letters, digits, '.', '_', '-')")],
+           as_json: JsonFlag = False) -> None:
+    """Generate a new key and store it encrypted under NAME."""
+    store = _new_wallet_store(name)
+    wallet = asyncio.run(store.create(name, _password(name, confirm=True)))
+    _emit(as_json, _wallet_json(wallet),
+          f"created wallet [bold]{wallet.name}[/] {wallet.address}\n  {escape(str(wallet.path))}")
+
+
+@app.command("import")
+def import_(name: Annotated[str, typer.Argument(help="wallet name")],
+            private_key_file: Annotated[Path, typer.Option(
+                "--private-key-file", help="file holding the hex private key; '-' reads stdin")],
+            as_json: JsonFlag = False) -> None:
+    """Encrypt an existing private key under NAME (the key is read from a file, never argv)."""
+    store = _new_wallet_store(name)
+    key = _read_key(private_key_file)
+    wallet = asyncio.run(store.import_key(name, key, _password(name, confirm=True)))
+    _emit(as_json, _wallet_json(wallet),
+          f"imported wallet [bold]{wallet.name}[/] {wallet.address}\n  {escape(str(wallet.path))}")
+
+
+@app.command("list")
+def list_(as_json: JsonFlag = False) -> None:
+    """List wallets and their addresses (no password needed)."""
+    store = _store()
+    wallets = asyncio.run(store.list())
+    if as_json:
+        typer.echo(json.dumps({"wallets": [_wallet_json(w) for w in wallets]}, sort_keys=True))
+        return
+    if not wallets:
+        Console().print(f"no wallets in {escape(str(store.root))}; create one with `aitbc wallet create NAME`")
+        return
+    table = Table(title=f"Wallets in {store.root}")
+    table.add_column("name")
+    table.add_column("address")
+    for w in wallets:
+        table.add_row(w.name, w.address)
+    Console().print(table)
+
+
+@app.command()
+def balance(name: Annotated[str, typer.Argument(help="wallet name")],
+            rpc: RpcOption = None, as_json: JsonFlag = False) -> None:
+    """Show a wallet's balance in wei and ETH (no password needed)."""
+    url = _rpc_url(rpc)
+    wallet = asyncio.run(_store().get(name))
+    chain_id, wei = asyncio.run(_balance(url, wallet.address))
+    data = {"name": wallet.name, "address": wallet.address, "chain_id": chain_id, "wei": str(wei), "eth": _eth(wei)}
+    _emit(as_json, data, f"{wallet.name} {wallet.address}: {_eth(wei)} ETH ({wei} wei) on chain {chain_id}")
+
+
+@app.command()
+def send(name: Annotated[str, typer.Argument(help="wallet to pay from")],
+         to: Annotated[str, typer.Option("--to", help="recipient address")],
+         eth: Annotated[Decimal, typer.Option("--eth", help="amount in ETH")],
+         rpc: RpcOption = None, as_json: JsonFlag = False) -> None:
+    """Send ETH from a wallet (unlocks it with its password)."""
+    wei = eth * WEI_PER_ETH
+    if wei < 0 or wei != wei.to_integral_value():
+        raise ConfigError(f"--eth must be a non-negative amount with at most 18 decimals, got {eth}")
+    url = _rpc_url(rpc)
+    store = _store()
+    asyncio.run(store.get(name))  # a missing wallet fails before the password prompt
+    account = asyncio.run(store.unlock(name, _password(name, confirm=False)))
+    receipt = asyncio.run(_send(url, account, to, int(wei)))
+    tx_hash = receipt["transactionHash"].to_0x_hex()
+    data = {"name": name, "from": account.address, "to": receipt["to"], "wei": str(int(wei)), "tx_hash": tx_hash,
+            "block": int(receipt["blockNumber"])}
+    _emit(as_json, data, f"sent {_eth(int(wei))} ETH from {name} to {receipt['to']}: tx {tx_hash}")
+
+
+def _read_key(path: Path) -> str:
+    try:
+        # One line from stdin, so a password prompt can still read the lines after it.
+        text = sys.stdin.readline() if str(path) == "-" else path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read private key file {path}: {exc.strerror}") from exc
+    key = text.strip()
+    if not key:
+        raise ConfigError(f"private key file {path} is empty")
+    try:  # check before the password prompt; the message must not echo the key
+        Account.from_key(key)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"invalid private key in {path}: expected 32 bytes of hex") from exc
+    return key
+
+
+async def _balance(url: str, address: str) -> tuple[int, int]:
+    w3 = await connect_rpc(url)
+    try:
+        return int(await w3.eth.chain_id), int(await w3.eth.get_balance(w3.to_checksum_address(address)))
+    except CHAIN_EXCEPTIONS as exc:
+        raise map_chain_error(exc, action=f"balance of {address}") from exc
+    finally:
+        await w3.provider.disconnect()
+
+
+async def _send(url: str, account: LocalAccount, to: str, wei: int) -> TxReceipt:
+    w3 = await connect_rpc(url)
+    try:
+        try:
+            recipient = w3.to_checksum_address(to)
+        except ValueError as exc:
+            raise ConfigError(f"invalid recipient address {to!r}") from exc
+        return await TransactionSender(w3, account).send({"to": recipient, "value": wei}, label=f"send to {recipient}")
+    finally:
+        await w3.provider.disconnect()
