@@ -6,8 +6,9 @@ needs ``aitbc_agent_sdk.training`` does not pay for web3 and the coordinator.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -25,22 +26,8 @@ _EXPORTS = {
         "TrainingRecord", "TrainingReport", "TrainingSpec", "TrainingStatus", "Worker", "WorkerContract",
     ),
 }
-_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
-
-__all__ = sorted(_WHERE) + ["__version__"]
-
-
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'aitbc_agent_sdk' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS, globals())
+__all__ = [*__all__, "__version__"]
 
 
 if TYPE_CHECKING:  # static tools see ordinary imports

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from functools import lru_cache
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -15,7 +16,10 @@ from eth_utils import is_address, to_checksum_address
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 
+@lru_cache(maxsize=4096)
 def _checksum(value: str) -> str:
+    # Cached: checksumming is a pure-Python keccak, and the same few addresses appear in
+    # every message an agent receives.
     if not is_address(value):
         raise ValueError(f"not an Ethereum address: {value!r}")
     return to_checksum_address(value)

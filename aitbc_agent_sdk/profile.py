@@ -57,6 +57,11 @@ class Profile(BaseModel):
     providers: tuple[str, ...] = Field(default=(), description="wallet names of the devnet's provider daemons")
 
 
+def training_dir(home: Path, training_id: str) -> Path:
+    """Where a training's daemon keeps its log and pid file."""
+    return home / "trainings" / training_id
+
+
 def profile_path(home: Path) -> Path:
     return home / PROFILE_FILE
 

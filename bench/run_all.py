@@ -14,12 +14,16 @@ FULL = {
     "bench_cid.py": ["--size-mib", "256", "--repeat", "3"],
     "bench_accuracy.py": ["--seeds", "0", "1", "2"],
     "bench_e2e.py": ["--repeat", "3"],
+    "bench_dispatch.py": ["--jobs", "1000"],
+    "bench_heartbeats.py": ["--seconds", "20"],
 }
 QUICK = {
     "bench_fedavg.py": ["--k", "4", "--params", "1000000", "--repeat", "2"],
     "bench_cid.py": ["--size-mib", "16", "--repeat", "1"],
     "bench_accuracy.py": ["--seeds", "0"],
     "bench_e2e.py": ["--repeat", "1"],
+    "bench_dispatch.py": ["--jobs", "200"],
+    "bench_heartbeats.py": ["--providers", "200", "--seconds", "3"],
 }
 
 

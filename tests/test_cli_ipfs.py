@@ -16,15 +16,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner, Result
 
-import aitbc_cli.app
 from aitbc_agent_sdk.errors import ConfigError, ContentNotFoundError, StorageError
 from aitbc_agent_sdk.storage import AddOptions, InvalidCidError, compute_cid
 from aitbc_cli import ipfs
-
-# Until `aitbc ipfs` is registered in aitbc_cli/app.py, run the same main() with the
-# sub-app added here; once it is registered this uses the real entry point.
-_REGISTERED = any(group.name == "ipfs" for group in aitbc_cli.app.app.registered_groups)
-_SHIM = "from aitbc_cli import app as entry, ipfs; entry.app.add_typer(ipfs.app, name='ipfs'); entry.main()"
 
 Run = Callable[..., subprocess.CompletedProcess[bytes]]
 Invoke = Callable[..., Result]
@@ -32,7 +26,7 @@ Invoke = Callable[..., Result]
 
 @pytest.fixture
 def run(aitbc_cmd: list[str], cli_env: dict[str, str]) -> Run:
-    cmd = aitbc_cmd + ["ipfs"] if _REGISTERED else [sys.executable, "-c", _SHIM, "ipfs"]
+    cmd = aitbc_cmd + ["ipfs"]
     env = {k: v for k, v in cli_env.items() if k != ipfs.API_ENV}  # the local store unless asked
 
     def go(*args: str, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:

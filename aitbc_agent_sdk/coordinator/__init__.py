@@ -1,12 +1,20 @@
 """The coordinator: phase machine, persistence, result listener, settlement and the round loop."""
 
-from .phases import TRANSITIONS, can_transition, check_transition, is_terminal
-from .run import RunRequest, drive_training, fail_training, prepare, run_training
-from .service import Coordinator, CoordinatorSettings
-from .settlement import EscrowAccount, Payout, earned_wei, plan_payouts
-from .store import TrainingStore
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "TRANSITIONS", "Coordinator", "CoordinatorSettings", "EscrowAccount", "Payout", "RunRequest", "TrainingStore",
-    "can_transition", "check_transition", "drive_training", "fail_training", "earned_wei", "is_terminal", "plan_payouts", "prepare", "run_training",
-]
+from .._lazy import lazy_exports
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "phases": ("TRANSITIONS", "can_transition", "check_transition", "is_terminal"),
+    "run": ("RunRequest", "drive_training", "fail_training", "prepare", "run_training"),
+    "service": ("Coordinator", "CoordinatorSettings"),
+    "settlement": ("EscrowAccount", "Payout", "earned_wei", "plan_payouts"),
+    "store": ("TrainingStore",),
+}, globals())
+
+if TYPE_CHECKING:
+    from .phases import TRANSITIONS, can_transition, check_transition, is_terminal
+    from .run import RunRequest, drive_training, fail_training, prepare, run_training
+    from .service import Coordinator, CoordinatorSettings
+    from .settlement import EscrowAccount, Payout, earned_wei, plan_payouts
+    from .store import TrainingStore

@@ -17,15 +17,11 @@ from pathlib import Path
 
 from eth_account.signers.local import LocalAccount
 
-from ..chain import WalletStore
 from ..config import AgentConfig, default_home
 from ..models import Settlement
+from ..profile import training_dir
 
 log = logging.getLogger("aitbc.coordinator")
-
-
-def training_dir(home: Path, training_id: str) -> Path:
-    return home / "trainings" / training_id
 
 
 async def serve_training(home: Path, account: LocalAccount, training_id: str) -> Settlement:
@@ -62,6 +58,8 @@ def spawn_coordinator(home: Path, wallet: str, password: str, training_id: str) 
 
 
 async def _main(args: argparse.Namespace) -> int:
+    from ..chain import WalletStore
+
     password = sys.stdin.readline().rstrip("\n")
     account = await WalletStore(args.home / "wallets").unlock(args.wallet, password)
     await serve_training(args.home, account, args.training_id)

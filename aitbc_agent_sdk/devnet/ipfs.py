@@ -99,14 +99,26 @@ def init_repo(ipfs_path: Path, *, api_port: int, gateway_port: int | None = None
         raise ServiceError(f"cannot configure the js-ipfs repo {config_file}: {exc}") from exc
 
 
-def start_ipfs(ipfs_path: Path, *, api_port: int, log: Path | None = None,
-               jsipfs: Path | None = None) -> ServiceProcess:
-    """Spawn ``jsipfs daemon --offline`` on an initialised repo; returns at once."""
+# Runs the daemon and stops it when process $1 is gone (a test run killed with SIGKILL
+# never reaches its teardown, and a detached daemon would otherwise live on).
+_WATCHDOG = ('parent=$1; shift; "$@" & child=$!; trap \'kill $child 2>/dev/null\' TERM INT; '
+             'while kill -0 "$parent" 2>/dev/null && kill -0 $child 2>/dev/null; do sleep 1; done; '
+             'kill $child 2>/dev/null; wait $child')
+
+
+def start_ipfs(ipfs_path: Path, *, api_port: int, log: Path | None = None, jsipfs: Path | None = None,
+               tied_to: int | None = None) -> ServiceProcess:
+    """Spawn ``jsipfs daemon --offline`` on an initialised repo; returns at once.
+
+    ``tied_to``: a pid (e.g. the test runner's) whose exit also stops the daemon.
+    """
     exe = jsipfs or jsipfs_path()
     ipfs_path = Path(ipfs_path)
     if not (ipfs_path / "config").is_file():
         raise ServiceError(f"{ipfs_path} is not an IPFS repo; call init_repo first")
     argv = [str(exe), "daemon", "--offline", "--enable-preload=false"]
+    if tied_to is not None:
+        argv = ["sh", "-c", _WATCHDOG, "ipfs-watchdog", str(tied_to), *argv]
     return spawn("ipfs", argv, port=api_port, log=log or ipfs_path / "daemon.log", env=_env(ipfs_path, exe))
 
 
@@ -133,11 +145,11 @@ async def wait_for_api(service: ServiceProcess, timeout: float = 60.0) -> str:
 
 async def start_ipfs_daemon(ipfs_path: Path, *, api_port: int, gateway_port: int | None = None,
                             swarm_port: int, log: Path | None = None, jsipfs: Path | None = None,
-                            timeout: float = 60.0) -> tuple[ServiceProcess, str]:
+                            tied_to: int | None = None, timeout: float = 60.0) -> tuple[ServiceProcess, str]:
     """Init (if needed), configure, start and wait for a daemon; returns it and its API URL."""
     await asyncio.to_thread(init_repo, ipfs_path, api_port=api_port, gateway_port=gateway_port,
                             swarm_port=swarm_port, jsipfs=jsipfs)
-    service = start_ipfs(ipfs_path, api_port=api_port, log=log, jsipfs=jsipfs)
+    service = start_ipfs(ipfs_path, api_port=api_port, log=log, jsipfs=jsipfs, tied_to=tied_to)
     try:
         url = await wait_for_api(service, timeout)
     except BaseException:

@@ -19,8 +19,7 @@ from ..models import (
 )
 from ..storage import ContentStore
 from .hardware import detect_hardware
-from .process import TrainingProcess
-from .worker_process import CHECKPOINT_FILE, SHARD_FILE, WEIGHTS_FILE
+from .process import CHECKPOINT_FILE, SHARD_FILE, WEIGHTS_FILE, TrainingProcess
 
 log = logging.getLogger(__name__)
 

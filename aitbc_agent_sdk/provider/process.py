@@ -13,6 +13,11 @@ from typing import Any
 from ..errors import TrainingError
 from ..models import JobConfig, ModelSpec
 
+# The files a job directory holds: inputs written by the provider, output by the training process.
+SHARD_FILE = "shard.safetensors"
+WEIGHTS_FILE = "weights.safetensors"
+CHECKPOINT_FILE = "checkpoint.safetensors"
+
 # Only these variables reach the training process; wallet passwords, keys and
 # AITBC_* settings never do.
 ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "TZ", "PYTHONHASHSEED", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",

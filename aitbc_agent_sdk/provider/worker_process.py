@@ -19,9 +19,7 @@ import torch
 from ..models import JobConfig, ModelSpec
 from ..training import EpochStats, build_model, decode_data, decode_state, encode_state, train_local
 
-SHARD_FILE = "shard.safetensors"
-WEIGHTS_FILE = "weights.safetensors"
-CHECKPOINT_FILE = "checkpoint.safetensors"
+from .process import CHECKPOINT_FILE, SHARD_FILE, WEIGHTS_FILE
 
 
 def emit(event: dict[str, Any]) -> None:

@@ -10,13 +10,15 @@ from rich.console import Console
 
 from aitbc_agent_sdk import AitbcError
 
-from . import devnet, distributed_training, provider
+from . import devnet, distributed_training, ipfs, provider, wallet
 
 app = typer.Typer(help="Federated training on rented GPUs, paid through an on-chain escrow.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
 app.add_typer(distributed_training.app, name="distributed-training")
 app.add_typer(devnet.app, name="devnet")
 app.add_typer(provider.app, name="provider")
+app.add_typer(wallet.app, name="wallet")
+app.add_typer(ipfs.app, name="ipfs")
 
 EXIT_BAD_INPUT = 2
 

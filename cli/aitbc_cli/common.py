@@ -4,17 +4,26 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
-from eth_account.signers.local import LocalAccount
 
 from aitbc_agent_sdk.config import default_home
-from aitbc_agent_sdk.devnet.network import wallet_store
 from aitbc_agent_sdk.profile import devnet_password
+
+if TYPE_CHECKING:
+    from eth_account.signers.local import LocalAccount
+
+    from aitbc_agent_sdk.chain import WalletStore
 
 HomeOption = Annotated[Optional[Path], typer.Option("--home", help="state directory [default: $AITBC_HOME or ~/.aitbc]")]
 JsonOption = Annotated[bool, typer.Option("--json", help="print one JSON object and nothing else")]
+
+
+def wallet_store(home: Path) -> WalletStore:
+    from aitbc_agent_sdk.devnet.network import wallet_store as devnet_wallets
+
+    return devnet_wallets(home)
 
 
 def resolve_home(home: Path | None) -> Path:

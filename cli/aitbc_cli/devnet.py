@@ -10,7 +10,6 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from aitbc_agent_sdk.devnet.network import DevnetOptions, devnet_down, devnet_status, devnet_up
 
 from .common import HomeOption, JsonOption, print_json, resolve_home
 
@@ -28,6 +27,8 @@ def up(
     as_json: JsonOption = False,
 ) -> None:
     """Start the devnet and write the profile later commands use."""
+    from aitbc_agent_sdk.devnet.network import DevnetOptions, devnet_up
+
     options = DevnetOptions(providers=providers, ipfs=ipfs, ipfs_api=ipfs_api,  # type: ignore[arg-type]
                             provider_price_wei=int(price_eth * 10**18))
     console = Console(stderr=True, quiet=as_json)
@@ -49,6 +50,8 @@ def up(
 @app.command()
 def down(home: HomeOption = None, as_json: JsonOption = False) -> None:
     """Stop every devnet process and remove the profile."""
+    from aitbc_agent_sdk.devnet.network import devnet_down
+
     stopped = devnet_down(resolve_home(home))
     if as_json:
         print_json({"stopped": stopped})
@@ -59,6 +62,8 @@ def down(home: HomeOption = None, as_json: JsonOption = False) -> None:
 @app.command()
 def status(home: HomeOption = None, as_json: JsonOption = False) -> None:
     """Health of each part: processes, chain and contract, broker, offers and heartbeats."""
+    from aitbc_agent_sdk.devnet.network import devnet_status
+
     checks = asyncio.run(devnet_status(resolve_home(home)))
     if as_json:
         print_json({"ok": all(c.ok for c in checks), "checks": [c.model_dump() for c in checks]})

@@ -11,7 +11,8 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from aitbc_agent_sdk import Agent, AgentConfig, JobConfig, TrainingReport, TrainingSpec
+from aitbc_agent_sdk.config import AgentConfig
+from aitbc_agent_sdk.models import JobConfig, TrainingReport, TrainingSpec
 from aitbc_agent_sdk.errors import ConfigError
 
 from . import steps
@@ -73,6 +74,8 @@ def run(
 
 async def _run(config: AgentConfig, spec: TrainingSpec, dataset: str | Path, label_column: str | None,
                console: Console, *, live: bool) -> TrainingReport:
+    from aitbc_agent_sdk.agent import Agent  # torch and web3: import only when a run starts
+
     view = LiveTraining(console, spec) if live else None
     with console.status("starting the embedded stack (bus, content store, chain, providers)..."):
         agent = await Agent(config, observer=view.observe if view else None).start()

@@ -12,13 +12,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from aitbc_agent_sdk.chain import EscrowClient, connect_rpc
-from aitbc_agent_sdk.devnet.network import wallet_store
 from aitbc_agent_sdk.errors import ConfigError
 from aitbc_agent_sdk.profile import load_profile
-from aitbc_agent_sdk.provider.daemon import STATUS_FILE, provider_dir, serve_provider
 
-from .common import HomeOption, JsonOption, print_json, resolve_home, unlock
+from .common import HomeOption, JsonOption, print_json, resolve_home, unlock, wallet_store
 
 app = typer.Typer(help="Run a provider daemon and see its jobs and earnings.", no_args_is_help=True)
 
@@ -37,6 +34,8 @@ def start(
     root = resolve_home(home)
 
     async def serve() -> None:
+        from aitbc_agent_sdk.provider.daemon import serve_provider
+
         account, _ = await unlock(root, wallet)
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -54,6 +53,8 @@ def status(
     as_json: JsonOption = False,
 ) -> None:
     """The provider's jobs (from its daemon) and its earnings (from the escrow's events on chain)."""
+    from aitbc_agent_sdk.provider.daemon import STATUS_FILE, provider_dir
+
     root = resolve_home(home)
     address = asyncio.run(wallet_store(root).get(wallet)).address
     path = provider_dir(root, address) / STATUS_FILE
@@ -76,6 +77,8 @@ def status(
 
 
 async def _earnings(home, address: str) -> list[dict]:
+    from aitbc_agent_sdk.chain import EscrowClient, connect_rpc
+
     profile = load_profile(home)
     w3 = await connect_rpc(profile.chain.rpc_url)
     escrow = EscrowClient(w3, profile.chain.escrow)

@@ -8,31 +8,36 @@ import time
 from collections.abc import Awaitable, Callable
 from decimal import Decimal
 from pathlib import Path
-from typing import Annotated, Any, Optional, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Optional, TypeVar
 
 import typer
-from eth_account.signers.local import LocalAccount
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from aitbc_agent_sdk import Agent, AgentConfig, JobConfig, TrainingPhase, TrainingSpec
-from aitbc_agent_sdk.coordinator import TrainingStore
-from aitbc_agent_sdk.coordinator.daemon import spawn_coordinator, training_dir
+if TYPE_CHECKING:
+    from eth_account.signers.local import LocalAccount
+
+    from aitbc_agent_sdk.agent import Agent
+
+from aitbc_agent_sdk.config import AgentConfig
+from aitbc_agent_sdk.coordinator.store import TrainingStore
+from aitbc_agent_sdk.models import JobConfig, TrainingPhase, TrainingSpec
+from aitbc_agent_sdk.profile import training_dir
 from aitbc_agent_sdk.coordinator.monitor import Snapshot, snapshot
-from aitbc_agent_sdk.devnet.network import wallet_store
 from aitbc_agent_sdk.devnet.service import pid_alive, tail
 from aitbc_agent_sdk.errors import AitbcError, ConfigError, NotEnoughWorkersError
 from aitbc_agent_sdk.models import TrainingRecord, new_id
-from aitbc_agent_sdk.training import MODEL_NAMES, load_dataset
 
-from .common import HomeOption, JsonOption, print_json, resolve_home, unlock
+from .common import HomeOption, JsonOption, print_json, resolve_home, unlock, wallet_store
 from .render import eth, short
 
 T = TypeVar("T")
 
 
 async def with_agent(home: Path, account: LocalAccount, work: Callable[[Agent], Awaitable[T]]) -> T:
+    from aitbc_agent_sdk.agent import Agent
+
     async with Agent(AgentConfig(name="aitbc-cli", blockchain_network="devnet", home=home), account=account) as agent:
         return await work(agent)
 
@@ -73,6 +78,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Create a training; nothing is spent yet."""
         root = resolve_home(home)
+        from aitbc_agent_sdk.training.models import MODEL_NAMES
         if model_type not in MODEL_NAMES:
             raise ConfigError(f"unknown model {model_type!r}; valid models are {list(MODEL_NAMES)}")
         spec = TrainingSpec(model_type=model_type, target_workers=target_workers, rounds=rounds,
@@ -112,6 +118,7 @@ def register(app: typer.Typer) -> None:
         source: str | Path = data_path if str(data_path) != "digits" else "digits"
         if source != "digits" and not data_path.is_file():
             raise ConfigError(f"dataset file not found: {data_path}")
+        from aitbc_agent_sdk.training import load_dataset
         load_dataset(source, label_column=label_column)  # fail before connecting anywhere
 
         async def upload(agent: Agent) -> str:
@@ -188,6 +195,7 @@ def register(app: typer.Typer) -> None:
             tx = await agent.fund_escrow(training_id)
             return tx, len(contracts)
 
+        from aitbc_agent_sdk.coordinator.daemon import spawn_coordinator
         account, password = asyncio.run(unlock(root, wallet))
         tx, workers = asyncio.run(with_agent(root, account, prepare))
         proc = spawn_coordinator(root, wallet, password, training_id)

@@ -8,6 +8,7 @@ hide a broken set-up.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -25,8 +26,9 @@ def ipfs_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     except ServiceError as exc:
         pytest.fail(f"the js-ipfs daemon is needed for this test: {exc}", pytrace=False)
     repo = tmp_path_factory.mktemp("ipfs") / "repo"
+    # tied_to: if this run is killed outright, the daemon still goes with it.
     service, url = asyncio.run(start_ipfs_daemon(repo, api_port=free_port(), swarm_port=free_port(),
-                                                 jsipfs=jsipfs))
+                                                 jsipfs=jsipfs, tied_to=os.getpid()))
     try:
         yield url
     finally:
