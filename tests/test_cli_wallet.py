@@ -24,14 +24,7 @@ PASSWORD = "correct horse battery staple"
 KEY = "0x" + "4c" * 32  # a fixed key, so the test can grep every output for it
 
 
-def _wallet_cmd() -> list[str]:
-    from aitbc_cli.app import app
-
-    if any(group.name == "wallet" for group in app.registered_groups):
-        return [sys.executable, "-m", "aitbc_cli.app", "wallet"]
-    # Until app.py registers the sub-app: the very same main() (error -> exit 2 mapping), with it added.
-    boot = "from aitbc_cli import app, wallet; app.app.add_typer(wallet.app, name='wallet'); app.main()"
-    return [sys.executable, "-c", boot, "wallet"]
+WALLET = [sys.executable, "-m", "aitbc_cli.app", "wallet"]
 
 
 class Cli:
@@ -43,7 +36,7 @@ class Cli:
 
     def __call__(self, *args: str, input: str | None = None, env: dict[str, str] | None = None,
                  ok: bool = True) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run([*_wallet_cmd(), *args], env=env or self.env, input=input,
+        proc = subprocess.run([*WALLET, *args], env=env or self.env, input=input,
                               capture_output=True, text=True, timeout=120)
         self.outputs += [proc.stdout, proc.stderr]
         if ok:
