@@ -64,7 +64,9 @@ fi
 # npm cache, seconds on a warm one.
 if ! stamp_ok npm-tools tools/node/package.json tools/node/package-lock.json; then
   echo "setup: installing anvil and js-ipfs (npm)"
-  npm ci --prefix tools/node --no-audit --no-fund --loglevel=error
+  # 'npm install', not 'npm ci': js-ipfs pulls an optional dependency from a tarball URL that
+  # npm ci rejects as out of sync with the lock file; install still follows the lock.
+  npm install --prefix tools/node --no-audit --no-fund --loglevel=error
   stamp_done npm-tools
 fi
 echo "setup: ready"

@@ -88,6 +88,10 @@ def test_five_commands_across_processes(aitbc_cmd, cli_env, aitbc_home, tmp_path
 
     asyncio.run(check_chain_and_ipfs())
 
+    listed = aitbc(aitbc_cmd, cli_env, "distributed-training", "payments", "--training-id", tid)
+    assert sorted(p["worker_id"] for p in listed["payments"]) == sorted(w["worker_id"] for w in hired["workers"])
+    assert all(p["tx_hash"].startswith("0x") and len(p["tx_hash"]) == 66 for p in listed["payments"])
+
     earned = aitbc(aitbc_cmd, cli_env, "provider", "status", "--wallet", "provider-0")
     assert earned["earned_wei"] in {w["price_wei"] * 3 for w in hired["workers"]} | {0}
 

@@ -175,8 +175,8 @@ class Coordinator:
         await self.db.save_contract(contract)
         return contract
 
-    async def fund_escrow(self, training_id: str) -> str:
-        """Deposit every contract's full amount in one transaction; returns the tx hash."""
+    async def check_budget(self, training_id: str) -> list[WorkerContract]:
+        """Raise InsufficientFundsError unless the wallet covers every contract plus gas."""
         contracts = await self.db.contracts(training_id)
         budget = sum(c.price for c in contracts)
         balance = await self.escrow.sender.balance()
@@ -184,6 +184,11 @@ class Coordinator:
             raise InsufficientFundsError(
                 f"wallet {self.address} holds {balance} wei; the budget needs {budget} wei plus "
                 f"{self.settings.gas_reserve_wei} wei for gas")
+        return contracts
+
+    async def fund_escrow(self, training_id: str) -> str:
+        """Deposit every contract's full amount in one transaction; returns the tx hash."""
+        contracts = await self.check_budget(training_id)
         tx = await self.escrow.open(training_id, contracts)
         await self.db.save_escrow(training_id, await self.escrow.summary(training_id))
         return tx

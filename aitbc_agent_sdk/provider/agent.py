@@ -144,7 +144,10 @@ class ProviderAgent:
                 shard, weights = await asyncio.gather(self.store.cat(job.shard_cid), self.store.cat(job.weights_cid))
                 await asyncio.to_thread(_write_inputs, job_dir, shard, weights)
 
+                speed: list[float] = []
+
                 async def on_epoch(event: dict) -> None:
+                    speed.append(event["samples_per_s"])
                     await self._report(job, "running", epoch=event["epoch"], loss=event["loss"],
                                        samples_per_s=event["samples_per_s"])
 
@@ -155,7 +158,8 @@ class ProviderAgent:
                     job_id=job.job_id, training_id=job.training_id, worker_id=self.address, round=job.round,
                     checkpoint_cid=checkpoint_cid, samples=done["samples"], loss=done["loss"],
                     train_seconds=done["seconds"]))
-                await self._report(job, "complete", epoch=job.config.epochs, loss=done["loss"])
+                await self._report(job, "complete", epoch=job.config.epochs, loss=done["loss"],
+                                   samples_per_s=speed[-1] if speed else None)
                 self.completed_jobs += 1
             except AitbcError as exc:
                 log.error("job %s failed: %s", job.job_id, exc)

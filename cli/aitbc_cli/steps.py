@@ -60,6 +60,7 @@ async def wallet_of(home: Path, training_id: str) -> str:
 
 def register(app: typer.Typer) -> None:
     """Add the step commands to the ``distributed-training`` app."""
+    register_payments(app)
 
     @app.command()
     def init(
@@ -191,6 +192,7 @@ def register(app: typer.Typer) -> None:
                 raise ConfigError("no workers under contract; run discover-workers first")
             if record.dataset_cid is None:
                 raise ConfigError("no dataset; run upload-data first")
+            await agent.coordinator.check_budget(training_id)  # before anything is written
             await agent.create_data_shards(training_id, len(contracts))
             tx = await agent.fund_escrow(training_id)
             return tx, len(contracts)
@@ -234,6 +236,31 @@ def register(app: typer.Typer) -> None:
                 time.sleep(interval)
                 snap = asyncio.run(_snapshot(root, training_id))
                 live.update(render_snapshot(snap))
+
+
+def register_payments(app: typer.Typer) -> None:
+    @app.command()
+    def payments(
+        training_id: Annotated[str, typer.Option()],
+        home: HomeOption = None,
+        as_json: JsonOption = False,
+    ) -> None:
+        """Every payment of a training, with its transaction hash, and the escrow's totals."""
+        snap = asyncio.run(_snapshot(resolve_home(home), training_id))
+        if as_json:
+            print_json({"training_id": training_id, "payments": [p.model_dump(mode="json") for p in snap.payments],
+                        "escrow": snap.escrow.model_dump(mode="json") if snap.escrow else None})
+            return
+        table = Table(title=f"Payments of {training_id}")
+        for col in ("worker", "amount ETH", "result hash", "tx hash"):
+            table.add_column(col)
+        for p in snap.payments:
+            table.add_row(p.worker_id, eth(p.amount_wei), p.result_hash[:18] + "…", p.tx_hash)
+        console = Console()
+        console.print(table)
+        if snap.escrow is not None:
+            console.print(f"escrow {snap.escrow.address}: deposited {eth(snap.escrow.deposited_wei)} ETH, "
+                          f"paid {eth(snap.escrow.paid_wei)}, refunded {eth(snap.escrow.refunded_wei)}")
 
 
 async def _snapshot(home: Path, training_id: str) -> Snapshot:
