@@ -16,6 +16,7 @@ FULL = {
     "bench_e2e.py": ["--repeat", "3"],
     "bench_dispatch.py": ["--jobs", "1000"],
     "bench_heartbeats.py": ["--seconds", "20"],
+    "bench_gas.py": ["--sizes", "1", "4", "10", "32"],
 }
 QUICK = {
     "bench_fedavg.py": ["--k", "4", "--params", "1000000", "--repeat", "2"],
@@ -24,6 +25,7 @@ QUICK = {
     "bench_e2e.py": ["--repeat", "1"],
     "bench_dispatch.py": ["--jobs", "200"],
     "bench_heartbeats.py": ["--providers", "200", "--seconds", "3"],
+    "bench_gas.py": ["--sizes", "1", "10"],
 }
 
 

@@ -1,44 +1,67 @@
 // SPDX-License-Identifier: Apache-2.0
 pragma solidity 0.8.30;
 
+import {ProviderRegistry} from "./ProviderRegistry.sol";
+
 /// @title TrainingEscrow
-/// @notice Holds a coordinator's native-ETH budget for one federated training and pays
-///         workers per accepted checkpoint. Each worker has a slot capped at the amount the
-///         coordinator committed when opening; whatever is not released can be refunded.
-/// @dev Payments are pushed with a gas-capped call; a recipient that reverts is credited
-///      in `owed` instead, so one bad worker cannot block a batch. Later versions add
-///      ERC-20 budgets, slot replacement, deadlines and slashing behind `_pay`.
+/// @notice Holds a coordinator's budget (native ETH or one ERC-20) for federated trainings
+///         and pays workers per accepted checkpoint. Each worker has a slot capped at the
+///         amount committed when opening; whatever is not released goes back to the depositor.
+/// @dev The escrow deploys its own ProviderRegistry in the constructor, so the registry trusts
+///      exactly one escrow and neither contract has an owner. Payments are pushed with a
+///      gas-capped call; a payee whose transfer fails is credited in `owed` and pulls later,
+///      so one bad worker cannot block a batch.
 contract TrainingEscrow {
     struct Training {
-        address coordinator;
+        address coordinator; // also the depositor: refunds go here
+        uint64 deadline;
         bool closed;
+        address token; // address(0) for native ETH
         uint256 deposited;
         uint256 paid;
         uint256 refunded;
     }
 
+    /// @dev One storage word per slot keeps a release to one worker at one SLOAD + one SSTORE.
     struct Slot {
-        uint256 amount;
-        uint256 paid;
+        uint120 amount;
+        uint120 paid;
+        uint8 status; // SLOT_NONE, SLOT_ACTIVE or SLOT_REPLACED
     }
+
+    uint8 private constant SLOT_NONE = 0;
+    uint8 private constant SLOT_ACTIVE = 1;
+    uint8 private constant SLOT_REPLACED = 2;
 
     /// @dev Enough for a contract wallet's receive hook (proxy + event), small enough that a
     ///      hostile receiver cannot burn the whole batch's gas.
     uint256 public constant PUSH_GAS = 30_000;
+    /// @dev Cap for one ERC-20 `transfer` push: a standard token to a fresh holder needs ~35k.
+    uint256 public constant TOKEN_PUSH_GAS = 100_000;
+    /// @notice After `deadline + GRACE_PERIOD` anyone may close a training and refund the depositor.
+    uint256 public constant GRACE_PERIOD = 1 days;
+
+    /// @dev Plain storage, not immutable: the runtime code stays equal to the artifact's, which
+    ///      is how the SDK recognises a deployment.
+    ProviderRegistry private registryRef;
 
     mapping(bytes32 => Training) private _trainings;
     mapping(bytes32 => mapping(address => Slot)) private _slots;
-    /// @notice Funds that could not be pushed; the recipient pulls them with `withdraw`.
-    mapping(address => uint256) public owed;
+    mapping(bytes32 => address[]) private _workers;
+    /// @notice Funds that could not be pushed, per token (address(0) = ETH); pulled with `withdraw`.
+    mapping(address => mapping(address => uint256)) public owed;
 
     uint256 private _lock = 1;
 
-    event TrainingOpened(bytes32 indexed trainingId, address indexed coordinator, uint256 deposit);
+    event TrainingOpened(
+        bytes32 indexed trainingId, address indexed coordinator, address token, uint256 deposit, uint64 deadline
+    );
     event SlotOpened(bytes32 indexed trainingId, address indexed worker, uint256 amount);
+    event WorkerReplaced(bytes32 indexed trainingId, address indexed oldWorker, address indexed newWorker, uint256 amount);
     event Released(bytes32 indexed trainingId, address indexed worker, uint256 amount, bytes32 resultHash);
     event PaymentDeferred(bytes32 indexed trainingId, address indexed to, uint256 amount);
     event Refunded(bytes32 indexed trainingId, address indexed to, uint256 amount);
-    event Withdrawn(address indexed to, uint256 amount);
+    event Withdrawn(address indexed to, address indexed token, uint256 amount);
 
     error TrainingExists(bytes32 trainingId);
     error UnknownTraining(bytes32 trainingId);
@@ -48,10 +71,14 @@ contract TrainingEscrow {
     error NoWorkers();
     error ZeroAddress();
     error ZeroAmount(address worker);
+    error AmountTooLarge(address worker);
     error DuplicateWorker(address worker);
     error DepositMismatch(uint256 expected, uint256 sent);
+    error DeadlineInPast(uint64 deadline);
     error NotAWorker(bytes32 trainingId, address worker);
+    error SlotAlreadyPaid(address worker);
     error OverRelease(address worker, uint256 remaining, uint256 requested);
+    error RefundTooEarly(bytes32 trainingId, uint256 allowedAt);
     error NothingOwed(address account);
     error TransferFailed(address to, uint256 amount);
     error Reentrancy();
@@ -71,39 +98,94 @@ contract TrainingEscrow {
         _;
     }
 
-    /// @notice Open a training with one capped slot per worker; msg.value must fund every slot.
-    function open(bytes32 trainingId, address[] calldata workers, uint256[] calldata amounts)
-        external
-        payable
-        nonReentrant
-    {
+    constructor() {
+        registryRef = new ProviderRegistry();
+    }
+
+    /// @notice The ProviderRegistry this escrow reports assignments and job outcomes to.
+    function registry() external view returns (address) {
+        return address(registryRef);
+    }
+
+    /// @notice Open a training with one capped slot per worker, funded with exactly `sum(amounts)`
+    ///         of `token` (msg.value for ETH, else pulled with `transferFrom`, approve first).
+    function open(
+        bytes32 trainingId,
+        address token,
+        address[] calldata workers,
+        uint256[] calldata amounts,
+        uint64 deadline
+    ) external payable nonReentrant {
         if (_trainings[trainingId].coordinator != address(0)) revert TrainingExists(trainingId);
         if (workers.length != amounts.length) revert LengthMismatch();
         if (workers.length == 0) revert NoWorkers();
+        if (deadline <= block.timestamp) revert DeadlineInPast(deadline);
 
         uint256 total;
+        address[] storage list = _workers[trainingId];
         for (uint256 i; i < workers.length; ++i) {
             address worker = workers[i];
             uint256 amount = amounts[i];
             if (worker == address(0)) revert ZeroAddress();
             if (amount == 0) revert ZeroAmount(worker);
+            if (amount > type(uint120).max) revert AmountTooLarge(worker);
             Slot storage s = _slots[trainingId][worker];
-            // A non-zero amount marks a slot as taken, so this also catches duplicates.
-            if (s.amount != 0) revert DuplicateWorker(worker);
-            s.amount = amount;
+            if (s.status != SLOT_NONE) revert DuplicateWorker(worker);
+            s.amount = uint120(amount);
+            s.status = SLOT_ACTIVE;
+            list.push(worker);
             total += amount;
             emit SlotOpened(trainingId, worker, amount);
         }
-        if (msg.value != total) revert DepositMismatch(total, msg.value);
 
         _trainings[trainingId] = Training({
             coordinator: msg.sender,
+            deadline: deadline,
             closed: false,
-            deposited: msg.value,
+            token: token,
+            deposited: total,
             paid: 0,
             refunded: 0
         });
-        emit TrainingOpened(trainingId, msg.sender, msg.value);
+        emit TrainingOpened(trainingId, msg.sender, token, total, deadline);
+
+        if (token == address(0)) {
+            if (msg.value != total) revert DepositMismatch(total, msg.value);
+        } else {
+            if (msg.value != 0) revert DepositMismatch(0, msg.value);
+            _pullToken(token, msg.sender, total);
+        }
+        registryRef.assign(trainingId, workers);
+    }
+
+    /// @notice Move a worker's slot, which must not have been paid yet, to another provider.
+    ///         The old worker is recorded as a failed job in the registry.
+    function replaceWorker(bytes32 trainingId, address oldWorker, address newWorker)
+        external
+        nonReentrant
+        onlyCoordinator(trainingId)
+    {
+        if (newWorker == address(0)) revert ZeroAddress();
+        Slot storage old = _slots[trainingId][oldWorker];
+        if (old.status != SLOT_ACTIVE) revert NotAWorker(trainingId, oldWorker);
+        if (old.paid != 0) revert SlotAlreadyPaid(oldWorker);
+        Slot storage fresh = _slots[trainingId][newWorker];
+        if (fresh.status != SLOT_NONE) revert DuplicateWorker(newWorker);
+
+        uint120 amount = old.amount;
+        old.amount = 0;
+        old.status = SLOT_REPLACED;
+        fresh.amount = amount;
+        fresh.status = SLOT_ACTIVE;
+        _workers[trainingId].push(newWorker);
+        emit WorkerReplaced(trainingId, oldWorker, newWorker, amount);
+
+        address[] memory one = new address[](1);
+        bool[] memory failed = new bool[](1);
+        one[0] = oldWorker;
+        registryRef.unassign(trainingId, one, failed);
+        one[0] = newWorker;
+        registryRef.assign(trainingId, one);
     }
 
     /// @notice Pay workers for accepted results; each amount may be a part of the slot's remainder.
@@ -121,53 +203,90 @@ contract TrainingEscrow {
         // Effects for the whole batch first, then the transfers (checks-effects-interactions).
         uint256 total;
         for (uint256 i; i < workers.length; ++i) {
-            address worker = workers[i];
-            uint256 amount = amounts[i];
-            Slot storage s = _slots[trainingId][worker];
-            if (s.amount == 0) revert NotAWorker(trainingId, worker);
-            if (amount == 0) revert ZeroAmount(worker);
-            uint256 remaining = s.amount - s.paid;
-            if (amount > remaining) revert OverRelease(worker, remaining, amount);
-            s.paid += amount;
-            total += amount;
-            emit Released(trainingId, worker, amount, resultHashes[i]);
+            _debit(trainingId, workers[i], amounts[i]);
+            total += amounts[i];
+            emit Released(trainingId, workers[i], amounts[i], resultHashes[i]);
         }
-        _trainings[trainingId].paid += total;
+        Training storage t = _trainings[trainingId];
+        t.paid += total;
 
+        address token = t.token;
         for (uint256 i; i < workers.length; ++i) {
-            _pay(trainingId, workers[i], amounts[i]);
+            _pay(trainingId, token, workers[i], amounts[i]);
         }
     }
 
-    /// @notice Close the training and return the unreleased budget to the coordinator.
-    function refund(bytes32 trainingId) external nonReentrant onlyCoordinator(trainingId) {
+    /// @notice Close the training and return the unreleased budget to the depositor (the
+    ///         coordinator). The coordinator may close at any time (declaring the training
+    ///         complete); anyone else only after `deadline + GRACE_PERIOD`.
+    function refund(bytes32 trainingId) external nonReentrant {
         Training storage t = _trainings[trainingId];
+        address coordinator = t.coordinator;
+        if (coordinator == address(0)) revert UnknownTraining(trainingId);
+        if (t.closed) revert TrainingClosed(trainingId);
+        if (msg.sender != coordinator) {
+            uint256 allowedAt = uint256(t.deadline) + GRACE_PERIOD;
+            if (block.timestamp < allowedAt) revert RefundTooEarly(trainingId, allowedAt);
+        }
         uint256 amount = t.deposited - t.paid;
         t.closed = true;
         t.refunded = amount;
-        emit Refunded(trainingId, msg.sender, amount);
-        if (amount != 0) _pay(trainingId, msg.sender, amount);
+        emit Refunded(trainingId, coordinator, amount);
+
+        // Every still-assigned worker is released in the registry: paid at all = completed.
+        address[] storage list = _workers[trainingId];
+        address[] memory active = new address[](list.length);
+        bool[] memory completed = new bool[](list.length);
+        uint256 n;
+        for (uint256 i; i < list.length; ++i) {
+            Slot storage s = _slots[trainingId][list[i]];
+            if (s.status != SLOT_ACTIVE) continue;
+            active[n] = list[i];
+            completed[n] = s.paid != 0;
+            ++n;
+        }
+        assembly {
+            mstore(active, n)
+            mstore(completed, n)
+        }
+        registryRef.unassign(trainingId, active, completed);
+
+        if (amount != 0) _pay(trainingId, t.token, coordinator, amount);
     }
 
-    /// @notice Pull funds whose push failed. Reverts if the transfer fails, keeping the balance.
-    function withdraw() external nonReentrant {
-        uint256 amount = owed[msg.sender];
+    /// @notice Pull funds of `token` (address(0) = ETH) whose push failed. Reverts if the
+    ///         transfer fails, keeping the balance.
+    function withdraw(address token) external nonReentrant {
+        uint256 amount = owed[token][msg.sender];
         if (amount == 0) revert NothingOwed(msg.sender);
-        owed[msg.sender] = 0;
-        emit Withdrawn(msg.sender, amount);
+        owed[token][msg.sender] = 0;
+        emit Withdrawn(msg.sender, token, amount);
         // The caller chose to pull, so it gets all remaining gas.
-        (bool ok,) = payable(msg.sender).call{value: amount}("");
+        bool ok;
+        if (token == address(0)) {
+            (ok,) = payable(msg.sender).call{value: amount}("");
+        } else {
+            ok = _tokenTransfer(token, msg.sender, amount, gasleft());
+        }
         if (!ok) revert TransferFailed(msg.sender, amount);
     }
 
-    /// @notice (coordinator, deposited, paid, refunded, closed) of a training.
+    /// @notice (coordinator, token, deadline, deposited, paid, refunded, closed) of a training.
     function trainings(bytes32 trainingId)
         external
         view
-        returns (address coordinator, uint256 deposited, uint256 paid, uint256 refunded, bool closed)
+        returns (
+            address coordinator,
+            address token,
+            uint64 deadline,
+            uint256 deposited,
+            uint256 paid,
+            uint256 refunded,
+            bool closed
+        )
     {
         Training storage t = _trainings[trainingId];
-        return (t.coordinator, t.deposited, t.paid, t.refunded, t.closed);
+        return (t.coordinator, t.token, t.deadline, t.deposited, t.paid, t.refunded, t.closed);
     }
 
     /// @notice (amount, paid) of a worker's slot; (0, 0) when the worker has none.
@@ -176,17 +295,75 @@ contract TrainingEscrow {
         return (s.amount, s.paid);
     }
 
-    /// @dev Push with a gas cap and without copying return data (no return-data bomb);
-    ///      on failure park the amount in `owed`.
-    function _pay(bytes32 trainingId, address to, uint256 amount) private {
+    /// @notice Whether `account` holds or held (before being replaced) a slot in the training.
+    function isWorker(bytes32 trainingId, address account) external view returns (bool) {
+        return _slots[trainingId][account].status != SLOT_NONE;
+    }
+
+    /// @notice Every address that was given a slot, in order (replacements appended).
+    function trainingWorkers(bytes32 trainingId) external view returns (address[] memory) {
+        return _workers[trainingId];
+    }
+
+    /// @dev Check one payment against the worker's slot and record it.
+    function _debit(bytes32 trainingId, address worker, uint256 amount) private {
+        Slot storage s = _slots[trainingId][worker];
+        if (s.status != SLOT_ACTIVE) revert NotAWorker(trainingId, worker);
+        if (amount == 0) revert ZeroAmount(worker);
+        uint256 remaining = s.amount - s.paid;
+        if (amount > remaining) revert OverRelease(worker, remaining, amount);
+        s.paid += uint120(amount);
+    }
+
+    /// @dev Push with a gas cap; on failure park the amount in `owed`.
+    function _pay(bytes32 trainingId, address token, address to, uint256 amount) private {
         bool ok;
-        uint256 gasCap = PUSH_GAS;
-        assembly {
-            ok := call(gasCap, to, amount, 0, 0, 0, 0)
+        if (token == address(0)) {
+            uint256 gasCap = PUSH_GAS;
+            // No return data is copied, so a receiver cannot return-data-bomb the batch.
+            assembly {
+                ok := call(gasCap, to, amount, 0, 0, 0, 0)
+            }
+        } else {
+            ok = _tokenTransfer(token, to, amount, TOKEN_PUSH_GAS);
         }
         if (!ok) {
-            owed[to] += amount;
+            owed[token][to] += amount;
             emit PaymentDeferred(trainingId, to, amount);
         }
+    }
+
+    /// @dev `token.transfer(to, amount)`; true when it did not revert and returned nothing or true.
+    function _tokenTransfer(address token, address to, uint256 amount, uint256 gasCap) private returns (bool ok) {
+        bytes memory data = abi.encodeWithSelector(0xa9059cbb, to, amount);
+        assembly {
+            mstore(0, 0)
+            ok := call(gasCap, token, 0, add(data, 32), mload(data), 0, 32)
+            // Accept no return data (old tokens) or a true word; copy at most 32 bytes.
+            if ok {
+                ok := or(iszero(returndatasize()), and(gt(returndatasize(), 31), eq(mload(0), 1)))
+            }
+        }
+        // A call to an address without code "succeeds"; treat it as a failed transfer.
+        if (ok && token.code.length == 0) ok = false;
+    }
+
+    /// @dev `transferFrom(from, this, amount)` that must raise our balance by exactly `amount`
+    ///      (fee-on-transfer and rebasing tokens are refused).
+    function _pullToken(address token, address from, uint256 amount) private {
+        if (token.code.length == 0) revert TransferFailed(token, amount);
+        uint256 before = _balanceOf(token);
+        (bool ok, bytes memory ret) = token.call(abi.encodeWithSelector(0x23b872dd, from, address(this), amount));
+        if (!ok || (ret.length != 0 && (ret.length < 32 || abi.decode(ret, (uint256)) != 1))) {
+            revert TransferFailed(from, amount);
+        }
+        uint256 received = _balanceOf(token) - before;
+        if (received != amount) revert DepositMismatch(amount, received);
+    }
+
+    function _balanceOf(address token) private view returns (uint256) {
+        (bool ok, bytes memory ret) = token.staticcall(abi.encodeWithSelector(0x70a08231, address(this)));
+        if (!ok || ret.length < 32) revert TransferFailed(token, 0);
+        return abi.decode(ret, (uint256));
     }
 }

@@ -4,8 +4,8 @@
 //   node contracts/build.mjs [--out-root DIR]
 //
 // Artifacts land under DIR (default: the repository root):
-//   aitbc_agent_sdk/chain/artifacts/TrainingEscrow.json   (shipped in the wheel)
-//   tests/artifacts/RevertingReceiver.json                (test-only, never shipped)
+//   aitbc_agent_sdk/chain/artifacts/{TrainingEscrow,ProviderRegistry}.json  (shipped in the wheel)
+//   tests/artifacts/{RevertingReceiver,TestToken,ReentrantAttacker}.json     (test-only, never shipped)
 import { createHash } from "node:crypto";
 import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
@@ -29,9 +29,24 @@ const TARGETS = [
     out: "aitbc_agent_sdk/chain/artifacts/TrainingEscrow.json",
   },
   {
+    source: "ProviderRegistry.sol",
+    contract: "ProviderRegistry",
+    out: "aitbc_agent_sdk/chain/artifacts/ProviderRegistry.json",
+  },
+  {
     source: "test/RevertingReceiver.sol",
     contract: "RevertingReceiver",
     out: "tests/artifacts/RevertingReceiver.json",
+  },
+  {
+    source: "test/TestToken.sol",
+    contract: "TestToken",
+    out: "tests/artifacts/TestToken.json",
+  },
+  {
+    source: "test/ReentrantAttacker.sol",
+    contract: "ReentrantAttacker",
+    out: "tests/artifacts/ReentrantAttacker.json",
   },
 ];
 

@@ -8,7 +8,10 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ARTIFACTS=(
   "aitbc_agent_sdk/chain/artifacts/TrainingEscrow.json"
+  "aitbc_agent_sdk/chain/artifacts/ProviderRegistry.json"
   "tests/artifacts/RevertingReceiver.json"
+  "tests/artifacts/TestToken.json"
+  "tests/artifacts/ReentrantAttacker.json"
 )
 
 mode="build"

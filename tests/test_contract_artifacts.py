@@ -20,13 +20,14 @@ def _sha256(path: Path) -> str:
 
 def test_artifacts_match_sources() -> None:
     assert load_artifact("TrainingEscrow").source_sha256 == _sha256(ROOT / "contracts/TrainingEscrow.sol")
+    assert load_artifact("ProviderRegistry").source_sha256 == _sha256(ROOT / "contracts/ProviderRegistry.sol")
     receiver = ContractArtifact.from_file(ROOT / "tests/artifacts/RevertingReceiver.json")
     assert receiver.source_sha256 == _sha256(ROOT / "contracts/test/RevertingReceiver.sol")
 
 
 def test_production_artifact_excludes_test_contracts() -> None:
     shipped = sorted(p.name for p in (ROOT / "aitbc_agent_sdk/chain/artifacts").glob("*.json"))
-    assert shipped == ["TrainingEscrow.json"]
+    assert shipped == ["ProviderRegistry.json", "TrainingEscrow.json"]
 
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="node is not on PATH; the solc build needs Node.js")

@@ -11,14 +11,18 @@ from typing import Any
 import pytest
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
+from web3.providers.eth_tester import AsyncEthereumTesterProvider
+from web3.types import RPCEndpoint
 
 from aitbc_agent_sdk.chain import (
     ContractArtifact,
     DevChain,
     EscrowClient,
+    RegistryClient,
     TransactionSender,
     connect_rpc,
     deploy,
+    ETH_TOKEN,
     load_artifact,
     result_hash,
     start_embedded_chain,
@@ -37,6 +41,18 @@ class Env:
     coordinator: TransactionSender
     workers: list[LocalAccount]
     trainings: list[bytes]  # every training opened, for the conservation check
+    registry: RegistryClient
+
+
+async def advance_time(chain: DevChain, seconds: int) -> None:
+    """Move the chain's clock forward: the next block is at least ``seconds`` later."""
+    w3 = chain.w3
+    if isinstance(w3.provider, AsyncEthereumTesterProvider):
+        pending = int((await w3.eth.get_block("pending"))["timestamp"])
+        await w3.provider.make_request(RPCEndpoint("testing_timeTravel"), [pending + seconds])
+    else:
+        await w3.provider.make_request(RPCEndpoint("evm_increaseTime"), [seconds])
+        await w3.provider.make_request(RPCEndpoint("evm_mine"), [])
 
 
 async def _new_sender(chain: DevChain, wei: int) -> TransactionSender:
@@ -74,7 +90,9 @@ async def env(chain: DevChain) -> Env:
     coordinator = await _new_sender(chain, 100 * ETH)
     address = await deploy(coordinator, load_artifact("TrainingEscrow"))
     workers = [Account.create() for _ in range(4)]
-    return Env(chain, EscrowClient(chain.w3, address), coordinator, workers, [])
+    escrow = EscrowClient(chain.w3, address)
+    registry = RegistryClient(chain.w3, await escrow.registry())
+    return Env(chain, escrow, coordinator, workers, [], registry)
 
 
 async def _open(env: Env, name: str, amounts: list[int], workers: Sequence[str] | None = None) -> bytes:
@@ -105,9 +123,10 @@ async def test_open_release_partial_and_full_then_refund(env: Env) -> None:
     tid = await _open(env, "training-1", amounts)
     w0, w1, w2 = (w.address for w in env.workers[:3])
     state = await env.escrow.training(tid)
-    assert (state.coordinator, state.deposited, state.paid, state.closed) == (
-        env.coordinator.address, 6 * ETH, 0, False,
+    assert (state.coordinator, state.deposited, state.paid, state.closed, state.token) == (
+        env.coordinator.address, 6 * ETH, 0, False, ETH_TOKEN,
     )
+    assert state.deadline > (await env.chain.w3.eth.get_block("latest"))["timestamp"]
     assert await env.escrow.slot(tid, w1) == (2 * ETH, 0)
     await assert_conserved(env)
 
@@ -171,8 +190,12 @@ async def test_release_by_non_coordinator_reverts(env: Env) -> None:
     with pytest.raises(ContractRevertError) as info:
         await env.escrow.release(stranger, tid, [env.workers[0].address], [1], [result_hash("a")])
     assert info.value.reason == "NotCoordinator"
+    # Before deadline + grace period only the coordinator may close the training.
     with pytest.raises(ContractRevertError) as info:
         await env.escrow.refund(stranger, tid)
+    assert info.value.reason == "RefundTooEarly"
+    with pytest.raises(ContractRevertError) as info:
+        await env.escrow.replace_worker(stranger, tid, env.workers[0].address, env.workers[3].address)
     assert info.value.reason == "NotCoordinator"
     await assert_conserved(env)
 
@@ -201,6 +224,7 @@ async def test_open_rejects_bad_deposits_and_workers(env: Env) -> None:
         ({"workers": [w[0], w[1], w[0]], "amounts": [ETH] * 3}, "DuplicateWorker"),
         ({"workers": w, "amounts": [ETH, 0, ETH]}, "ZeroAmount"),
         ({"workers": [], "amounts": []}, "NoWorkers"),
+        ({"workers": w, "amounts": [ETH] * 3, "deadline": 1}, "DeadlineInPast"),
     ]
     for kwargs, reason in cases:
         with pytest.raises(ContractRevertError) as info:
@@ -282,3 +306,242 @@ async def test_release_gas_for_four_workers(env: Env, capsys: pytest.CaptureFixt
         )
     assert second["gasUsed"] < first["gasUsed"] < 400_000
     await assert_conserved(env)
+
+
+# --- v2: double release, slot replacement, deadlines, ERC-20, reentrancy ------------------
+
+
+async def test_double_release_of_a_full_slot_reverts(env: Env) -> None:
+    tid = await _open(env, "double", [ETH, ETH])
+    w0 = env.workers[0].address
+    await env.escrow.release(env.coordinator, tid, [w0], [ETH], [result_hash("a")])
+    with pytest.raises(ContractRevertError) as info:
+        await env.escrow.release(env.coordinator, tid, [w0], [ETH], [result_hash("a")])
+    assert info.value.reason == "OverRelease" and "remaining=0" in str(info.value)
+    # The same worker twice in one batch cannot exceed the slot either.
+    w1 = env.workers[1].address
+    with pytest.raises(ContractRevertError) as info:
+        await env.escrow.release(env.coordinator, tid, [w1, w1], [ETH // 2 + 1, ETH // 2], [result_hash("b")] * 2)
+    assert info.value.reason == "OverRelease"
+    assert await env.escrow.slot(tid, w1) == (ETH, 0)
+    await assert_conserved(env)
+
+
+async def test_replace_worker_moves_an_unpaid_slot_and_records_outcomes(env: Env) -> None:
+    w0, w1, w2, w3 = (w.address for w in env.workers)
+    tid = await _open(env, "replace", [ETH, 2 * ETH, 3 * ETH])
+    assert [(await env.registry.provider(w)).assigned for w in (w0, w1, w2, w3)] == [1, 1, 1, 0]
+    await env.escrow.release(env.coordinator, tid, [w0], [ETH // 2], [result_hash("r0")])
+
+    with pytest.raises(ContractRevertError) as info:
+        await env.escrow.replace_worker(env.coordinator, tid, w0, w3)
+    assert info.value.reason == "SlotAlreadyPaid"
+    with pytest.raises(ContractRevertError) as info:
+        await env.escrow.replace_worker(env.coordinator, tid, w1, w2)
+    assert info.value.reason == "DuplicateWorker"
+    with pytest.raises(ContractRevertError) as info:
+        await env.escrow.replace_worker(env.coordinator, tid, w3, w1)
+    assert info.value.reason == "NotAWorker"
+
+    await env.escrow.replace_worker(env.coordinator, tid, w1, w3)
+    assert await env.escrow.slot(tid, w1) == (0, 0)
+    assert await env.escrow.slot(tid, w3) == (2 * ETH, 0)
+    assert await env.escrow.workers(tid) == [w0, w1, w2, w3]
+    with pytest.raises(ContractRevertError) as info:
+        await env.escrow.release(env.coordinator, tid, [w1], [1], [result_hash("x")])
+    assert info.value.reason == "NotAWorker"
+    # A replaced worker cannot come back into the same training.
+    with pytest.raises(ContractRevertError) as info:
+        await env.escrow.replace_worker(env.coordinator, tid, w2, w1)
+    assert info.value.reason == "DuplicateWorker"
+    replaced = [e for e in await env.escrow.events(tid) if e.name == "WorkerReplaced"]
+    assert [(e.args["oldWorker"], e.args["newWorker"], e.args["amount"]) for e in replaced] == [(w1, w3, 2 * ETH)]
+
+    await env.escrow.release(env.coordinator, tid, [w3], [2 * ETH], [result_hash("r3")])
+    await env.escrow.refund(env.coordinator, tid)
+    # Paid at all = completed; replaced or never paid = failed; nobody stays assigned.
+    states = {w: await env.registry.provider(w) for w in (w0, w1, w2, w3)}
+    assert {w: (p.assigned, p.completed, p.failed) for w, p in states.items()} == {
+        w0: (0, 1, 0), w1: (0, 0, 1), w2: (0, 0, 1), w3: (0, 1, 0),
+    }
+    assert [await env.chain.balance(w) for w in (w0, w1, w2, w3)] == [ETH // 2, 0, 0, 2 * ETH]
+    await assert_conserved(env)
+
+
+async def test_refund_by_anyone_only_after_deadline_and_grace(env: Env) -> None:
+    stranger = await _new_sender(env.chain, ETH)
+    now = int((await env.chain.w3.eth.get_block("latest"))["timestamp"])
+    tid = training_key("deadline")
+    await env.escrow.open(env.coordinator, tid, [env.workers[0].address], [2 * ETH], deadline=now + 3600)
+    env.trainings.append(tid)
+    await env.escrow.release(env.coordinator, tid, [env.workers[0].address], [ETH], [result_hash("d")])
+
+    grace = int(await env.escrow._call("GRACE_PERIOD"))
+    with pytest.raises(ContractRevertError) as info:
+        await env.escrow.refund(stranger, tid)
+    assert info.value.reason == "RefundTooEarly"
+    await advance_time(env.chain, 3600 + 10)  # past the deadline, inside the grace period
+    with pytest.raises(ContractRevertError) as info:
+        await env.escrow.refund(stranger, tid)
+    assert info.value.reason == "RefundTooEarly"
+    await advance_time(env.chain, grace)
+
+    coordinator_before = await env.chain.balance(env.coordinator.address)
+    stranger_before = await env.chain.balance(stranger.address)
+    receipt = await env.escrow.refund(stranger, tid)
+    # The remainder goes to the depositor, never to whoever triggered the refund.
+    assert await env.chain.balance(env.coordinator.address) == coordinator_before + ETH
+    assert await env.chain.balance(stranger.address) == stranger_before - _gas_cost(receipt)
+    state = await env.escrow.training(tid)
+    assert (state.closed, state.refunded) == (True, ETH)
+    with pytest.raises(ContractRevertError) as info:
+        await env.escrow.release(env.coordinator, tid, [env.workers[0].address], [1], [result_hash("late")])
+    assert info.value.reason == "TrainingClosed"
+    with pytest.raises(ContractRevertError) as info:
+        await env.escrow.refund(stranger, tid)
+    assert info.value.reason == "TrainingClosed"
+    await assert_conserved(env)
+
+
+@dataclass
+class Token:
+    address: str
+    artifact: ContractArtifact
+    env: Env
+
+    def tx(self, fn: str, *args: Any) -> dict[str, Any]:
+        data = self.env.chain.w3.eth.contract(abi=self.artifact.abi).encode_abi(fn, args=list(args))
+        return {"to": self.address, "data": data}
+
+    async def send(self, sender: TransactionSender, fn: str, *args: Any) -> None:
+        await sender.send(self.tx(fn, *args), abi=self.artifact.abi)
+
+    async def balance(self, account: str) -> int:
+        contract = self.env.chain.w3.eth.contract(address=self.address, abi=self.artifact.abi)
+        return int(await contract.functions.balanceOf(account).call())
+
+
+async def deploy_token(env: Env) -> Token:
+    artifact = ContractArtifact.from_file(TEST_ARTIFACTS / "TestToken.json")
+    return Token(await deploy(env.coordinator, artifact), artifact, env)
+
+
+async def assert_token_conserved(env: Env, token: Token, tids: Sequence[bytes], owed: Sequence[str] = ()) -> None:
+    held = 0
+    for tid in tids:
+        state = await env.escrow.training(tid)
+        held += state.deposited - state.paid - state.refunded
+    owed_total = sum([await env.escrow.owed(a, token.address) for a in owed])
+    assert await token.balance(env.escrow.address) == held + owed_total
+
+
+async def test_erc20_budget_pays_defers_and_refunds(env: Env) -> None:
+    token = await deploy_token(env)
+    await token.send(env.coordinator, "mint", env.coordinator.address, 100 * ETH)
+    w0, w1, w2 = (w.address for w in env.workers[:3])
+    tid = training_key("erc20")
+
+    # Without approval the pull fails; ETH sent along with a token budget is refused.
+    with pytest.raises(ContractRevertError) as info:
+        await env.escrow.open(env.coordinator, tid, [w0], [ETH], token=token.address)
+    assert info.value.reason == "TransferFailed"
+    await token.send(env.coordinator, "approve", env.escrow.address, 6 * ETH)
+    with pytest.raises(ContractRevertError) as info:
+        await env.escrow.open(env.coordinator, tid, [w0], [ETH], token=token.address, value=1)
+    assert info.value.reason == "DepositMismatch"
+
+    eth_before = await env.chain.balance(env.escrow.address)
+    await env.escrow.open(env.coordinator, tid, [w0, w1, w2], [ETH, 2 * ETH, 3 * ETH], token=token.address)
+    assert await token.balance(env.escrow.address) == 6 * ETH
+    assert await env.chain.balance(env.escrow.address) == eth_before
+    assert (await env.escrow.training(tid)).token == token.address
+    await assert_token_conserved(env, token, [tid])
+
+    # A payee the token refuses (a blocklist) is deferred; the others are paid in the same batch.
+    await token.send(env.coordinator, "setBlocked", w1, True)
+    await env.escrow.release(env.coordinator, tid, [w0, w1, w2], [ETH, 2 * ETH, ETH], [result_hash("t")] * 3)
+    assert [await token.balance(w) for w in (w0, w1, w2)] == [ETH, 0, ETH]
+    assert await env.escrow.owed(w1, token.address) == 2 * ETH
+    assert await env.escrow.owed(w1) == 0
+    await assert_token_conserved(env, token, [tid], owed=[w1])
+
+    # Unblocked, the worker pulls its tokens (it needs gas money to send the tx).
+    await token.send(env.coordinator, "setBlocked", w1, False)
+    await env.chain.fund(w1, ETH // 10)
+    await env.escrow.withdraw(TransactionSender(env.chain.w3, env.workers[1]), token.address)
+    assert await token.balance(w1) == 2 * ETH and await env.escrow.owed(w1, token.address) == 0
+
+    coordinator_tokens = await token.balance(env.coordinator.address)
+    await env.escrow.refund(env.coordinator, tid)
+    assert await token.balance(env.coordinator.address) == coordinator_tokens + 2 * ETH
+    assert await token.balance(env.escrow.address) == 0
+    await assert_token_conserved(env, token, [tid], owed=[w1])
+    await assert_conserved(env)  # no ETH moved through the escrow for this training
+
+
+@dataclass
+class Attacker:
+    address: str
+    artifact: ContractArtifact
+    env: Env
+
+    def _data(self, fn: str, *args: Any) -> str:
+        return self.env.chain.w3.eth.contract(abi=self.artifact.abi).encode_abi(fn, args=list(args))
+
+    async def arm(self, target: str, payload: str) -> None:
+        await self.env.coordinator.send({"to": self.address, "data": self._data("arm", target, payload)})
+
+    async def exec(self, target: str, payload: str, *, value: int = 0, abi: Sequence[Any] = ()) -> None:
+        tx = {"to": self.address, "data": self._data("exec", target, payload), "value": value}
+        await self.env.coordinator.send(tx, abi=[*self.artifact.abi, *abi])  # type: ignore[typeddict-item]
+
+    async def view(self, fn: str) -> int:
+        contract = self.env.chain.w3.eth.contract(address=self.address, abi=self.artifact.abi)
+        return int(await getattr(contract.functions, fn)().call())
+
+
+async def deploy_attacker(env: Env) -> Attacker:
+    artifact = ContractArtifact.from_file(TEST_ARTIFACTS / "ReentrantAttacker.json")
+    return Attacker(await deploy(env.coordinator, artifact), artifact, env)
+
+
+async def test_reentrant_worker_is_paid_exactly_once(env: Env) -> None:
+    attacker = await deploy_attacker(env)
+    w1 = env.workers[1].address
+    tid = await _open(env, "reenter-worker", [ETH, ETH], workers=[attacker.address, w1])
+    # On receipt the attacker re-enters withdraw, then (second test) release on itself.
+    await attacker.arm(env.escrow.address, env.escrow.build("withdraw", ETH_TOKEN)["data"])
+    await env.escrow.release(env.coordinator, tid, [attacker.address, w1], [ETH // 2, ETH], [result_hash("a")] * 2)
+    assert await env.chain.balance(w1) == ETH
+    if await env.escrow.owed(attacker.address):  # its hook ran out of the push's gas cap: pull
+        await attacker.exec(env.escrow.address, env.escrow.build("withdraw", ETH_TOKEN)["data"], abi=env.escrow.abi)
+    assert await env.chain.balance(attacker.address) == ETH // 2
+    assert await attacker.view("received") == ETH // 2
+    assert await attacker.view("attempts") >= 1 and await attacker.view("successes") == 0
+    assert await env.escrow.owed(attacker.address) == 0
+    await assert_conserved(env, owed_accounts=(attacker.address,))
+
+
+async def test_reentrant_coordinator_cannot_refund_twice(env: Env) -> None:
+    attacker = await deploy_attacker(env)
+    tid = training_key("reenter-coordinator")
+    w0 = env.workers[0].address
+    open_data = env.escrow.build("open", tid, ETH_TOKEN, [w0], [2 * ETH], 2**40)["data"]
+    await attacker.exec(env.escrow.address, open_data, value=2 * ETH, abi=env.escrow.abi)
+    env.trainings.append(tid)
+    assert (await env.escrow.training(tid)).coordinator == attacker.address
+    release = env.escrow.build("release", tid, [w0], [ETH], [result_hash("x")])["data"]
+    await attacker.exec(env.escrow.address, release, abi=env.escrow.abi)
+
+    refund = env.escrow.build("refund", tid)["data"]
+    await attacker.arm(env.escrow.address, refund)
+    await attacker.exec(env.escrow.address, refund, abi=env.escrow.abi)
+    if await env.escrow.owed(attacker.address):
+        await attacker.arm(env.escrow.address, refund)
+        await attacker.exec(env.escrow.address, env.escrow.build("withdraw", ETH_TOKEN)["data"], abi=env.escrow.abi)
+    assert await attacker.view("successes") == 0
+    assert await attacker.view("received") == ETH
+    assert await env.chain.balance(attacker.address) == ETH
+    state = await env.escrow.training(tid)
+    assert (state.paid, state.refunded, state.closed) == (ETH, ETH, True)
+    await assert_conserved(env, owed_accounts=(attacker.address,))

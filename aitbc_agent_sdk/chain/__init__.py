@@ -1,4 +1,4 @@
-"""On-chain side of the SDK: wallets, transaction sending, the escrow contract, dev chains."""
+"""On-chain side of the SDK: wallets, transaction sending, the escrow and registry contracts, dev chains."""
 
 from typing import TYPE_CHECKING
 
@@ -7,7 +7,8 @@ from .._lazy import lazy_exports
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "artifacts": ("ContractArtifact", "deploy", "load_artifact"),
     "devchain": ("DevChain", "connect_rpc", "start_embedded_chain"),
-    "escrow": ("EscrowClient", "EscrowEvent", "EscrowState", "SlotState", "result_hash", "training_key"),
+    "escrow": ("ETH_TOKEN", "EscrowClient", "EscrowEvent", "EscrowState", "SlotState", "result_hash", "training_key"),
+    "registry": ("ProviderState", "RegistryClient", "SlashEvidence", "result_digest", "sign_result"),
     "tx": ("TransactionSender", "decode_revert_data", "map_chain_error"),
     "wallet": ("Wallet", "WalletStore"),
 }, globals())
@@ -15,6 +16,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
 if TYPE_CHECKING:
     from .artifacts import ContractArtifact, deploy, load_artifact
     from .devchain import DevChain, connect_rpc, start_embedded_chain
-    from .escrow import EscrowClient, EscrowEvent, EscrowState, SlotState, result_hash, training_key
+    from .escrow import ETH_TOKEN, EscrowClient, EscrowEvent, EscrowState, SlotState, result_hash, training_key
+    from .registry import ProviderState, RegistryClient, SlashEvidence, result_digest, sign_result
     from .tx import TransactionSender, decode_revert_data, map_chain_error
     from .wallet import Wallet, WalletStore

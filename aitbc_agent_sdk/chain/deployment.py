@@ -26,6 +26,9 @@ __all__ = ["Deployment", "deploy_contracts", "fund_accounts", "verify_deployment
 # Field name on Deployment -> shipped artifact name. A new contract is one more entry here
 # plus one more field on Deployment; deploy and verify walk this table.
 CONTRACTS: dict[str, str] = {"escrow": "TrainingEscrow"}
+# Contracts that a deployed contract creates itself: field -> (artifact name, parent field,
+# parent view returning the address). The escrow deploys its ProviderRegistry in its constructor.
+CREATED: dict[str, tuple[str, str, str]] = {"registry": ("ProviderRegistry", "escrow", "registry")}
 
 
 class Deployment(BaseModel):
@@ -35,6 +38,8 @@ class Deployment(BaseModel):
 
     chain_id: int
     escrow: ChecksumAddress
+    # None only in deployments recorded before the registry existed.
+    registry: ChecksumAddress | None = None
     block: int  # block of the last deployment tx; event scans can start here
     deployer: ChecksumAddress
 
@@ -43,7 +48,11 @@ class Deployment(BaseModel):
 
 
 async def deploy_contracts(sender: TransactionSender) -> Deployment:
-    """Deploy every contract in :data:`CONTRACTS` from the sender's account, one after the other."""
+    """Deploy every contract in :data:`CONTRACTS` from the sender's account, one after the other.
+
+    Contracts they create themselves (:data:`CREATED`: the escrow's ProviderRegistry) are
+    looked up and recorded too.
+    """
     try:
         chain_id = int(await sender.w3.eth.chain_id)
     except CHAIN_EXCEPTIONS as exc:
@@ -52,6 +61,11 @@ async def deploy_contracts(sender: TransactionSender) -> Deployment:
     for field, name in CONTRACTS.items():
         addresses[field] = await deploy(sender, load_artifact(name))
     try:
+        for field, (_, parent, view) in CREATED.items():
+            parent_artifact = load_artifact(CONTRACTS[parent])
+            contract = sender.w3.eth.contract(address=addresses[parent], abi=parent_artifact.abi)
+            created = await getattr(contract.functions, view)().call()
+            addresses[field] = AsyncWeb3.to_checksum_address(created)
         block = int(await sender.w3.eth.block_number)
     except CHAIN_EXCEPTIONS as exc:
         raise map_chain_error(exc, action="deploy_contracts") from exc
@@ -83,8 +97,11 @@ async def verify_deployment(w3: AsyncWeb3, deployment: Deployment) -> None:
         raise ChainError(
             f"deployment is for chain {deployment.chain_id} but the node is on chain {chain_id}"
         )
-    for field, name in CONTRACTS.items():
+    created = {field: name for field, (name, _, _) in CREATED.items()}
+    for field, name in {**CONTRACTS, **created}.items():
         address = getattr(deployment, field)
+        if address is None:
+            continue
         try:
             code = bytes(await w3.eth.get_code(address))
         except CHAIN_EXCEPTIONS as exc:

@@ -14,14 +14,15 @@ from eth_typing import ChecksumAddress
 from eth_utils import keccak
 from hexbytes import HexBytes
 from web3 import AsyncWeb3
-from web3.types import BlockIdentifier, TxParams, TxReceipt, Wei
+from web3.types import BlockIdentifier, TxReceipt
 
 from aitbc_agent_sdk.errors import ConfigError
 
-from .artifacts import ContractArtifact, load_artifact
+from .contract import ContractClient
 from .tx import CHAIN_EXCEPTIONS, TransactionSender, map_chain_error
 
 __all__ = [
+    "ETH_TOKEN",
     "EscrowClient",
     "EscrowEvent",
     "EscrowState",
@@ -31,11 +32,16 @@ __all__ = [
 ]
 
 ZERO_ADDRESS = "0x0000000000000000000000000000000000000000"
-EventName = Literal["TrainingOpened", "SlotOpened", "Released", "PaymentDeferred", "Refunded"]
+ETH_TOKEN = ZERO_ADDRESS  # the escrow's token address for native ETH
+# Without an explicit deadline a training may run this long (from the chain's latest block)
+# before anyone may force the refund (after the contract's grace period on top).
+DEFAULT_DEADLINE_S = 24 * 3600
+EventName = Literal["TrainingOpened", "SlotOpened", "WorkerReplaced", "Released", "PaymentDeferred", "Refunded"]
 # Every per-training event has trainingId as its first indexed topic.
 TRAINING_EVENTS: tuple[EventName, ...] = (
     "TrainingOpened",
     "SlotOpened",
+    "WorkerReplaced",
     "Released",
     "PaymentDeferred",
     "Refunded",
@@ -54,13 +60,15 @@ def result_hash(cid: str) -> bytes:
 
 @dataclass(frozen=True)
 class EscrowState:
-    """One training's budget as the contract sees it (all amounts in wei)."""
+    """One training's budget as the contract sees it (amounts in wei or token base units)."""
 
     coordinator: ChecksumAddress
     deposited: int
     paid: int
     refunded: int
     closed: bool
+    token: ChecksumAddress = ETH_TOKEN  # type: ignore[assignment]
+    deadline: int = 0  # unix time; anyone may refund after deadline + the contract's GRACE_PERIOD
 
     @property
     def exists(self) -> bool:
@@ -88,18 +96,10 @@ class EscrowEvent:
     log_index: int
 
 
-class EscrowClient:
+class EscrowClient(ContractClient):
     """Reads and writes one deployed TrainingEscrow."""
 
-    def __init__(self, w3: AsyncWeb3, address: str, artifact: ContractArtifact | None = None) -> None:
-        self._artifact = artifact or load_artifact("TrainingEscrow")
-        self._w3 = w3
-        self.address: ChecksumAddress = AsyncWeb3.to_checksum_address(address)
-        self._contract = w3.eth.contract(address=self.address, abi=self._artifact.abi)
-
-    @property
-    def abi(self) -> list[dict[str, Any]]:
-        return self._artifact.abi
+    ARTIFACT = "TrainingEscrow"
 
     # --- writes -----------------------------------------------------------------------
 
@@ -111,13 +111,36 @@ class EscrowClient:
         amounts: Sequence[int],
         *,
         value: int | None = None,
+        token: str = ETH_TOKEN,
+        deadline: int | None = None,
     ) -> TxReceipt:
-        """Open a training funded with ``sum(amounts)`` wei (``value`` overrides, for tests)."""
+        """Open a training funded with ``sum(amounts)`` of ``token`` (native ETH by default).
+
+        For ETH the deposit is sent as the tx value (``value`` overrides, for tests); for an
+        ERC-20 the sender must have approved the escrow for the sum first. ``deadline``
+        (unix time) defaults to the latest block's time plus :data:`DEFAULT_DEADLINE_S`.
+        """
         tid = _bytes32(training_id, "training_id")
         addrs = _addresses(workers)
         _same_length(addrs, amounts)
-        deposit = sum(amounts) if value is None else value
-        return await self._transact(sender, "open", [tid, addrs, list(amounts)], value=deposit)
+        token_address = _address(token, "token")
+        if value is None:
+            value = sum(amounts) if token_address == ETH_TOKEN else 0
+        if deadline is None:
+            deadline = await self._latest_timestamp() + DEFAULT_DEADLINE_S
+        return await self._transact(
+            sender, "open", [tid, token_address, addrs, list(amounts), deadline], value=value
+        )
+
+    async def replace_worker(
+        self, sender: TransactionSender, training_id: bytes, old_worker: str, new_worker: str
+    ) -> TxReceipt:
+        """Move an unpaid worker's slot to another provider (coordinator only)."""
+        return await self._transact(
+            sender,
+            "replaceWorker",
+            [_bytes32(training_id, "training_id"), _address(old_worker, "worker"), _address(new_worker, "worker")],
+        )
 
     async def release(
         self,
@@ -135,20 +158,26 @@ class EscrowClient:
         return await self._transact(sender, "release", [tid, addrs, list(amounts), hashes])
 
     async def refund(self, sender: TransactionSender, training_id: bytes) -> TxReceipt:
-        """Close the training and return the unreleased budget to the coordinator."""
+        """Close the training and return the unreleased budget to the coordinator (the depositor).
+
+        The coordinator may call it at any time; anyone else after ``deadline + GRACE_PERIOD``.
+        """
         return await self._transact(sender, "refund", [_bytes32(training_id, "training_id")])
 
-    async def withdraw(self, sender: TransactionSender) -> TxReceipt:
-        """Pull payments that could not be pushed to the sender's address."""
-        return await self._transact(sender, "withdraw", [])
+    async def withdraw(self, sender: TransactionSender, token: str = ETH_TOKEN) -> TxReceipt:
+        """Pull payments of ``token`` that could not be pushed to the sender's address."""
+        return await self._transact(sender, "withdraw", [_address(token, "token")])
 
     # --- views ------------------------------------------------------------------------
 
     async def training(self, training_id: bytes) -> EscrowState:
-        coordinator, deposited, paid, refunded, closed = await self._call(
+        coordinator, token, deadline, deposited, paid, refunded, closed = await self._call(
             "trainings", _bytes32(training_id, "training_id")
         )
-        return EscrowState(AsyncWeb3.to_checksum_address(coordinator), deposited, paid, refunded, closed)
+        return EscrowState(
+            AsyncWeb3.to_checksum_address(coordinator), int(deposited), int(paid), int(refunded), bool(closed),
+            token=AsyncWeb3.to_checksum_address(token), deadline=int(deadline),
+        )
 
     async def slot(self, training_id: bytes, worker: str) -> SlotState:
         amount, paid = await self._call(
@@ -156,8 +185,18 @@ class EscrowClient:
         )
         return SlotState(int(amount), int(paid))
 
-    async def owed(self, account: str) -> int:
-        return int(await self._call("owed", AsyncWeb3.to_checksum_address(account)))
+    async def owed(self, account: str, token: str = ETH_TOKEN) -> int:
+        """What ``account`` can pull with :meth:`withdraw` (a payment whose push failed)."""
+        return int(await self._call("owed", _address(token, "token"), _address(account, "account")))
+
+    async def workers(self, training_id: bytes) -> list[ChecksumAddress]:
+        """Every address given a slot in the training, replacements appended."""
+        found = await self._call("trainingWorkers", _bytes32(training_id, "training_id"))
+        return [AsyncWeb3.to_checksum_address(a) for a in found]
+
+    async def registry(self) -> ChecksumAddress:
+        """The ProviderRegistry this escrow deployed and reports assignments to."""
+        return AsyncWeb3.to_checksum_address(await self._call("registry"))
 
     async def events(
         self,
@@ -216,24 +255,11 @@ class EscrowClient:
             raise map_chain_error(exc, abi=self.abi, action="TrainingEscrow events") from exc
         return found
 
-    # --- encoding and plumbing ---------------------------------------------------------
-
-    def build(self, fn: str, *args: Any, value: int = 0) -> TxParams:
-        """An unsigned ``{to, data, value}`` for any contract function; the sender fills the rest."""
-        data = self._contract.encode_abi(fn, args=list(args))
-        return {"to": self.address, "data": data, "value": Wei(value)}
-
-    async def _transact(
-        self, sender: TransactionSender, fn: str, args: list[Any], *, value: int = 0
-    ) -> TxReceipt:
-        tx = self.build(fn, *args, value=value)
-        return await sender.send(tx, abi=self.abi, label=f"TrainingEscrow.{fn}")
-
-    async def _call(self, fn: str, *args: Any) -> Any:
+    async def _latest_timestamp(self) -> int:
         try:
-            return await getattr(self._contract.functions, fn)(*args).call()
+            return int((await self._w3.eth.get_block("latest"))["timestamp"])
         except CHAIN_EXCEPTIONS as exc:
-            raise map_chain_error(exc, abi=self.abi, action=f"TrainingEscrow.{fn}") from exc
+            raise map_chain_error(exc, action="read the latest block") from exc
 
 
 def _bytes32(value: bytes, what: str) -> bytes:
@@ -241,6 +267,13 @@ def _bytes32(value: bytes, what: str) -> bytes:
     if len(raw) != 32:
         raise ConfigError(f"{what} must be 32 bytes, got {len(raw)}")
     return raw
+
+
+def _address(value: str, what: str) -> ChecksumAddress:
+    try:
+        return AsyncWeb3.to_checksum_address(value)
+    except ValueError as exc:
+        raise ConfigError(f"invalid {what} address: {exc}") from exc
 
 
 def _addresses(workers: Sequence[str]) -> list[ChecksumAddress]:

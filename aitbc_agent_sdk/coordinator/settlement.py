@@ -54,11 +54,14 @@ class EscrowAccount:
         key = training_key(training_id)
         return {w: (await self.escrow.slot(key, w)).paid for w in workers}
 
-    async def open(self, training_id: str, contracts: Sequence[WorkerContract]) -> str:
+    async def open(self, training_id: str, contracts: Sequence[WorkerContract], *,
+                   deadline: int | None = None) -> str:
+        """Fund every contract in native ETH; ``deadline`` (unix time) defaults to one day of chain time."""
         if not contracts:
             raise ConfigError("no worker contracts to fund")
         receipt = await self.escrow.open(self.sender, training_key(training_id),
-                                         [c.worker_id for c in contracts], [c.price for c in contracts])
+                                         [c.worker_id for c in contracts], [c.price for c in contracts],
+                                         deadline=deadline)
         return receipt["transactionHash"].to_0x_hex()
 
     async def release(self, training_id: str, payouts: Sequence[Payout]) -> list[Payment]:

@@ -2,7 +2,7 @@
 pragma solidity 0.8.30;
 
 interface IEscrowWithdraw {
-    function withdraw() external;
+    function withdraw(address token) external;
 }
 
 /// @notice Test-only worker that refuses every ETH transfer, to prove a reverting payee
@@ -15,6 +15,6 @@ contract RevertingReceiver {
     }
 
     function pull(address escrow) external {
-        IEscrowWithdraw(escrow).withdraw();
+        IEscrowWithdraw(escrow).withdraw(address(0));
     }
 }

@@ -1,0 +1,144 @@
+"""Property test: random call sequences against TrainingEscrow never create or lose a wei.
+
+Each example runs on a fresh embedded chain (eth-tester): a training with three slots, one of
+them a contract that refuses ETH, then a random mix of releases (some over the cap), slot
+replacements, refunds by the coordinator or a stranger, and clock jumps. After every call:
+
+* the escrow's balance is exactly what it still holds for the training plus what it owes;
+* what workers hold plus what they are owed equals what was released;
+* the coordinator's balance is its start minus the deposit and its gas plus the refund;
+* the contract agreed with a plain Python model on which calls must revert.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from eth_account import Account
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from aitbc_agent_sdk.chain import (
+    ContractArtifact,
+    EscrowClient,
+    TransactionSender,
+    deploy,
+    load_artifact,
+    result_hash,
+    start_embedded_chain,
+    training_key,
+)
+from aitbc_agent_sdk.errors import ContractRevertError
+from test_escrow import ETH, TEST_ARTIFACTS, _gas_cost, advance_time
+
+SLOTS = [ETH, 2 * ETH, 3 * ETH]
+DEADLINE_S = 3600
+GRACE_S = 24 * 3600
+
+release_op = st.tuples(
+    st.just("release"),
+    st.lists(st.tuples(st.integers(0, 4), st.integers(1, 4 * ETH // 3)), min_size=1, max_size=3),
+)
+replace_op = st.tuples(st.just("replace"), st.tuples(st.integers(0, 4), st.integers(0, 4)))
+refund_op = st.tuples(st.just("refund"), st.booleans())  # True: a stranger calls
+advance_op = st.tuples(st.just("advance"), st.sampled_from([60, DEADLINE_S, GRACE_S]))
+operations = st.lists(st.one_of(release_op, release_op, replace_op, refund_op, advance_op), max_size=10)
+
+
+@dataclass
+class Model:
+    slots: dict[str, list[int]]  # worker -> [amount, paid]; replaced workers keep amount 0
+    replaced: set[str] = field(default_factory=set)
+    closed: bool = False
+    deadline: int = 0
+
+
+async def _scenario(ops: list[tuple]) -> None:
+    chain = await start_embedded_chain()
+    coordinator_account = Account.create()
+    await chain.fund(coordinator_account.address, 100 * ETH)
+    coordinator = TransactionSender(chain.w3, coordinator_account)
+    stranger_account = Account.create()
+    await chain.fund(stranger_account.address, ETH)
+    stranger = TransactionSender(chain.w3, stranger_account)
+    escrow = EscrowClient(chain.w3, await deploy(coordinator, load_artifact("TrainingEscrow")))
+    receiver = await deploy(coordinator, ContractArtifact.from_file(TEST_ARTIFACTS / "RevertingReceiver.json"))
+    people = [receiver] + [Account.create().address for _ in range(4)]  # 0-2 open with slots, 3-4 spare
+
+    start = await chain.balance(coordinator.address)
+    gas = 0
+    tid = training_key("prop")
+    now = int((await chain.w3.eth.get_block("latest"))["timestamp"])
+    receipt = await escrow.open(coordinator, tid, people[:3], SLOTS, deadline=now + DEADLINE_S)
+    gas += _gas_cost(receipt)
+    model = Model({w: [a, 0] for w, a in zip(people[:3], SLOTS)}, deadline=now + DEADLINE_S)
+
+    async def check() -> None:
+        state = await escrow.training(tid)
+        owed = sum([await escrow.owed(p) for p in people])
+        held = state.deposited - state.paid - state.refunded
+        assert held >= 0
+        assert await chain.balance(escrow.address) == held + owed
+        assert sum([await chain.balance(p) for p in people]) + owed == state.paid
+        assert await chain.balance(coordinator.address) == start - state.deposited - gas + state.refunded
+        for worker, (amount, paid) in model.slots.items():
+            assert await escrow.slot(tid, worker) == (amount, paid)
+        assert state.closed == model.closed
+
+    for op, arg in ops:
+        if op == "release":
+            batch = [(people[i], amount) for i, amount in arg]
+            remaining = {w: a - p for w, (a, p) in model.slots.items() if w not in model.replaced}
+            ok = not model.closed
+            for worker, amount in batch:
+                ok = ok and worker in remaining and amount <= remaining[worker]
+                if ok:
+                    remaining[worker] -= amount
+            try:
+                receipt = await escrow.release(coordinator, tid, [w for w, _ in batch], [a for _, a in batch],
+                                               [result_hash("cid")] * len(batch))
+            except ContractRevertError:
+                assert not ok, batch
+            else:
+                assert ok, batch
+                gas += _gas_cost(receipt)
+                for worker, amount in batch:
+                    model.slots[worker][1] += amount
+        elif op == "replace":
+            old, new = people[arg[0]], people[arg[1]]
+            ok = (not model.closed and old in model.slots and old not in model.replaced
+                  and model.slots[old][1] == 0 and new not in model.slots)
+            try:
+                receipt = await escrow.replace_worker(coordinator, tid, old, new)
+            except ContractRevertError:
+                assert not ok, (old, new)
+            else:
+                assert ok, (old, new)
+                gas += _gas_cost(receipt)
+                model.slots[new] = [model.slots[old][0], 0]
+                model.slots[old] = [0, 0]
+                model.replaced.add(old)
+        elif op == "refund":
+            by_stranger = arg
+            block_time = int((await chain.w3.eth.get_block("pending"))["timestamp"])
+            ok = not model.closed and (not by_stranger or block_time >= model.deadline + GRACE_S)
+            try:
+                receipt = await escrow.refund(stranger if by_stranger else coordinator, tid)
+            except ContractRevertError:
+                # The pending block's time may still move on; only a closed training must always fail.
+                assert not ok or by_stranger
+            else:
+                assert not model.closed
+                if not by_stranger:
+                    gas += _gas_cost(receipt)
+                model.closed = True
+        else:
+            await advance_time(chain, arg)
+        await check()
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=operations)
+def test_random_call_sequences_conserve_every_wei(ops: list[tuple]) -> None:
+    asyncio.run(_scenario(ops))
