@@ -58,7 +58,7 @@ class Agent:
                 escrow=EscrowAccount(stack.sender, stack.escrow), scoring=self.scoring, aggregation=FedAvg,
                 settings=CoordinatorSettings(discovery_timeout_s=cfg.discovery_timeout_s,
                                              reply_timeout_s=cfg.reply_timeout_s),
-                observer=self._observer)
+                observer=self._observer, registry=stack.registry)
             exits.push_async_callback(coordinator.close)
         except BaseException:
             await exits.aclose()

@@ -114,6 +114,8 @@ class Worker(Record):
     reputation: float = Field(ge=0.0, le=5.0, description="0..5, from observed job history")
     jobs_completed: int = Field(default=0, ge=0)
     jobs_failed: int = Field(default=0, ge=0)
+    slashes: int = Field(default=0, ge=0)
+    stake_wei: Wei = Field(default=0, description="bond held by the provider registry")
 
     @property
     def gpu_type(self) -> str:

@@ -12,6 +12,7 @@ from eth_account import Account
 from eth_account.signers.local import LocalAccount
 
 from .chain import EscrowClient, TransactionSender, connect_rpc, deploy, load_artifact, start_embedded_chain
+from .chain.registry import RegistryClient
 from .config import AgentConfig
 from .errors import ConfigError
 from .messaging import Bus, InMemoryBus
@@ -32,6 +33,7 @@ class Stack:
     account: LocalAccount  # the agent's key; signs envelopes and (through sender) transactions
     sender: TransactionSender
     escrow: EscrowClient
+    registry: RegistryClient
     providers: list[ProviderAgent] = field(default_factory=list)
 
 
@@ -56,17 +58,30 @@ async def build_embedded(config: AgentConfig, account: LocalAccount | None, exit
         await chain.fund(coordinator.address, config.wallet_funding_wei)
     sender = TransactionSender(chain.w3, coordinator)
     escrow = EscrowClient(chain.w3, escrow_address)
-    stack = Stack(bus=bus, store=store, account=coordinator, sender=sender, escrow=escrow)
+    registry = RegistryClient(chain.w3, await escrow.registry())
+    stack = Stack(bus=bus, store=store, account=coordinator, sender=sender, escrow=escrow, registry=registry)
     hardware = await asyncio.to_thread(detect_hardware)
     prices = list(config.provider_prices_wei or default_prices(config.providers))
     for i in range(config.providers):
         provider_account: LocalAccount = Account.create()
-        await chain.fund(provider_account.address, ETH // 10, source=1 + i % 9)  # gas money to withdraw with
+        await chain.fund(provider_account.address, ETH // 10, source=1 + i % 9)  # gas and a bond
         provider = ProviderAgent(provider_account, bus, store, ProviderConfig(
             price_wei=prices[i % len(prices)], work_dir=config.home / "providers" / provider_account.address),
             hardware=hardware)
+        await register_provider(registry, TransactionSender(chain.w3, provider_account), provider, EMBEDDED_STAKE)
         stack.providers.append(await exits.enter_async_context(provider))
     return stack
+
+
+EMBEDDED_STAKE = ETH // 100
+
+
+async def register_provider(registry: RegistryClient, sender: TransactionSender, provider: ProviderAgent,
+                            stake_wei: int) -> None:
+    """Bond the provider in the registry, committing to the hash of what it offers."""
+    from eth_utils import keccak
+
+    await registry.register(sender, stake_wei, keccak(text=provider.offer_metadata()))
 
 
 async def open_bus(profile: Profile, client_id: str, exits: AsyncExitStack) -> Bus:
@@ -103,8 +118,9 @@ async def build_devnet(config: AgentConfig, account: LocalAccount | None, exits:
     bus = await open_bus(profile, client_id, exits)
     store = await open_store(profile, config, exits)
     w3 = await connect_rpc(profile.chain.rpc_url)
-    return Stack(bus=bus, store=store, account=account, sender=TransactionSender(w3, account),
-                 escrow=EscrowClient(w3, profile.chain.escrow))
+    escrow = EscrowClient(w3, profile.chain.escrow)
+    return Stack(bus=bus, store=store, account=account, sender=TransactionSender(w3, account), escrow=escrow,
+                 registry=RegistryClient(w3, await escrow.registry()))
 
 
 StackBuilder = Callable[[AgentConfig, LocalAccount | None, AsyncExitStack], Awaitable[Stack]]

@@ -95,6 +95,21 @@ def test_five_commands_across_processes(aitbc_cmd, cli_env, aitbc_home, tmp_path
     earned = aitbc(aitbc_cmd, cli_env, "provider", "status", "--wallet", "provider-0")
     assert earned["earned_wei"] in {w["price_wei"] * 3 for w in hired["workers"]} | {0}
 
+    # the market after the training: every provider bonded, and the escrow's job reports on chain
+    market = aitbc(aitbc_cmd, cli_env, "market", "list", "--sort", "stake")
+    assert len(market["offers"]) == 3
+    assert all(o["stake"] == 10**17 and o["completed"] == 1 and o["failed"] == 0 for o in market["offers"])
+    assert all(o["reputation"] > 2.5 for o in market["offers"])  # one completed job beats the prior
+
+    # bond management: top up, start unbonding (not assigned any more), refuse a second registration
+    topped = aitbc(aitbc_cmd, cli_env, "provider", "stake", "--wallet", "provider-2", "--add", "0.05")
+    assert topped["stake_wei"] == 10**17 + 5 * 10**16
+    leaving = aitbc(aitbc_cmd, cli_env, "provider", "unregister", "--wallet", "provider-2")
+    assert leaving["unbonding_at"] > 0 and leaving["assigned"] == 0
+    again = subprocess.run([*aitbc_cmd, "provider", "register", "--wallet", "provider-2", "--stake", "1"],
+                           env=cli_env, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 2 and "already registered" in again.stderr
+
 
 def _record(home, tid) -> str:
     import sqlite3

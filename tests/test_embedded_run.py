@@ -9,13 +9,12 @@ from aitbc_agent_sdk.chain import result_hash, training_key
 from aitbc_agent_sdk.models import ShardManifest
 from aitbc_agent_sdk.training import build_model, decode_data, decode_state
 
-GAS_MONEY = 10**17  # what the embedded stack gives each provider
-
-
 async def test_four_workers_five_rounds_train_and_get_paid(aitbc_home):
     events = []
     config = AgentConfig(home=aitbc_home, providers=4)
     async with Agent(config, observer=events.append) as agent:
+        w3 = agent.stack.sender.w3
+        before = {p.address: await w3.eth.get_balance(p.address) for p in agent.stack.providers}
         spec = TrainingSpec(model_type="mlp", target_workers=4, rounds=5,
                             job=JobConfig(batch_size=32, learning_rate=1e-2, epochs=2))
         report = await agent.run_distributed_training(spec)
@@ -47,7 +46,6 @@ async def test_four_workers_five_rounds_train_and_get_paid(aitbc_home):
         assert state.deposited == report.escrow.deposited_wei == sum(w.price_wei * 5 for w in report.workers)
         assert state.deposited == state.paid + state.refunded
         assert state.paid == sum(w.paid_wei for w in report.workers)
-        w3 = agent.stack.sender.w3
         released = [e for e in await escrow.events(training_key(report.training_id)) if e.name == "Released"]
         assert len(released) == 4
         accepted = await agent.coordinator.db.checkpoints(report.training_id, "accepted")
@@ -55,12 +53,18 @@ async def test_four_workers_five_rounds_train_and_get_paid(aitbc_home):
         for worker in report.workers:
             assert worker.status == "paid" and worker.rounds_accepted == 5
             assert worker.paid_wei == worker.price_wei * 5
-            assert await w3.eth.get_balance(worker.address) == GAS_MONEY + worker.paid_wei
+            # providers send no transaction while working, so their balance rises by exactly their pay
+            assert await w3.eth.get_balance(worker.address) == before[worker.address] + worker.paid_wei
             event = next(e for e in released if e.args["worker"] == worker.address)
             assert event.args["amount"] == worker.paid_wei
             assert event.args["resultHash"] == result_hash(last_cids[worker.address])
         # all four paid in one transaction
         assert len({w.tx_hash for w in report.workers}) == 1
+        # bonded in the registry, and the escrow reported each completed job there
+        for worker in report.workers:
+            state = await agent.stack.registry.provider(worker.address)
+            assert state.registered and state.stake > 0
+            assert state.completed == 1 and state.failed == 0 and state.assigned == 0
 
     # progress streamed while it ran
     from aitbc_agent_sdk.models import Progress

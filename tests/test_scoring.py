@@ -71,3 +71,20 @@ def test_reputation_prior_and_history():
     assert reputation_from_history(0, 0) == 2.5
     assert reputation_from_history(8, 0) == pytest.approx(5 * 9 / 10)
     assert reputation_from_history(0, 8) == pytest.approx(5 * 1 / 10)
+
+
+def staked(w: Worker, stake: int) -> Worker:
+    return w.model_copy(update={"stake_wei": stake})
+
+
+def test_reputation_counts_in_full_only_behind_the_largest_bond():
+    a = staked(worker(1, "RTX3090", 100, 5.0), 10**18)
+    b = staked(worker(2, "RTX3090", 100, 5.0), 0)
+    c = staked(worker(3, "RTX3090", 100, 5.0), 10**18 // 2)
+    scores = WeightedScore(gpu=0, price=0, reputation=1, availability=0).score([a, b, c])
+    assert scores.tolist() == pytest.approx([1.0, 0.5, 0.75])
+
+
+def test_slashes_weigh_like_two_failures():
+    assert reputation_from_history(3, 0, slashes=1) == pytest.approx(reputation_from_history(3, 2))
+    assert reputation_from_history(3, 0, slashes=1) < reputation_from_history(3, 1)

@@ -17,11 +17,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..chain.registry import RegistryClient
 from ..errors import ConfigError, InsufficientFundsError, MessagingError, NotFoundError, TrainingError
 from ..market import ScoringStrategy, collect_offers, meets_min_gpu, rank_workers, reputation_from_history
 from ..messaging import SignedChannel, topics
 from ..models import (
-    AggregateResult, CheckpointRef, ContractProposal, ContractReply, JobAssignment, JobConfig, ModelSpec, Payment,
+    AggregateResult, CheckpointRef, ContractProposal, ContractReply, JobAssignment, JobConfig, ModelSpec, Offer,
+    Payment,
     Progress, RoundMetrics, Settlement, Shard, ShardManifest, TrainingPhase, TrainingRecord, TrainingSpec,
     TrainingStatus, Worker, WorkerContract, new_id,
 )
@@ -54,6 +56,7 @@ class Coordinator:
     aggregation: Callable[[], FedAvg] = FedAvg
     settings: CoordinatorSettings = field(default_factory=CoordinatorSettings)
     observer: Observer | None = None
+    registry: RegistryClient | None = None  # provider bonds and on-chain reputation, when deployed
     _listeners: dict[str, TrainingListener] = field(default_factory=dict)
     _data_cache: dict[str, LabeledData] = field(default_factory=dict)
 
@@ -150,10 +153,19 @@ class Coordinator:
                 continue
             if max_price_wei is not None and offer.price_wei > max_price_wei:
                 continue
-            done, failed = await self.db.worker_history(offer.provider)
-            workers.append(Worker(worker_id=offer.provider, offer=offer, reputation=reputation_from_history(done, failed),
-                                  jobs_completed=done, jobs_failed=failed))
+            workers.append(await self._worker(offer))
         return workers
+
+    async def _worker(self, offer: Offer) -> Worker:
+        """Reputation and bond from the registry's counters, plus results this coordinator rejected."""
+        _, rejected = await self.db.worker_history(offer.provider)
+        done = failed = slashes = stake = 0
+        if self.registry is not None:
+            state = await self.registry.provider(offer.provider)
+            done, failed, slashes, stake = state.completed, state.failed, state.slashes, state.stake
+        return Worker(worker_id=offer.provider, offer=offer, jobs_completed=done, jobs_failed=failed + rejected,
+                      slashes=slashes, stake_wei=stake,
+                      reputation=reputation_from_history(done, failed + rejected, slashes))
 
     def select(self, workers: Sequence[Worker], count: int) -> list[Worker]:
         if not workers:

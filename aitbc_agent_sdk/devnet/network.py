@@ -37,6 +37,7 @@ class DevnetOptions(BaseModel):
     provider_price_wei: int = Field(default=ETH // 100, ge=0)
     coordinator_funding_wei: int = Field(default=1000 * ETH, ge=0)
     provider_funding_wei: int = Field(default=ETH, ge=0)
+    provider_stake_wei: int = Field(default=ETH // 10, ge=0, description="bond each provider posts in the registry")
 
 
 def wallet_store(home: Path) -> WalletStore:
@@ -55,9 +56,10 @@ async def _ensure_wallet(store: WalletStore, name: str, password: str) -> str:
         return (await store.create(name, password)).address
 
 
-def spawn_provider(home: Path, wallet: str, password: str, price_wei: int) -> ServiceProcess:
+def spawn_provider(home: Path, wallet: str, password: str, price_wei: int, stake_wei: int) -> ServiceProcess:
     return spawn(f"provider:{wallet}", [sys.executable, "-m", "aitbc_agent_sdk.provider.daemon", "--home", str(home),
-                                        "--wallet", wallet, "--price-wei", str(price_wei)],
+                                        "--wallet", wallet, "--price-wei", str(price_wei),
+                                        "--stake-wei", str(stake_wei)],
                  port=0, log=home / "devnet" / "logs" / f"{wallet}.log", stdin_data=(password + "\n").encode())
 
 
@@ -110,7 +112,7 @@ async def devnet_up(home: Path, options: DevnetOptions) -> Profile:
         save_profile(home, profile)  # the provider daemons read it
         for i, name in enumerate(names):
             price = options.provider_price_wei + i * (options.provider_price_wei // 10)
-            started.append(spawn_provider(home, name, password, price))
+            started.append(spawn_provider(home, name, password, price, options.provider_stake_wei))
         profile = profile.model_copy(update={"services": tuple(started)})
         save_profile(home, profile)
         await wait_for_offers(profile, len(names))

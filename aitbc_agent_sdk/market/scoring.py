@@ -53,16 +53,23 @@ class ScoringStrategy(Protocol):
 
 
 def weighted_scores(perf: np.ndarray, price: np.ndarray, reputation: np.ndarray,
-                    availability: np.ndarray, weights: tuple[float, float, float, float]) -> np.ndarray:
+                    availability: np.ndarray, weights: tuple[float, float, float, float],
+                    stake: np.ndarray | None = None) -> np.ndarray:
     """The seed's linear score over normalised factors.
 
     Price is scored relative to the cheapest offer (cheapest = 1), because the seed's
-    ``1 / (price + 1)`` is meaningless once prices are in wei.
+    ``1 / (price + 1)`` is meaningless once prices are in wei. Reputation only counts in
+    full behind a bond: it is scaled by ``0.5 + 0.5 * stake / largest stake``, so an
+    unbonded provider keeps half its reputation credit (when nobody is bonded, nobody is
+    discounted).
     """
     w_gpu, w_price, w_rep, w_avail = weights
     cheapest = price.min() if price.size else 0.0
     price_score = np.where(price > 0, cheapest / np.maximum(price, 1e-300), 1.0)
-    return w_gpu * perf + w_price * price_score + w_rep * (reputation / 5.0) + w_avail * availability
+    backing = np.ones_like(reputation)
+    if stake is not None and stake.size and stake.max() > 0:
+        backing = 0.5 + 0.5 * stake / stake.max()
+    return w_gpu * perf + w_price * price_score + w_rep * (reputation / 5.0) * backing + w_avail * availability
 
 
 @dataclass(frozen=True)
@@ -80,7 +87,9 @@ class WeightedScore:
         price = np.array([float(w.price) for w in workers], dtype=float)
         rep = np.array([w.reputation for w in workers], dtype=float)
         avail = np.array([w.availability for w in workers], dtype=float)
-        return weighted_scores(perf, price, rep, avail, (self.gpu, self.price, self.reputation, self.availability))
+        stake = np.array([float(w.stake_wei) for w in workers], dtype=float)
+        return weighted_scores(perf, price, rep, avail, (self.gpu, self.price, self.reputation, self.availability),
+                               stake)
 
 
 def rank_workers(workers: Sequence[Worker], scores: np.ndarray, count: int) -> list[Worker]:
@@ -89,6 +98,10 @@ def rank_workers(workers: Sequence[Worker], scores: np.ndarray, count: int) -> l
     return [workers[i] for i in order[:count]]
 
 
-def reputation_from_history(completed: int, failed: int) -> float:
-    """0..5 from observed jobs, with a Beta(1,1) prior: a provider never seen scores 2.5."""
-    return 5.0 * (completed + 1) / (completed + failed + 2)
+def reputation_from_history(completed: int, failed: int, slashes: int = 0) -> float:
+    """0..5 from observed jobs, with a Beta(1,1) prior: a provider never seen scores 2.5.
+
+    A slash is a proven, signed fault, so it weighs as much as two failed jobs.
+    """
+    bad = failed + 2 * slashes
+    return 5.0 * (completed + 1) / (completed + bad + 2)

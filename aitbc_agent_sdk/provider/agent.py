@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import shutil
 import time
@@ -61,6 +62,12 @@ class ProviderAgent:
         assert self.hardware is not None
         return Offer(provider=self.address, price_wei=self.config.price_wei, hardware=self.hardware,
                      slots=self.config.slots, free_slots=max(self.config.slots - self._busy, 0))
+
+    def offer_metadata(self) -> str:
+        """What the registry's metadata hash commits to: the price and hardware, canonical JSON."""
+        assert self.hardware is not None
+        return json.dumps({"price_wei": self.config.price_wei, "slots": self.config.slots,
+                           "hardware": self.hardware.model_dump(mode="json")}, sort_keys=True, separators=(",", ":"))
 
     async def __aenter__(self) -> ProviderAgent:
         if self.hardware is None:

@@ -21,7 +21,7 @@ from eth_account.signers.local import LocalAccount
 
 from ..chain import WalletStore
 from ..config import AgentConfig, default_home
-from ..profile import load_profile
+from ..profile import Profile, load_profile
 from ..stack import open_bus, open_store
 from .agent import ProviderAgent, ProviderConfig
 from .hardware import detect_hardware
@@ -33,8 +33,21 @@ def provider_dir(home: Path, address: str) -> Path:
     return home / "providers" / address
 
 
+async def ensure_registered(profile: Profile, account: LocalAccount, provider: ProviderAgent, stake_wei: int) -> None:
+    """Bond the provider in the registry unless it already is (a restart keeps its bond)."""
+    from ..chain import EscrowClient, TransactionSender, connect_rpc
+    from ..chain.registry import RegistryClient
+    from ..stack import register_provider
+
+    w3 = await connect_rpc(profile.chain.rpc_url)
+    registry = RegistryClient(w3, await EscrowClient(w3, profile.chain.escrow).registry())
+    if not (await registry.provider(account.address)).registered:
+        await register_provider(registry, TransactionSender(w3, account), provider, stake_wei)
+        logging.info("registered %s with a bond of %d wei", account.address, stake_wei)
+
+
 async def serve_provider(home: Path, account: LocalAccount, *, price_wei: int, slots: int = 1,
-                         gpu: str = "auto", stop: asyncio.Event) -> None:
+                         gpu: str = "auto", stake_wei: int | None = None, stop: asyncio.Event) -> None:
     profile = load_profile(home)
     work_dir = provider_dir(home, account.address)
     hardware = await asyncio.to_thread(detect_hardware)
@@ -47,6 +60,8 @@ async def serve_provider(home: Path, account: LocalAccount, *, price_wei: int, s
         store = await open_store(profile, AgentConfig(home=home), exits)
         provider = ProviderAgent(account, bus, store, ProviderConfig(price_wei=price_wei, slots=slots,
                                                                       work_dir=work_dir), hardware=hardware)
+        if stake_wei:
+            await ensure_registered(profile, account, provider, stake_wei)
         async with provider:
             logging.info("provider %s serving at %s wei per round", account.address, price_wei)
             while not stop.is_set():
@@ -76,7 +91,8 @@ async def _main(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await serve_provider(args.home, account, price_wei=args.price_wei, slots=args.slots, gpu=args.gpu, stop=stop)
+    await serve_provider(args.home, account, price_wei=args.price_wei, slots=args.slots, gpu=args.gpu,
+                         stake_wei=args.stake_wei, stop=stop)
 
 
 def main() -> None:
@@ -86,6 +102,7 @@ def main() -> None:
     parser.add_argument("--price-wei", type=int, required=True)
     parser.add_argument("--slots", type=int, default=1)
     parser.add_argument("--gpu", choices=("auto", "none"), default="auto")
+    parser.add_argument("--stake-wei", type=int, default=None, help="register with this bond if not registered")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     asyncio.run(_main(args))

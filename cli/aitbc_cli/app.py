@@ -10,7 +10,7 @@ from rich.console import Console
 
 from aitbc_agent_sdk import AitbcError
 
-from . import devnet, distributed_training, ipfs, provider, wallet
+from . import devnet, distributed_training, ipfs, market, provider, wallet
 
 app = typer.Typer(help="Federated training on rented GPUs, paid through an on-chain escrow.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -19,6 +19,7 @@ app.add_typer(devnet.app, name="devnet")
 app.add_typer(provider.app, name="provider")
 app.add_typer(wallet.app, name="wallet")
 app.add_typer(ipfs.app, name="ipfs")
+app.add_typer(market.app, name="market")
 
 EXIT_BAD_INPUT = 2
 

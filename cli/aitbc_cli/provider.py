@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import time
 from decimal import Decimal
 from typing import Annotated
 
@@ -26,6 +27,7 @@ def start(
     price: Annotated[Decimal, typer.Option(help="price per training round, in ETH")],
     gpu: Annotated[str, typer.Option(help="'auto' (NVML) or 'none' to offer CPU only")] = "auto",
     slots: Annotated[int, typer.Option(min=1)] = 1,
+    stake: Annotated[Decimal, typer.Option(help="bond to post in the registry if not registered, in ETH")] = Decimal(0),
     home: HomeOption = None,
 ) -> None:
     """Serve until interrupted: signed offer, heartbeats, jobs in a separate training process."""
@@ -41,7 +43,8 @@ def start(
         for sig in (signal.SIGTERM, signal.SIGINT):
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)
         Console(stderr=True).print(f"provider {account.address} serving at {price} ETH per round (Ctrl-C stops)")
-        await serve_provider(root, account, price_wei=int(price * 10**18), slots=slots, gpu=gpu, stop=stop)
+        await serve_provider(root, account, price_wei=int(price * 10**18), slots=slots, gpu=gpu,
+                             stake_wei=int(stake * 10**18) or None, stop=stop)
 
     asyncio.run(serve())
 
@@ -84,3 +87,84 @@ async def _earnings(home, address: str) -> list[dict]:
     escrow = EscrowClient(w3, profile.chain.escrow)
     return [{"training": e.args["trainingId"].hex(), "amount": e.args["amount"], "tx": e.tx_hash}
             for e in await escrow.worker_payments(address, from_block=profile.chain.deployed_block)]
+
+
+async def _registry_action(home, wallet: str, action: str, amount_wei: int = 0) -> dict:
+    """Run one registry transaction signed by the provider's wallet; return its new state."""
+    from aitbc_agent_sdk.chain import EscrowClient, TransactionSender, connect_rpc
+    from aitbc_agent_sdk.chain.registry import RegistryClient
+    from eth_utils import keccak
+
+    account, _ = await unlock(home, wallet)
+    profile = load_profile(home)
+    w3 = await connect_rpc(profile.chain.rpc_url)
+    registry = RegistryClient(w3, await EscrowClient(w3, profile.chain.escrow).registry())
+    sender = TransactionSender(w3, account)
+    state = await registry.provider(account.address)
+    if action == "register":
+        if state.registered:
+            raise ConfigError(f"{account.address} is already registered; use 'aitbc provider stake' to add to its bond")
+        receipt = await registry.register(sender, amount_wei, keccak(text=f"aitbc-provider:{account.address}"))
+    elif action == "stake":
+        if not state.registered:
+            raise ConfigError(f"{account.address} is not registered; use 'aitbc provider register' first")
+        receipt = await registry.update(sender, state.metadata_hash, add_stake=amount_wei)
+    elif state.unbonding_at and state.unbonding_at <= int(time.time()):
+        receipt = await registry.withdraw(sender)
+    else:
+        if not state.registered:
+            raise ConfigError(f"{account.address} is not registered")
+        receipt = await registry.begin_unbonding(sender)
+    after = await registry.provider(account.address)
+    return {"address": account.address, "tx_hash": receipt["transactionHash"].to_0x_hex(), "stake_wei": after.stake,
+            "registered": after.registered, "unbonding_at": after.unbonding_at, "completed": after.completed,
+            "failed": after.failed, "slashes": after.slashes, "assigned": after.assigned}
+
+
+def _show_registry(result: dict, as_json: bool, what: str) -> None:
+    if as_json:
+        print_json(result)
+        return
+    unbonding = (f", unbonding until {time.strftime('%Y-%m-%d %H:%M', time.localtime(result['unbonding_at']))}"
+                 if result["unbonding_at"] else "")
+    Console().print(f"{what} {result['address']}: bond {result['stake_wei'] / 10**18:.6f} ETH{unbonding} "
+                    f"(completed {result['completed']}, failed {result['failed']}, slashes {result['slashes']}); "
+                    f"tx {result['tx_hash']}")
+
+
+@app.command()
+def register(
+    wallet: Annotated[str, typer.Option(help="the provider's wallet")],
+    stake: Annotated[Decimal, typer.Option(help="bond to post, in ETH")],
+    home: HomeOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Register in the on-chain provider registry with a bond."""
+    if stake <= 0:
+        raise ConfigError("--stake must be positive")
+    _show_registry(asyncio.run(_registry_action(resolve_home(home), wallet, "register", int(stake * 10**18))),
+                   as_json, "registered")
+
+
+@app.command("stake")
+def add_stake(
+    wallet: Annotated[str, typer.Option(help="the provider's wallet")],
+    add: Annotated[Decimal, typer.Option(help="ETH to add to the bond")],
+    home: HomeOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Add to the bond (this also cancels a pending unbonding)."""
+    if add <= 0:
+        raise ConfigError("--add must be positive")
+    _show_registry(asyncio.run(_registry_action(resolve_home(home), wallet, "stake", int(add * 10**18))),
+                   as_json, "bonded")
+
+
+@app.command()
+def unregister(
+    wallet: Annotated[str, typer.Option(help="the provider's wallet")],
+    home: HomeOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Start unbonding; run again after the delay to withdraw the bond (never while assigned)."""
+    _show_registry(asyncio.run(_registry_action(resolve_home(home), wallet, "unregister")), as_json, "unregistering")
