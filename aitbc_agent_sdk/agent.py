@@ -57,7 +57,7 @@ class Agent:
                 channel=SignedChannel(stack.bus, stack.account), store=stack.store, db=db,
                 escrow=EscrowAccount(stack.sender, stack.escrow), scoring=self.scoring, aggregation=FedAvg,
                 settings=CoordinatorSettings(discovery_timeout_s=cfg.discovery_timeout_s,
-                                             reply_timeout_s=cfg.reply_timeout_s),
+                                             reply_timeout_s=cfg.reply_timeout_s, audit_dir=cfg.home / "trainings"),
                 observer=self._observer, registry=stack.registry)
             exits.push_async_callback(coordinator.close)
         except BaseException:

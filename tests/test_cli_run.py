@@ -41,6 +41,24 @@ def test_json_output_is_one_object_with_the_promised_keys(aitbc_cmd, cli_env, ai
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert trainings(aitbc_home) == [(report["training_id"], "complete")]
 
+    # every payment and the refund are in the training's hash-chained audit log
+    tid = report["training_id"]
+    audit = subprocess.run([*aitbc_cmd, "distributed-training", "audit", "--training-id", tid, "--json"],
+                           env=cli_env, capture_output=True, text=True, timeout=120)
+    assert audit.returncode == 0, audit.stderr
+    log = json.loads(audit.stdout)
+    assert log["ok"] and [e["event"] for e in log["entries"]] == ["escrow_funded"] + ["payment"] * 3 + ["refund"]
+    paid = {e["fields"]["worker"]: e["fields"]["amount_wei"] for e in log["entries"] if e["event"] == "payment"}
+    assert paid == {w["address"]: w["paid_wei"] for w in report["workers"]}
+    # editing a line is detected
+    path = aitbc_home / "trainings" / tid / "audit.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    lines[1] = lines[1].replace(str(report["workers"][0]["paid_wei"]), "1")
+    path.write_text("".join(lines))
+    tampered = subprocess.run([*aitbc_cmd, "distributed-training", "audit", "--training-id", tid],
+                              env=cli_env, capture_output=True, text=True, timeout=120)
+    assert tampered.returncode == 1 and "chain broken at line 2" in tampered.stdout
+
 
 def test_a_csv_file_with_a_label_column_trains(aitbc_cmd, cli_env, aitbc_home, tmp_path):
     rng = np.random.default_rng(0)

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import AitbcError, InsufficientFundsError, NotEnoughWorkersError, TrainingError
+from ..errors import AitbcError, NotEnoughWorkersError, TrainingError
 from ..models import (
     CheckpointRef, JobAssignment, Progress, RoundReport, Settlement, TrainingPhase, TrainingRecord, TrainingReport,
     TrainingSpec, Worker, WorkerReport,
@@ -43,13 +43,8 @@ async def prepare(coordinator: Coordinator, request: RunRequest) -> tuple[Labele
         raise NotEnoughWorkersError(
             f"asked for {spec.target_workers} workers but only {len(found)} suitable providers answered")
     selected = coordinator.select(found, spec.target_workers)
-    budget = sum(w.price for w in selected) * spec.rounds
-    balance = await coordinator.escrow.sender.balance()
-    needed = budget + coordinator.settings.gas_reserve_wei
-    if balance < needed:
-        raise InsufficientFundsError(
-            f"wallet {coordinator.address} holds {balance} wei; {spec.target_workers} workers x {spec.rounds} rounds "
-            f"cost {budget} wei plus {coordinator.settings.gas_reserve_wei} wei for gas")
+    await coordinator.ensure_funds(sum(w.price for w in selected) * spec.rounds,
+                                   f"{spec.target_workers} workers x {spec.rounds} rounds")
     return data, selected
 
 
@@ -63,8 +58,8 @@ async def run_training(coordinator: Coordinator, request: RunRequest) -> Trainin
         await coordinator.create_shards(tid, len(selected))
         await asyncio.gather(*(coordinator.negotiate(w.worker_id, tid, w.price) for w in selected))
         await coordinator.fund_escrow(tid)
-    except (AitbcError, asyncio.CancelledError):
-        await fail_training(coordinator, tid)
+    except (AitbcError, asyncio.CancelledError) as exc:
+        await fail_training(coordinator, tid, str(exc) or type(exc).__name__)
         raise
     settlement, compute = await drive_training(coordinator, tid, round_timeout_s=request.round_timeout_s)
     return await _report(coordinator, tid, selected, settlement.refund_tx, started, compute)
@@ -97,8 +92,8 @@ async def drive_training(coordinator: Coordinator, tid: str, *,
         settlement = await coordinator.settle(tid)
         await coordinator.update_phase(tid, P.COMPLETE)
         return settlement, compute
-    except (AitbcError, asyncio.CancelledError):
-        await fail_training(coordinator, tid)
+    except (AitbcError, asyncio.CancelledError) as exc:
+        await fail_training(coordinator, tid, str(exc) or type(exc).__name__)
         raise
 
 
@@ -129,12 +124,14 @@ async def _run_round(coordinator: Coordinator, tid: str, jobs: list[JobAssignmen
     return await coordinator.store.add(model), slowest
 
 
-async def fail_training(coordinator: Coordinator, tid: str) -> None:
+async def fail_training(coordinator: Coordinator, tid: str, reason: str = "") -> None:
     """Mark the training failed and refund whatever the escrow still holds for it."""
     try:
+        await coordinator.audit(tid, "training_failed", reason=reason)
         await coordinator.update_phase(tid, P.FAILED)
         if (await coordinator.db.escrow(tid)) is not None:
-            await coordinator.escrow.refund(tid)
+            refunded, tx = await coordinator.escrow.refund(tid)
+            await coordinator.audit(tid, "refund", amount_wei=refunded, tx=tx, after="failure")
             await coordinator.db.save_escrow(tid, await coordinator.escrow.summary(tid))
     except AitbcError as exc:  # keep the original error; note the cleanup failure
         log.error("cleanup of failed training %s: %s", tid, exc)

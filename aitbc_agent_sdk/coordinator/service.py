@@ -29,10 +29,11 @@ from ..models import (
 )
 from ..storage import ContentStore
 from ..training import (
-    FedAvg, LabeledData, build_model, decode_data, decode_state, dirichlet_partition, encode_data,
+    AggregationStrategy, FedAvg, LabeledData, build_model, decode_data, decode_state, dirichlet_partition, encode_data,
     encode_state, evaluate, fit_normalization, iid_partition, label_counts, load_dataset, model_spec_for,
     sample_weights, train_test_split,
 )
+from .audit import AuditLog
 from .listener import Observer, TrainingListener
 from .phases import check_transition
 from .settlement import EscrowAccount, plan_payouts
@@ -44,6 +45,7 @@ class CoordinatorSettings:
     discovery_timeout_s: float = 2.0
     reply_timeout_s: float = 10.0
     gas_reserve_wei: int = 10**16  # kept back for the open/release/refund transactions
+    audit_dir: Path | None = None  # one hash-chained JSONL log per training under here
 
 
 @dataclass
@@ -53,16 +55,25 @@ class Coordinator:
     db: TrainingStore
     escrow: EscrowAccount
     scoring: ScoringStrategy
-    aggregation: Callable[[], FedAvg] = FedAvg
+    aggregation: Callable[[], AggregationStrategy] = FedAvg
     settings: CoordinatorSettings = field(default_factory=CoordinatorSettings)
     observer: Observer | None = None
     registry: RegistryClient | None = None  # provider bonds and on-chain reputation, when deployed
     _listeners: dict[str, TrainingListener] = field(default_factory=dict)
+    _audit_logs: dict[str, AuditLog] = field(default_factory=dict)
     _data_cache: dict[str, LabeledData] = field(default_factory=dict)
 
     @property
     def address(self) -> str:
         return self.channel.address
+
+    async def audit(self, training_id: str, event: str, **fields: object) -> None:
+        """Append to the training's audit log (when the coordinator keeps one)."""
+        if self.settings.audit_dir is None:
+            return
+        if training_id not in self._audit_logs:
+            self._audit_logs[training_id] = AuditLog(audit_path(self.settings.audit_dir, training_id))
+        await self._audit_logs[training_id].append(event, **fields)
 
     async def close(self) -> None:
         for listener in self._listeners.values():
@@ -190,18 +201,22 @@ class Coordinator:
     async def check_budget(self, training_id: str) -> list[WorkerContract]:
         """Raise InsufficientFundsError unless the wallet covers every contract plus gas."""
         contracts = await self.db.contracts(training_id)
-        budget = sum(c.price for c in contracts)
-        balance = await self.escrow.sender.balance()
-        if balance < budget + self.settings.gas_reserve_wei:
-            raise InsufficientFundsError(
-                f"wallet {self.address} holds {balance} wei; the budget needs {budget} wei plus "
-                f"{self.settings.gas_reserve_wei} wei for gas")
+        await self.ensure_funds(sum(c.price for c in contracts), f"{len(contracts)} contracts")
         return contracts
+
+    async def ensure_funds(self, budget_wei: int, what: str) -> None:
+        balance = await self.escrow.sender.balance()
+        if balance < budget_wei + self.settings.gas_reserve_wei:
+            raise InsufficientFundsError(
+                f"wallet {self.address} holds {balance} wei; {what} cost {budget_wei} wei plus "
+                f"{self.settings.gas_reserve_wei} wei for gas")
 
     async def fund_escrow(self, training_id: str) -> str:
         """Deposit every contract's full amount in one transaction; returns the tx hash."""
         contracts = await self.check_budget(training_id)
         tx = await self.escrow.open(training_id, contracts)
+        await self.audit(training_id, "escrow_funded", tx=tx, deposit_wei=sum(c.price for c in contracts),
+                         workers=[c.worker_id for c in contracts])
         await self.db.save_escrow(training_id, await self.escrow.summary(training_id))
         return tx
 
@@ -260,6 +275,8 @@ class Coordinator:
         problem = _checkpoint_problem(decode_state(await self.store.cat(ref.cid)), reference)
         if problem is not None:
             await self.db.save_checkpoint(ref, "rejected")
+            await self.audit(ref.training_id, "result_rejected", worker=worker_id, job_id=job_id, cid=ref.cid,
+                             round=ref.round, reason=problem)
             raise TrainingError(f"checkpoint {ref.cid} from {worker_id} rejected: {problem}")
         await self.db.save_checkpoint(ref, "accepted")
         return ref
@@ -285,7 +302,7 @@ class Coordinator:
                                samples=sum(c.samples for c in checkpoints), loss=loss,
                                contributors=tuple(c.worker_id for c in checkpoints))
 
-    async def fold(self, strategy: FedAvg, ref: CheckpointRef, weight: float) -> None:
+    async def fold(self, strategy: AggregationStrategy, ref: CheckpointRef, weight: float) -> None:
         """Fetch one checkpoint and fold it into ``strategy``; only this one is decoded at a time."""
         blob = await self.store.cat(ref.cid)
         await asyncio.to_thread(lambda: strategy.accumulate(decode_state(blob), weight))
@@ -348,6 +365,8 @@ class Coordinator:
         payments = await self.escrow.release(training_id, payouts)
         for payment in payments:
             await self.db.save_payment(payment)
+            await self.audit(training_id, "payment", worker=payment.worker_id, amount_wei=payment.amount_wei,
+                             tx=payment.tx_hash, result_hash=payment.result_hash)
             if self.observer is not None:
                 self.observer(payment)
         await self.db.save_escrow(training_id, await self.escrow.summary(training_id))
@@ -357,10 +376,15 @@ class Coordinator:
         """Pay every accepted worker in one transaction, then refund what is left."""
         payments = await self.pay(training_id)
         refund_wei, refund_tx = await self.escrow.refund(training_id)
+        await self.audit(training_id, "refund", amount_wei=refund_wei, tx=refund_tx)
         summary = await self.escrow.summary(training_id)
         await self.db.save_escrow(training_id, summary)
         return Settlement(training_id=training_id, payments=tuple(payments), refund_wei=refund_wei,
                           refund_tx=refund_tx, escrow=summary)
+
+
+def audit_path(audit_dir: Path, training_id: str) -> Path:
+    return audit_dir / training_id / "audit.jsonl"
 
 
 def _initial_model(spec: TrainingSpec, train: LabeledData) -> bytes:

@@ -6,9 +6,19 @@ from aitbc_agent_sdk.training.datasets import DATASET_NAMES, LabeledData, load_d
 from aitbc_agent_sdk.training.evaluation import EvalResult, evaluate
 from aitbc_agent_sdk.training.local import EpochStats, LocalTrainResult, train_local
 from aitbc_agent_sdk.training.models import MODEL_NAMES, build_model, fit_normalization, model_spec_for
+from aitbc_agent_sdk.training.robust import (
+    STRATEGIES, CoordinateMedian, Krum, MultiKrum, NormClipping, TrimmedMean, make_strategy,
+)
 from aitbc_agent_sdk.training.sharding import dirichlet_partition, iid_partition, label_counts
 
 __all__ = [
+    "STRATEGIES",
+    "CoordinateMedian",
+    "Krum",
+    "MultiKrum",
+    "NormClipping",
+    "TrimmedMean",
+    "make_strategy",
     "DATASET_NAMES",
     "MODEL_NAMES",
     "AggregationStrategy",

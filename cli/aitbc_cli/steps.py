@@ -61,6 +61,7 @@ async def wallet_of(home: Path, training_id: str) -> str:
 def register(app: typer.Typer) -> None:
     """Add the step commands to the ``distributed-training`` app."""
     register_payments(app)
+    register_audit(app)
 
     @app.command()
     def init(
@@ -236,6 +237,40 @@ def register(app: typer.Typer) -> None:
                 time.sleep(interval)
                 snap = asyncio.run(_snapshot(root, training_id))
                 live.update(render_snapshot(snap))
+
+
+def register_audit(app: typer.Typer) -> None:
+    @app.command()
+    def audit(
+        training_id: Annotated[str, typer.Option()],
+        home: HomeOption = None,
+        as_json: JsonOption = False,
+    ) -> None:
+        """Print the training's hash-chained audit log and verify the chain (exit 1 if it was tampered with)."""
+        from aitbc_agent_sdk.coordinator.audit import AuditEntry, parse_line, verify_log
+
+        path = training_dir(resolve_home(home), training_id) / "audit.jsonl"
+        if not path.exists():
+            raise ConfigError(f"no audit log for {training_id} at {path}")
+        result = verify_log(path)
+        lines = path.read_bytes().splitlines()[: result.entries]
+        entries = [AuditEntry.model_validate(parse_line(line)) for line in lines]
+        if as_json:
+            print_json({"training_id": training_id, "ok": result.ok, "entries": [e.model_dump() for e in entries],
+                        "first_bad_line": result.first_bad_line, "reason": result.reason})
+        else:
+            table = Table(title=f"audit log of {training_id}")
+            for col in ("seq", "time", "event", "details"):
+                table.add_column(col)
+            for e in entries:
+                details = ", ".join(f"{k}={v}" for k, v in e.fields.items())
+                table.add_row(str(e.seq), time.strftime("%H:%M:%S", time.localtime(e.ts)), e.event, details)
+            console = Console()
+            console.print(table)
+            console.print("[green]chain verified[/]" if result.ok else
+                          f"[red]chain broken at line {result.first_bad_line}: {result.reason}[/]")
+        if not result.ok:
+            raise typer.Exit(1)
 
 
 def register_payments(app: typer.Typer) -> None:
