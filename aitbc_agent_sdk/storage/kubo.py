@@ -31,15 +31,12 @@ from .port import AddOptions
 from .unixfs import (
     DAG_PB,
     RAW,
-    UNIXFS_FILE,
-    UNIXFS_RAW,
     Block,
     cid_from_str,
     cid_to_str,
     compute_cid,
     decode_cid_bytes,
-    decode_dagpb,
-    decode_unixfs,
+    file_node,
 )
 
 DEFAULT_API = "http://127.0.0.1:5001"
@@ -282,22 +279,6 @@ async def _multipart(data: bytes | Path, name: str, boundary: str) -> AsyncItera
 
 # --- the verified ContentStore adapter ----------------------------------------------------------
 
-def _file_node(raw_cid: bytes, block: bytes) -> tuple[bytes | None, list[bytes]]:
-    """A verified block of a file DAG -> (its bytes of file content, its children in order)."""
-    _, codec, _ = decode_cid_bytes(raw_cid)
-    if codec == RAW:
-        return block, []
-    if codec != DAG_PB:
-        raise StorageError(f"unsupported codec 0x{codec:x} in a file DAG")
-    node = decode_dagpb(block)
-    if node.data is None:
-        raise IntegrityError(f"{cid_to_str(raw_cid)} is not a UnixFS node")
-    unixfs = decode_unixfs(node.data)
-    if unixfs.type not in (UNIXFS_FILE, UNIXFS_RAW):
-        raise StorageError(f"{cid_to_str(raw_cid)} is not a file (UnixFS type {unixfs.type})")
-    return unixfs.data, [link.cid for link in node.links]
-
-
 def _local_cid(data: bytes | Path, options: AddOptions) -> str:
     return compute_file_cid(data, options) if isinstance(data, Path) else compute_cid(data, options)
 
@@ -381,7 +362,7 @@ class KuboContentStore:
         return block
 
     async def _walk(self, raw_cid: bytes, block: bytes) -> AsyncIterator[bytes]:
-        data, children = _file_node(raw_cid, block)
+        data, children = file_node(raw_cid, block)
         if data:
             yield data
         if not children:
