@@ -119,8 +119,9 @@ class Agent:
         return await self.coordinator.create_shards(training_id, num_shards)
 
     async def discover_gpu_workers(self, *, min_gpu: str | None = None, required_workers: int | None = None,
-                                   max_price_wei: int | None = None) -> list[Worker]:
-        workers = await self.coordinator.discover(min_gpu=min_gpu, max_price_wei=max_price_wei)
+                                   max_price_wei: int | None = None, include_busy: bool = False) -> list[Worker]:
+        workers = await self.coordinator.discover(min_gpu=min_gpu, max_price_wei=max_price_wei,
+                                                  include_busy=include_busy)
         if required_workers is not None and len(workers) < required_workers:
             raise NotEnoughWorkersError(f"asked for {required_workers} workers, found {len(workers)}")
         return workers

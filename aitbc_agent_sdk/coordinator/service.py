@@ -156,11 +156,12 @@ class Coordinator:
         return shards
 
     # -- market ----------------------------------------------------------------------------
-    async def discover(self, *, min_gpu: str | None = None, max_price_wei: int | None = None) -> list[Worker]:
+    async def discover(self, *, min_gpu: str | None = None, max_price_wei: int | None = None,
+                       include_busy: bool = False) -> list[Worker]:
         offers = await collect_offers(self.channel, timeout=self.settings.discovery_timeout_s)
         workers = []
         for offer in offers:
-            if offer.free_slots < 1 or not meets_min_gpu(offer.hardware.gpu_type, min_gpu):
+            if (offer.free_slots < 1 and not include_busy) or not meets_min_gpu(offer.hardware.gpu_type, min_gpu):
                 continue
             if max_price_wei is not None and offer.price_wei > max_price_wei:
                 continue

@@ -102,6 +102,11 @@ class ProviderAgent:
                 await self.channel.publish(topics.offer(self.address), self.offer(), retain=True)
                 last_offer = time.monotonic()
 
+    async def _advertise_now(self) -> None:
+        """Re-publish the retained offer so its free slots match what this daemon is doing now."""
+        with contextlib.suppress(AitbcError):
+            await self.channel.publish(topics.offer(self.address), self.offer(), retain=True)
+
     async def _serve_negotiations(self, ready: asyncio.Event) -> None:
         async with self.channel.subscribe(topics.negotiate(self.address), ContractProposal) as proposals:
             ready.set()
@@ -145,6 +150,7 @@ class ProviderAgent:
     async def _run_job(self, job: JobAssignment) -> None:
         async with self._slots:
             self._busy += 1
+            await self._advertise_now()
             job_dir = self.config.work_dir / "jobs" / job.job_id
             try:
                 await self._report(job, "running")
@@ -173,6 +179,7 @@ class ProviderAgent:
                 await self._report(job, "failed", error=str(exc))
             finally:
                 self._busy -= 1
+                await self._advertise_now()
                 await asyncio.to_thread(shutil.rmtree, job_dir, True)
 
 

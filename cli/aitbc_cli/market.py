@@ -39,7 +39,7 @@ def list_offers(
         account, _ = await unlock(root, wallet)
         async with Agent(AgentConfig(name="aitbc-market", blockchain_network="devnet", home=root),
                          account=account) as agent:
-            workers = await agent.discover_gpu_workers(min_gpu=min_gpu)
+            workers = await agent.discover_gpu_workers(min_gpu=min_gpu, include_busy=True)
             scores = agent.scoring.score(workers) if workers else []
         return [{"provider": w.worker_id, "hardware": w.gpu_type, "price": w.price, "stake": w.stake_wei,
                  "reputation": w.reputation, "completed": w.jobs_completed, "failed": w.jobs_failed,
