@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -15,8 +16,12 @@ from typing import Any
 
 from .config import AgentConfig, default_home
 from .coordinator import (
-    Coordinator, CoordinatorSettings, EscrowAccount, RunRequest, TrainingStore, run_training,
+    Coordinator, CoordinatorSettings, EscrowAccount, RunRequest, TrainingStore, is_terminal, resume_training,
+    run_training,
 )
+from .chain import training_key
+from .coordinator.liveness import ping
+from .coordinator.daemon import is_driven, training_lock
 from .errors import AitbcError, ConfigError, NotEnoughWorkersError
 from .market import ScoringStrategy, WeightedScore
 from .messaging import SignedChannel
@@ -43,6 +48,7 @@ class Agent:
         self._exits: AsyncExitStack | None = None
         self._stack: Stack | None = None
         self._coordinator: Coordinator | None = None
+        self.resumed: dict[str, asyncio.Task[Any]] = {}  # training id -> its resumed driver
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> Agent:
@@ -64,9 +70,14 @@ class Agent:
             await exits.aclose()
             raise
         self._exits, self._stack, self._coordinator = exits, stack, coordinator
+        if cfg.auto_resume:
+            await self.resume_unfinished()
         return self
 
     async def stop(self) -> None:
+        for task in self.resumed.values():
+            task.cancel()
+        await asyncio.gather(*self.resumed.values(), return_exceptions=True)
         exits, self._exits = self._exits, None
         self._stack = self._coordinator = None
         if exits is not None:
@@ -99,6 +110,26 @@ class Agent:
                                        label_column: str | None = None, min_gpu: str | None = None) -> TrainingReport:
         return await run_training(self.coordinator, RunRequest(spec=spec, dataset=dataset,
                                                                label_column=label_column, min_gpu=min_gpu))
+
+    async def resume_training(self, training_id: str) -> Settlement | None:
+        """Carry on a funded training whose coordinator died (None if it had ended)."""
+        with training_lock(self.config.home, training_id):
+            outcome = await resume_training(self.coordinator, training_id)
+        return outcome[0] if outcome else None
+
+    async def resume_unfinished(self) -> list[str]:
+        """Start resuming, in the background, every unfinished funded training of this coordinator
+        that no other process drives; ``self.resumed`` holds the tasks."""
+        found = []
+        for record in await self.coordinator.db.trainings():
+            if (is_terminal(record.phase) or record.coordinator != self.address
+                    or await self.coordinator.db.escrow(record.training_id) is None
+                    or is_driven(self.config.home, record.training_id)
+                    or not (await self.coordinator.escrow.escrow.training(training_key(record.training_id))).exists):
+                continue
+            self.resumed[record.training_id] = asyncio.create_task(self.resume_training(record.training_id))
+            found.append(record.training_id)
+        return found
 
     # -- the seed scenario's steps -----------------------------------------------------------
     async def initialize_distributed_training(self, model_type: str, target_workers: int, *,
@@ -179,3 +210,26 @@ class Agent:
 
     async def payments(self, training_id: str) -> list[Payment]:
         return await self.coordinator.db.payments(training_id)
+
+    # -- the seed's fault-tolerant loop (Example 3) ------------------------------------------
+    # The round loop itself detects, replaces and verifies (coordinator/rounds.py); these let a
+    # program watch it the way the seed's loop does.
+    async def get_all_workers(self, training_id: str) -> list[WorkerContract]:
+        """Every contract of the training: its workers, spares and the workers they replaced."""
+        return await self.coordinator.db.contracts(training_id)
+
+    async def ping_worker(self, worker_id: str, timeout: float = 2.0) -> bool:
+        return await ping(self.coordinator.channel, worker_id, timeout)
+
+    async def get_worker_job(self, training_id: str, worker_id: str) -> JobAssignment | None:
+        """The worker's job in the training's current round, if it has one."""
+        record = await self.coordinator.db.training(training_id)
+        jobs = [j for j in await self.coordinator.db.jobs(training_id, record.round + 1) if j.worker_id == worker_id]
+        return jobs[-1] if jobs else None
+
+    async def get_all_checkpoints(self, training_id: str) -> list[CheckpointRef]:
+        return await self.coordinator.db.checkpoints(training_id, None)
+
+    async def verify_checkpoint(self, checkpoint: CheckpointRef) -> bool:
+        """Fetched intact by CID, signed by its worker, and shaped like the model with finite values."""
+        return await self.coordinator.checkpoint_fits(checkpoint)

@@ -32,3 +32,5 @@ class AgentConfig(BaseModel):
     # both
     discovery_timeout_s: float = Field(default=2.0, gt=0)
     reply_timeout_s: float = Field(default=10.0, gt=0)
+    auto_resume: bool = Field(default=False, description="on start, carry on this coordinator's unfinished,"
+                              " funded trainings that no other process is driving (devnet)")

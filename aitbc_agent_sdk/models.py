@@ -144,6 +144,32 @@ class JobConfig(Record):
 
 
 Partition = Literal["iid", "dirichlet"]
+AggregationName = Literal["fedavg", "median", "trimmed-mean", "krum", "multi-krum", "norm-clip"]
+
+
+class FaultPolicy(Record):
+    """How the coordinator detects and handles crashed, slow and dishonest workers.
+
+    Stored with the training, so a resumed coordinator applies the same rules.
+    """
+
+    heartbeat_timeout_s: float = Field(default=10.0, gt=0.0, description="silence after which a worker is pinged")
+    ping_timeout_s: float = Field(default=2.0, gt=0.0, description="no pong within this: the worker is failed")
+    straggler_gap_points: float = Field(default=20.0, gt=0.0, le=100.0,
+                                        description="progress this far below the average marks a straggler")
+    straggler_grace: float = Field(default=1.5, ge=1.0,
+                                   description="...once it ran this many times the median of finished jobs")
+    deadline_quantile: float = Field(default=0.9, gt=0.0, le=1.0)
+    deadline_factor: float = Field(default=2.0, ge=1.0, description="deadline = factor x quantile of past rounds")
+    min_deadline_s: float = Field(default=5.0, gt=0.0)
+    first_round_deadline_s: float = Field(default=120.0, gt=0.0, description="before a provider has history")
+    norm_bound: float = Field(default=5.0, gt=1.0, description="update norm limit, times the round's median")
+    val_loss_tolerance: float = Field(default=0.5, ge=0.0,
+                                      description="allowed relative rise of validation loss over the round's start")
+    val_loss_margin: float = Field(default=0.5, ge=0.0, description="allowed absolute rise, in nats")
+    val_samples: int = Field(default=256, ge=1)
+    fetch_timeout_s: float = Field(default=30.0, gt=0.0)
+    max_replacements: int = Field(default=8, ge=0, description="per training, before it fails")
 
 
 class TrainingSpec(Record):
@@ -157,6 +183,9 @@ class TrainingSpec(Record):
     seed: int = 0
     max_price_wei: Wei | None = None
     dataset_size: int | None = Field(default=None, ge=0, description="informational, as in the seed")
+    aggregation: AggregationName = "fedavg"
+    spare_workers: int = Field(default=0, ge=0, le=64, description="hired but unfunded, to replace failed workers")
+    faults: FaultPolicy = FaultPolicy()
 
 
 class TrainingRecord(Record):
@@ -207,6 +236,8 @@ class WorkerContract(Record):
     price_wei: Wei = Field(description="per round")
     rounds: int = Field(ge=1)
     accepted_at: float
+    role: Literal["worker", "spare", "replaced"] = "worker"
+    shard_index: int | None = Field(default=None, ge=0, description="the shard a worker trains on")
 
     @property
     def price(self) -> int:
@@ -227,7 +258,7 @@ class JobAssignment(Record):
     seed: int = Field(default=0, ge=0, description="shuffling seed for the worker's local epochs")
 
 
-JobStatus = Literal["assigned", "running", "complete", "failed"]
+JobStatus = Literal["assigned", "running", "complete", "failed", "cancelled"]
 
 
 class Progress(Record):
@@ -253,6 +284,26 @@ class JobResult(Record):
     samples: int = Field(ge=1)
     loss: float
     train_seconds: float = Field(ge=0.0)
+    signature: str = Field(pattern=r"^0x[0-9a-fA-F]{130}$",
+                           description="the worker's sign_result over (training, checkpoint CID): slashing evidence")
+
+
+class JobCancel(Record):
+    """The coordinator no longer wants a job's result (a speculative duplicate won, or it was reassigned)."""
+
+    job_id: str
+    training_id: str
+    reason: str
+
+
+class Ping(Record):
+    nonce: str
+    sent_at: float
+
+
+class Pong(Record):
+    nonce: str
+    busy_jobs: int = Field(ge=0)
 
 
 class CheckpointRef(Record):
@@ -265,6 +316,7 @@ class CheckpointRef(Record):
     samples: int = Field(ge=1)
     loss: float
     train_seconds: float = Field(default=0.0, ge=0.0)
+    signature: str | None = None
 
 
 class AggregateResult(Record):
@@ -347,6 +399,7 @@ class WorkerReport(Record):
     status: Literal["paid", "unpaid"]
     price_wei: Wei
     gpu_type: str
+    role: Literal["worker", "spare", "replaced"] = "worker"
 
 
 class RoundReport(Record):

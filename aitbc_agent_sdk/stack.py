@@ -7,6 +7,7 @@ import os
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
@@ -74,6 +75,22 @@ async def build_embedded(config: AgentConfig, account: LocalAccount | None, exit
 
 
 EMBEDDED_STAKE = ETH // 100
+
+
+async def join_embedded_market(stack: Stack, home: Path, price_wei: int, *,
+                               factory: Callable[..., ProviderAgent] = ProviderAgent) -> ProviderAgent:
+    """Fund (from the agent's wallet), bond and build one more local provider; start it with ``async with``.
+
+    ``factory`` builds it from ProviderAgent's arguments, so a subclass can change how it works.
+    """
+    account: LocalAccount = Account.create()
+    await stack.sender.send({"to": account.address, "value": ETH // 10})  # gas and a bond
+    hardware = stack.providers[0].hardware if stack.providers else await asyncio.to_thread(detect_hardware)
+    provider = factory(account, stack.bus, stack.store,
+                       ProviderConfig(price_wei=price_wei, work_dir=home / "providers" / account.address),
+                       hardware=hardware)
+    await register_provider(stack.registry, TransactionSender(stack.sender.w3, account), provider, EMBEDDED_STAKE)
+    return provider
 
 
 async def register_provider(registry: RegistryClient, sender: TransactionSender, provider: ProviderAgent,

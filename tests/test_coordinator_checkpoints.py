@@ -2,7 +2,9 @@
 
 import pytest
 import torch
+from eth_account import Account
 
+from aitbc_agent_sdk.chain import sign_result, training_key
 from aitbc_agent_sdk.coordinator import Coordinator, TrainingStore
 from aitbc_agent_sdk.errors import TrainingError
 from aitbc_agent_sdk.market import WeightedScore
@@ -10,7 +12,8 @@ from aitbc_agent_sdk.models import CheckpointRef, TrainingRecord, TrainingSpec
 from aitbc_agent_sdk.storage import LocalContentStore
 from aitbc_agent_sdk.training import decode_state, encode_state
 
-WORKER = "0x" + "1" * 40
+WORKER_KEY = Account.from_key("0x" + "11" * 32)
+WORKER = WORKER_KEY.address
 OTHER = "0x" + "2" * 40
 COORD = "0x" + "9" * 40
 
@@ -27,9 +30,11 @@ async def stored(coordinator, state) -> str:
     return await coordinator.store.add(encode_state(state))
 
 
-def ref(cid: str, worker: str, samples: int, loss: float = 0.5, job: str = "job-1") -> CheckpointRef:
+def ref(cid: str, worker: str, samples: int, loss: float = 0.5, job: str = "job-1",
+        signer=WORKER_KEY) -> CheckpointRef:
+    signature = "0x" + sign_result(signer, training_key("t"), cid).hex()
     return CheckpointRef(checkpoint_id=cid, cid=cid, job_id=job, worker_id=worker, training_id="t", round=1,
-                         samples=samples, loss=loss)
+                         samples=samples, loss=loss, signature=signature)
 
 
 async def test_federated_average_weights_by_samples_by_default(coordinator):
@@ -80,3 +85,12 @@ async def test_collect_checkpoint_accepts_a_good_result_once_and_only_from_its_w
     assert await coordinator.collect_checkpoint(WORKER, "job-1") == checkpoint
     assert await coordinator.db.checkpoints("t", "accepted") == [checkpoint]
     assert await coordinator.db.worker_history(WORKER) == (1, 0)
+
+
+async def test_collect_checkpoint_rejects_a_result_signed_by_someone_else(coordinator):
+    await save_training_with_model(coordinator, {"w": torch.zeros(2)})
+    checkpoint = ref(await stored(coordinator, {"w": torch.ones(2)}), WORKER, samples=5, signer=Account.create())
+    await coordinator.db.save_checkpoint(checkpoint, "received")
+    with pytest.raises(TrainingError, match="not signed by the worker"):
+        await coordinator.collect_checkpoint(WORKER, "job-1")
+    assert (await coordinator.db.checkpoint("job-1"))[1] == "rejected"

@@ -1,5 +1,6 @@
 """The provider's training process: a separate OS process with a scrubbed environment."""
 
+import asyncio
 import os
 from pathlib import Path
 
@@ -73,3 +74,58 @@ def test_hardware_is_detected_honestly():
     # no NVIDIA driver on this machine: no GPU may be claimed
     if not Path("/proc/driver/nvidia").exists():
         assert hardware.gpus == () and hardware.gpu_type == "cpu"
+
+
+def write_job_inputs(job_dir: Path, samples: int) -> tuple:
+    data = load_dataset("digits").subset(list(range(samples)))
+    spec = model_spec_for("mlp", data)
+    job_dir.mkdir(parents=True)
+    (job_dir / SHARD_FILE).write_bytes(encode_data(data))
+    (job_dir / WEIGHTS_FILE).write_bytes(encode_state(build_model(spec, seed=0).state_dict()))
+    return data, spec
+
+
+def is_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+async def test_kill_stops_the_process_and_the_next_train_starts_a_fresh_one(tmp_path):
+    _, spec = write_job_inputs(tmp_path / "j", 50)
+    process = TrainingProcess(tmp_path / "work")
+    await process.start()
+    try:
+        first_pid = process.pid
+        assert first_pid is not None
+        await process.kill()
+        assert process.pid is None and is_gone(first_pid)
+        await process.kill()  # a second kill, with nothing running, is a no-op
+        done = await process.train(tmp_path / "j", job_id="j", model=spec, config=JobConfig(), seed=0)
+        assert done["samples"] == 50 and process.pid not in (None, first_pid)
+    finally:
+        await process.stop()
+
+
+async def test_cancelling_a_train_kills_the_computation(tmp_path):
+    _, spec = write_job_inputs(tmp_path / "j", 400)
+    process = TrainingProcess(tmp_path / "work")
+    await process.start()
+    first_epoch = asyncio.Event()
+    try:
+        training = asyncio.create_task(process.train(
+            tmp_path / "j", job_id="j", model=spec, config=JobConfig(epochs=1000, batch_size=4), seed=0,
+            on_epoch=lambda event: first_epoch.set()))
+        await asyncio.wait_for(first_epoch.wait(), 60)
+        pid = process.pid
+        training.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await training
+        assert pid is not None and is_gone(pid) and process.pid is None
+        (tmp_path / "j" / CHECKPOINT_FILE).unlink(missing_ok=True)
+        done = await process.train(tmp_path / "j", job_id="j2", model=spec, config=JobConfig(), seed=0)
+        assert done["samples"] == 400 and (tmp_path / "j" / CHECKPOINT_FILE).exists()
+    finally:
+        await process.stop()

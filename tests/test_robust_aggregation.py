@@ -346,3 +346,20 @@ def test_make_strategy_errors_are_clear() -> None:
         make_strategy("krum", f=1, m=3)
     with pytest.raises(ValueError, match="'multi-krum'"):
         make_strategy("multi-krum", f=1)
+
+
+@pytest.mark.parametrize("name", ["fedavg", "median", "trimmed-mean", "krum", "multi-krum", "norm-clip"])
+def test_every_strategy_can_be_picked_for_a_round_of_four_and_shrugs_off_one_boosted_update(name):
+    from aitbc_agent_sdk.training import strategy_for_round
+    reference = {"w": torch.zeros(4)}
+    honest = [{"w": torch.full((4,), v)} for v in (1.0, 1.1, 0.9)]
+    boosted = {"w": torch.full((4,), 100.0)}
+    strategy = strategy_for_round(name, 4, reference)
+    strategy.begin()
+    for state in [*honest, boosted]:
+        strategy.accumulate(state, 10.0)
+    result = strategy.result()["w"]
+    if name == "fedavg":
+        assert result[0] > 20  # the plain mean is dragged away: why the others exist
+    else:
+        assert float(result.abs().max()) <= 1.2, (name, result)

@@ -35,3 +35,14 @@ def test_what_was_paid_on_chain_is_not_paid_again():
     assert plan_payouts([contract(A, 100)], accepted, {contract(A, 1).worker_id: 200}) == []
     [partial] = plan_payouts([contract(A, 100)], accepted, {contract(A, 1).worker_id: 150})
     assert partial.amount_wei == 50
+
+
+def test_a_replacement_earns_its_own_price_but_never_more_than_the_slot_it_took_over():
+    # B took over A's slot (3 rounds x 100 = 300 wei) and delivered rounds 2 and 3
+    accepted = [ref(B, 2), ref(B, 3, CID2)]
+    b = contract(B, 120)
+    [cheap] = plan_payouts([b], accepted, {}, slot_amounts={b.worker_id: 300})
+    assert (cheap.amount_wei, cheap.result_cid) == (240, CID2)
+    [capped] = plan_payouts([b], accepted, {}, slot_amounts={b.worker_id: 200})
+    assert capped.amount_wei == 200
+    assert plan_payouts([b], accepted, {}, slot_amounts={}) == []  # no slot on chain: nothing to release

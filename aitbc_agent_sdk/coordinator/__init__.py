@@ -7,7 +7,7 @@ from .._lazy import lazy_exports
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "audit": ("AuditLog", "AuditLogError", "read_log", "verify_log"),
     "phases": ("TRANSITIONS", "can_transition", "check_transition", "is_terminal"),
-    "run": ("RunRequest", "drive_training", "fail_training", "prepare", "run_training"),
+    "run": ("RunRequest", "drive_training", "fail_training", "prepare", "resume_training", "run_training"),
     "service": ("Coordinator", "CoordinatorSettings"),
     "settlement": ("EscrowAccount", "Payout", "earned_wei", "plan_payouts"),
     "store": ("TrainingStore",),
@@ -16,7 +16,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
 if TYPE_CHECKING:
     from .audit import AuditLog, AuditLogError, read_log, verify_log
     from .phases import TRANSITIONS, can_transition, check_transition, is_terminal
-    from .run import RunRequest, drive_training, fail_training, prepare, run_training
+    from .run import RunRequest, drive_training, fail_training, prepare, resume_training, run_training
     from .service import Coordinator, CoordinatorSettings
     from .settlement import EscrowAccount, Payout, earned_wei, plan_payouts
     from .store import TrainingStore

@@ -9,24 +9,54 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import fcntl
 import logging
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from eth_account.signers.local import LocalAccount
 
 from ..config import AgentConfig, default_home
+from ..errors import ConfigError
 from ..models import Settlement
 from ..profile import training_dir
 
 log = logging.getLogger("aitbc.coordinator")
 
 
-async def serve_training(home: Path, account: LocalAccount, training_id: str) -> Settlement:
+@contextmanager
+def training_lock(home: Path, training_id: str) -> Iterator[None]:
+    """Hold the training's coordinator lock; one driver per training, released if the process dies."""
+    directory = training_dir(home, training_id)
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / "coordinator.lock", "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(f"training {training_id} already has a running coordinator") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def is_driven(home: Path, training_id: str) -> bool:
+    """True while some process holds the training's coordinator lock."""
+    try:
+        with training_lock(home, training_id):
+            return False
+    except ConfigError:
+        return True
+
+
+async def serve_training(home: Path, account: LocalAccount, training_id: str, *,
+                         resume: bool = False) -> Settlement | None:
     from ..agent import Agent
-    from .run import drive_training
+    from .run import drive_training, resume_training
 
     # One stable client id per training: a restarted daemon resumes the same broker session.
     config = AgentConfig(name="coordinator", blockchain_network="devnet", home=home, client_id=f"coord-{training_id}")
@@ -34,21 +64,30 @@ async def serve_training(home: Path, account: LocalAccount, training_id: str) ->
     def observe(event: object) -> None:
         log.info("%s", event)
 
-    async with Agent(config, account=account, observer=observe) as agent:
-        settlement, compute = await drive_training(agent.coordinator, training_id)
+    with training_lock(home, training_id):
+        async with Agent(config, account=account, observer=observe) as agent:
+            if resume:
+                outcome = await resume_training(agent.coordinator, training_id)
+                if outcome is None:
+                    log.info("training %s had already ended; nothing to resume", training_id)
+                    return None
+                settlement, compute = outcome
+            else:
+                settlement, compute = await drive_training(agent.coordinator, training_id)
     log.info("training %s complete: paid %d wei, refunded %d wei, %.1f s of training compute",
              training_id, settlement.escrow.paid_wei, settlement.refund_wei, compute)
     return settlement
 
 
-def spawn_coordinator(home: Path, wallet: str, password: str, training_id: str) -> subprocess.Popen[bytes]:
+def spawn_coordinator(home: Path, wallet: str, password: str, training_id: str, *,
+                      resume: bool = False) -> subprocess.Popen[bytes]:
     """Start the daemon detached from this process's terminal and session."""
     directory = training_dir(home, training_id)
     directory.mkdir(parents=True, exist_ok=True)
     with open(directory / "coordinator.log", "ab") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "aitbc_agent_sdk.coordinator.daemon", "--home", str(home), "--wallet", wallet,
-             "--training-id", training_id],
+             "--training-id", training_id, *(["--resume"] if resume else [])],
             stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     assert proc.stdin is not None
     proc.stdin.write((password + "\n").encode())
@@ -62,7 +101,7 @@ async def _main(args: argparse.Namespace) -> int:
 
     password = sys.stdin.readline().rstrip("\n")
     account = await WalletStore(args.home / "wallets").unlock(args.wallet, password)
-    await serve_training(args.home, account, args.training_id)
+    await serve_training(args.home, account, args.training_id, resume=args.resume)
     return 0
 
 
@@ -71,6 +110,7 @@ def main() -> None:
     parser.add_argument("--home", type=Path, default=default_home())
     parser.add_argument("--wallet", required=True)
     parser.add_argument("--training-id", required=True)
+    parser.add_argument("--resume", action="store_true", help="carry on after a coordinator died")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log.info("coordinator daemon %d for %s", os.getpid(), args.training_id)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 
 from ..errors import NotFoundError
@@ -25,6 +26,8 @@ class TrainingListener:
         self._observer = observer
         # Results and failures in arrival order, for a round loop that folds them in as they come.
         self.results: asyncio.Queue[CheckpointRef | Progress] = asyncio.Queue()
+        self.latest: dict[str, Progress] = {}  # job id -> its latest progress
+        self.last_heard: dict[str, float] = {}  # worker -> monotonic time of its latest message here
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
@@ -56,6 +59,8 @@ class TrainingListener:
                 if not await self._sender_owns_job(verified.sender, progress.job_id, progress.worker_id):
                     log.warning("progress for %s from %s ignored", progress.job_id, verified.sender)
                     continue
+                self.latest[progress.job_id] = progress
+                self.last_heard[progress.worker_id] = time.monotonic()
                 await self._db.save_progress(progress)
                 self._notify(progress)
                 if progress.status == "failed":
@@ -72,7 +77,9 @@ class TrainingListener:
                 ref = CheckpointRef(
                     checkpoint_id=result.checkpoint_cid, cid=result.checkpoint_cid, job_id=result.job_id,
                     worker_id=result.worker_id, training_id=result.training_id, round=result.round,
-                    samples=result.samples, loss=result.loss, train_seconds=result.train_seconds)
+                    samples=result.samples, loss=result.loss, train_seconds=result.train_seconds,
+                    signature=result.signature)
+                self.last_heard[result.worker_id] = time.monotonic()
                 self._notify(result)
                 await self._db.save_checkpoint(ref, "received")
                 await self.results.put(ref)

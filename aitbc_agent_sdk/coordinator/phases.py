@@ -1,7 +1,8 @@
 """The training phase machine (pure).
 
 initializing -> distributing -> training -> aggregating -> complete
-aggregating -> distributing starts the next round; any unfinished phase may go to failed.
+aggregating -> distributing starts the next round; training -> distributing restarts an
+interrupted round (resume); any unfinished phase may go to failed.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from ..models import TrainingPhase as P
 TRANSITIONS: Mapping[P, frozenset[P]] = {
     P.INITIALIZING: frozenset({P.DISTRIBUTING, P.FAILED}),
     P.DISTRIBUTING: frozenset({P.TRAINING, P.FAILED}),
-    P.TRAINING: frozenset({P.AGGREGATING, P.FAILED}),
+    P.TRAINING: frozenset({P.AGGREGATING, P.DISTRIBUTING, P.FAILED}),
     P.AGGREGATING: frozenset({P.DISTRIBUTING, P.COMPLETE, P.FAILED}),
     P.COMPLETE: frozenset(),
     P.FAILED: frozenset(),

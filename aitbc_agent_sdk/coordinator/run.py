@@ -14,10 +14,14 @@ from pathlib import Path
 
 from ..errors import AitbcError, NotEnoughWorkersError, TrainingError
 from ..models import (
-    CheckpointRef, JobAssignment, Progress, RoundReport, Settlement, TrainingPhase, TrainingRecord, TrainingReport,
-    TrainingSpec, Worker, WorkerReport,
+    RoundReport, Settlement, TrainingPhase, TrainingRecord, TrainingReport, TrainingSpec, Worker, WorkerReport,
 )
-from ..training import LabeledData, encode_state, load_dataset, model_spec_for
+from ..chain import training_key
+from ..training import LabeledData, load_dataset, model_spec_for
+from .liveness import LivenessWatch
+from .phases import is_terminal
+from .reassign import cancel_job, hire
+from .rounds import RoundRunner
 from .service import Coordinator
 
 log = logging.getLogger(__name__)
@@ -33,8 +37,8 @@ class RunRequest:
     round_timeout_s: float = 600.0
 
 
-async def prepare(coordinator: Coordinator, request: RunRequest) -> tuple[LabeledData, list[Worker]]:
-    """All the checks that need no writes: data, model, market, money."""
+async def prepare(coordinator: Coordinator, request: RunRequest) -> tuple[LabeledData, list[Worker], list[Worker]]:
+    """All the checks that need no writes: data, model, market, money. Returns (data, workers, spares)."""
     spec = request.spec
     data = await asyncio.to_thread(load_dataset, request.dataset, label_column=request.label_column)
     model_spec_for(spec.model_type, data)
@@ -42,27 +46,28 @@ async def prepare(coordinator: Coordinator, request: RunRequest) -> tuple[Labele
     if len(found) < spec.target_workers:
         raise NotEnoughWorkersError(
             f"asked for {spec.target_workers} workers but only {len(found)} suitable providers answered")
-    selected = coordinator.select(found, spec.target_workers)
+    ranked = coordinator.select(found, spec.target_workers + spec.spare_workers)
+    selected, spares = ranked[:spec.target_workers], ranked[spec.target_workers:]
     await coordinator.ensure_funds(sum(w.price for w in selected) * spec.rounds,
                                    f"{spec.target_workers} workers x {spec.rounds} rounds")
-    return data, selected
+    return data, selected, spares
 
 
 async def run_training(coordinator: Coordinator, request: RunRequest) -> TrainingReport:
     started = time.perf_counter()
-    data, selected = await prepare(coordinator, request)
+    data, selected, spares = await prepare(coordinator, request)
     record = await coordinator.initialize(request.spec)
     tid = record.training_id
     try:
         await coordinator.attach_data(tid, data)
         await coordinator.create_shards(tid, len(selected))
-        await asyncio.gather(*(coordinator.negotiate(w.worker_id, tid, w.price) for w in selected))
+        await hire(coordinator, tid, selected, spares)
         await coordinator.fund_escrow(tid)
     except (AitbcError, asyncio.CancelledError) as exc:
         await fail_training(coordinator, tid, str(exc) or type(exc).__name__)
         raise
     settlement, compute = await drive_training(coordinator, tid, round_timeout_s=request.round_timeout_s)
-    return await _report(coordinator, tid, selected, settlement.refund_tx, started, compute)
+    return await _report(coordinator, tid, [*selected, *spares], settlement.refund_tx, started, compute)
 
 
 async def drive_training(coordinator: Coordinator, tid: str, *,
@@ -70,58 +75,73 @@ async def drive_training(coordinator: Coordinator, tid: str, *,
     """Run the remaining rounds of a funded training, then pay and refund.
 
     Returns the settlement and the training compute time (slowest worker per round, summed).
-    Used by ``run`` in-process and by the detached coordinator daemon after ``distribute``.
+    Used by ``run`` in-process, by the detached coordinator daemon after ``distribute``, and
+    by ``resume`` after a coordinator died.
     """
     try:
         record = await coordinator.db.training(tid)
-        contracts = await coordinator.db.contracts(tid)
-        shards = await coordinator.db.shards(tid)
-        if not contracts or len(shards) != len(contracts):
-            raise TrainingError(f"training {tid} needs one shard per contracted worker "
-                                f"({len(shards)} shards, {len(contracts)} contracts)")
+        await _assign_shards(coordinator, tid)
         compute = 0.0
-        while record.round < record.spec.rounds:
-            await coordinator.update_phase(tid, P.DISTRIBUTING)
-            jobs = [await coordinator.send_job(c.worker_id, tid, shard.shard_id, record.spec.job)
-                    for c, shard in zip(contracts, shards, strict=True)]
-            await coordinator.update_phase(tid, P.TRAINING)
-            model_cid, slowest = await _run_round(coordinator, tid, jobs, round_timeout_s)
-            compute += slowest
-            await coordinator.save_results(tid, model_cid)
-            record = await coordinator.db.training(tid)
+        unusable: set[str] = set()
+        async with LivenessWatch(coordinator.channel) as liveness:
+            while record.round < record.spec.rounds:
+                await coordinator.update_phase(tid, P.DISTRIBUTING)
+                runner = RoundRunner(coordinator, tid, liveness, unusable)
+                model_cid, slowest = await runner.run(round_timeout_s)
+                compute += slowest
+                await coordinator.save_results(tid, model_cid)
+                record = await coordinator.db.training(tid)
         settlement = await coordinator.settle(tid)
         await coordinator.update_phase(tid, P.COMPLETE)
         return settlement, compute
-    except (AitbcError, asyncio.CancelledError) as exc:
+    except (AitbcError, asyncio.CancelledError, TimeoutError) as exc:
         await fail_training(coordinator, tid, str(exc) or type(exc).__name__)
+        if isinstance(exc, TimeoutError):
+            raise TrainingError(f"training {tid}: a round did not finish within {round_timeout_s:g}s") from exc
         raise
 
 
-async def _run_round(coordinator: Coordinator, tid: str, jobs: list[JobAssignment],
-                     timeout: float) -> tuple[str, float]:
-    """Fold each worker's checkpoint in as it arrives; returns the new model's CID."""
-    listener = await coordinator.listener(tid)
-    pending = {j.job_id: j for j in jobs}
-    strategy = coordinator.aggregation()
-    strategy.begin()
-    slowest = 0.0
-    aggregating = False
-    async with asyncio.timeout(timeout):
-        while pending:
-            item = await listener.results.get()
-            if item.job_id not in pending:
-                continue  # a late message from an earlier round
-            if isinstance(item, Progress):
-                raise TrainingError(f"worker {item.worker_id} failed job {item.job_id}: {item.error}")
-            ref: CheckpointRef = await coordinator.collect_checkpoint(item.worker_id, item.job_id)
-            if not aggregating:
-                await coordinator.update_phase(tid, P.AGGREGATING)
-                aggregating = True
-            await coordinator.fold(strategy, ref, float(ref.samples))
-            slowest = max(slowest, ref.train_seconds)
-            del pending[item.job_id]
-    model = await asyncio.to_thread(lambda: encode_state(strategy.result()))
-    return await coordinator.store.add(model), slowest
+async def _assign_shards(coordinator: Coordinator, tid: str) -> None:
+    """Give each funded worker a shard (contracts made before shards existed get them in order)."""
+    contracts = await coordinator.db.contracts(tid, "worker")
+    shards = await coordinator.db.shards(tid)
+    if not contracts or len(shards) != len(contracts):
+        raise TrainingError(f"training {tid} needs one shard per contracted worker "
+                            f"({len(shards)} shards, {len(contracts)} contracts)")
+    taken = {c.shard_index for c in contracts if c.shard_index is not None}
+    free = iter(sorted({s.index for s in shards} - taken))
+    for contract in contracts:
+        if contract.shard_index is None:
+            await coordinator.db.save_contract(contract.model_copy(update={"shard_index": next(free)}))
+
+
+async def resume_training(coordinator: Coordinator, tid: str, *,
+                          round_timeout_s: float = 600.0) -> tuple[Settlement, float] | None:
+    """Carry on a funded training after its coordinator died; None if it already ended.
+
+    The interrupted round starts over (its jobs are cancelled and sent again); rounds already
+    aggregated are kept. Settlement checks the chain before paying, so nothing is paid twice.
+    """
+    record = await coordinator.db.training(tid)
+    if is_terminal(record.phase):
+        return None
+    if await coordinator.db.escrow(tid) is None:
+        raise TrainingError(f"training {tid} was never funded; run distribute instead of resume")
+    state = await coordinator.escrow.escrow.training(training_key(tid))
+    if not state.exists:
+        raise TrainingError(f"the escrow of training {tid} is not on this chain "
+                            "(an embedded chain does not outlive its process)")
+    interrupted = [j for j in await coordinator.db.jobs(tid, record.round + 1)
+                   if await coordinator.db.checkpoint(j.job_id) is None]
+    await coordinator.audit(tid, "training_resumed", round=record.round + 1, phase=record.phase.value,
+                            escrow_closed=state.closed, interrupted_jobs=len(interrupted))
+    for job in interrupted:
+        await cancel_job(coordinator, tid, job.worker_id, job.job_id, "the coordinator restarted this round")
+    if state.closed:  # died after the refund: only the bookkeeping is left
+        settlement = await coordinator.settle(tid)
+        await coordinator.update_phase(tid, P.COMPLETE)
+        return settlement, 0.0
+    return await drive_training(coordinator, tid, round_timeout_s=round_timeout_s)
 
 
 async def fail_training(coordinator: Coordinator, tid: str, reason: str = "") -> None:
@@ -147,13 +167,16 @@ async def _report(coordinator: Coordinator, tid: str, selected: list[Worker], re
     by_worker = {w.worker_id: w for w in selected}
     workers = []
     for contract in await coordinator.db.contracts(tid):
+        if contract.role == "spare":
+            continue
         mine = [c for c in accepted if c.worker_id == contract.worker_id]
         paid = [p for p in payments if p.worker_id == contract.worker_id]
         workers.append(WorkerReport(
             address=contract.worker_id, samples=max((c.samples for c in mine), default=0),
             rounds_accepted=len({c.round for c in mine}), paid_wei=sum(p.amount_wei for p in paid),
             tx_hash=paid[-1].tx_hash if paid else None, status="paid" if paid else "unpaid",
-            price_wei=contract.price_wei, gpu_type=by_worker[contract.worker_id].gpu_type))
+            price_wei=contract.price_wei, role=contract.role,
+            gpu_type=by_worker[contract.worker_id].gpu_type if contract.worker_id in by_worker else "unknown"))
     round_reports = tuple(
         RoundReport(round=r.round, accuracy=r.accuracy, loss=r.loss, model_cid=r.model_cid,
                     worker_losses={c.worker_id: c.loss for c in accepted if c.round == r.round})

@@ -38,6 +38,7 @@ from .listener import Observer, TrainingListener
 from .phases import check_transition
 from .settlement import EscrowAccount, plan_payouts
 from .store import TrainingStore
+from .verification import checkpoint_problem, result_signer
 
 
 @dataclass
@@ -59,6 +60,7 @@ class Coordinator:
     settings: CoordinatorSettings = field(default_factory=CoordinatorSettings)
     observer: Observer | None = None
     registry: RegistryClient | None = None  # provider bonds and on-chain reputation, when deployed
+    round_times: dict[str, list[float]] = field(default_factory=dict)  # provider -> seconds per delivered round
     _listeners: dict[str, TrainingListener] = field(default_factory=dict)
     _audit_logs: dict[str, AuditLog] = field(default_factory=dict)
     _data_cache: dict[str, LabeledData] = field(default_factory=dict)
@@ -184,7 +186,8 @@ class Coordinator:
             return []
         return rank_workers(workers, self.scoring.score(workers), count)
 
-    async def negotiate(self, worker_id: str, training_id: str, price_wei: int) -> WorkerContract:
+    async def negotiate(self, worker_id: str, training_id: str, price_wei: int, *, role: str = "worker",
+                        shard_index: int | None = None) -> WorkerContract:
         record = await self.db.training(training_id)
         proposal = ContractProposal(contract_id=new_id("contract"), training_id=training_id,
                                     coordinator=self.address, price_wei=price_wei, rounds=record.spec.rounds)
@@ -195,13 +198,13 @@ class Coordinator:
             raise MessagingError(f"worker {worker_id} declined: {reply.reason}")
         contract = WorkerContract(contract_id=proposal.contract_id, training_id=training_id, worker_id=worker_id,
                                   coordinator=self.address, price_wei=price_wei, rounds=record.spec.rounds,
-                                  accepted_at=time.time())
+                                  accepted_at=time.time(), role=role, shard_index=shard_index)
         await self.db.save_contract(contract)
         return contract
 
     async def check_budget(self, training_id: str) -> list[WorkerContract]:
         """Raise InsufficientFundsError unless the wallet covers every contract plus gas."""
-        contracts = await self.db.contracts(training_id)
+        contracts = await self.db.contracts(training_id, "worker")
         await self.ensure_funds(sum(c.price for c in contracts), f"{len(contracts)} contracts")
         return contracts
 
@@ -234,7 +237,8 @@ class Coordinator:
         shard = next((s for s in await self.db.shards(training_id) if s.shard_id == shard_id), None)
         if shard is None:
             raise NotFoundError(f"no shard {shard_id!r} in training {training_id}")
-        contract = next((c for c in await self.db.contracts(training_id) if c.worker_id == worker_id), None)
+        contract = next((c for c in await self.db.contracts(training_id)
+                         if c.worker_id == worker_id and c.role != "replaced"), None)
         if contract is None:
             raise NotFoundError(f"worker {worker_id} has no contract for training {training_id}")
         assert record.model_cid is not None  # create_shards stores the round-0 model
@@ -273,7 +277,9 @@ class Coordinator:
         record = await self.db.training(ref.training_id)
         assert record.model_cid is not None
         reference = decode_state(await self.store.cat(record.model_cid))
-        problem = _checkpoint_problem(decode_state(await self.store.cat(ref.cid)), reference)
+        problem = checkpoint_problem(decode_state(await self.store.cat(ref.cid)), reference)
+        if problem is None and result_signer(ref.training_id, ref.cid, ref.signature) != worker_id:
+            problem = "result is not signed by the worker"
         if problem is not None:
             await self.db.save_checkpoint(ref, "rejected")
             await self.audit(ref.training_id, "result_rejected", worker=worker_id, job_id=job_id, cid=ref.cid,
@@ -281,6 +287,18 @@ class Coordinator:
             raise TrainingError(f"checkpoint {ref.cid} from {worker_id} rejected: {problem}")
         await self.db.save_checkpoint(ref, "accepted")
         return ref
+
+    async def checkpoint_fits(self, ref: CheckpointRef) -> bool:
+        """True when ``ref`` is fetched intact, signed by its worker and fits the current model."""
+        record = await self.db.training(ref.training_id)
+        assert record.model_cid is not None
+        try:
+            state = decode_state(await self.store.cat(ref.cid))
+        except Exception:  # missing, corrupt, or not a checkpoint at all
+            return False
+        reference = decode_state(await self.store.cat(record.model_cid))
+        return (checkpoint_problem(state, reference) is None
+                and result_signer(ref.training_id, ref.cid, ref.signature) == ref.worker_id)
 
     # -- aggregation -----------------------------------------------------------------------
     async def federated_average(self, checkpoints: Sequence[CheckpointRef],
@@ -342,7 +360,7 @@ class Coordinator:
         record = await self.db.training(training_id)
         rounds = await self.db.rounds(training_id)
         return TrainingStatus(training_id=training_id, phase=record.phase, round=record.round,
-                              rounds=record.spec.rounds, workers=len(await self.db.contracts(training_id)),
+                              rounds=record.spec.rounds, workers=len(await self.db.contracts(training_id, "worker")),
                               accuracy=rounds[-1].accuracy if rounds else None, model_cid=record.model_cid)
 
     # -- money -----------------------------------------------------------------------------
@@ -353,11 +371,13 @@ class Coordinator:
         Amounts owed are computed against what the chain says was already paid, so paying
         twice is impossible. ``amount_wei`` pays one worker less than it is owed, never more.
         """
-        contracts = [c for c in await self.db.contracts(training_id) if worker_id in (None, c.worker_id)]
+        contracts = [c for c in await self.db.contracts(training_id, "worker") if worker_id in (None, c.worker_id)]
         if worker_id is not None and not contracts:
-            raise NotFoundError(f"worker {worker_id} has no contract in training {training_id}")
-        paid = await self.escrow.paid_on_chain(training_id, [c.worker_id for c in contracts])
-        payouts = plan_payouts(contracts, await self.db.checkpoints(training_id, "accepted"), paid)
+            raise NotFoundError(f"worker {worker_id} has no funded contract in training {training_id}")
+        slots = await self.escrow.slots_on_chain(training_id, [c.worker_id for c in contracts])
+        payouts = plan_payouts(contracts, await self.db.checkpoints(training_id, "accepted"),
+                               {w: paid for w, (_, paid) in slots.items()},
+                               slot_amounts={w: amount for w, (amount, _) in slots.items()})
         if amount_wei is not None:
             if worker_id is None or len(payouts) != 1 or amount_wei > payouts[0].amount_wei:
                 owed = payouts[0].amount_wei if len(payouts) == 1 else 0
@@ -398,14 +418,3 @@ def _evaluate_state(spec: TrainingSpec, test: LabeledData, state: dict[str, torc
     model = build_model(model_spec_for(spec.model_type, test))
     model.load_state_dict(state, strict=True)
     return evaluate(model, test)
-
-
-def _checkpoint_problem(state: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> str | None:
-    if state.keys() != reference.keys():
-        return "tensor names differ from the model"
-    for key, tensor in state.items():
-        if tensor.shape != reference[key].shape or tensor.dtype != reference[key].dtype:
-            return f"tensor {key} has shape {tuple(tensor.shape)}/{tensor.dtype}, model has {tuple(reference[key].shape)}"
-        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
-            return f"tensor {key} has non-finite values"
-    return None

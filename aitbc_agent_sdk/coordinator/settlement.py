@@ -24,14 +24,21 @@ def earned_wei(contract: WorkerContract, accepted_rounds: int) -> int:
 
 
 def plan_payouts(contracts: Sequence[WorkerContract], accepted: Sequence[CheckpointRef],
-                 already_paid: Mapping[str, int]) -> list[Payout]:
-    """What is still owed to each worker, tied to its latest accepted checkpoint."""
+                 already_paid: Mapping[str, int], *, slot_amounts: Mapping[str, int] | None = None) -> list[Payout]:
+    """What is still owed to each worker, tied to its latest accepted checkpoint.
+
+    ``slot_amounts`` caps each worker at its escrow slot: a replacement earns its own price
+    per accepted round, but never more than the slot it took over holds.
+    """
     payouts = []
     for contract in contracts:
         mine = [c for c in accepted if c.worker_id == contract.worker_id and c.training_id == contract.training_id]
         if not mine:
             continue
-        due = earned_wei(contract, len({c.round for c in mine})) - already_paid.get(contract.worker_id, 0)
+        earned = earned_wei(contract, len({c.round for c in mine}))
+        if slot_amounts is not None:
+            earned = min(earned, slot_amounts.get(contract.worker_id, 0))
+        due = earned - already_paid.get(contract.worker_id, 0)
         if due > 0:
             latest = max(mine, key=lambda c: c.round)
             payouts.append(Payout(contract.worker_id, contract.contract_id, due, latest.cid))
@@ -51,8 +58,21 @@ class EscrowAccount:
                              paid_wei=state.paid, refunded_wei=state.refunded)
 
     async def paid_on_chain(self, training_id: str, workers: Sequence[str]) -> dict[str, int]:
+        return {w: paid for w, (_, paid) in (await self.slots_on_chain(training_id, workers)).items()}
+
+    async def slots_on_chain(self, training_id: str, workers: Sequence[str]) -> dict[str, tuple[int, int]]:
+        """(slot amount, paid so far) of each worker, as the escrow records them."""
         key = training_key(training_id)
-        return {w: (await self.escrow.slot(key, w)).paid for w in workers}
+        slots = {}
+        for worker in workers:
+            slot = await self.escrow.slot(key, worker)
+            slots[worker] = (slot.amount, slot.paid)
+        return slots
+
+    async def replace(self, training_id: str, old_worker: str, new_worker: str) -> str:
+        """Move ``old_worker``'s unpaid slot to ``new_worker``; returns the tx hash."""
+        receipt = await self.escrow.replace_worker(self.sender, training_key(training_id), old_worker, new_worker)
+        return receipt["transactionHash"].to_0x_hex()
 
     async def open(self, training_id: str, contracts: Sequence[WorkerContract], *,
                    deadline: int | None = None) -> str:

@@ -135,9 +135,11 @@ class TrainingStore:
             raise NotFoundError(f"no contract {contract_id!r}")
         return found[0]
 
-    async def contracts(self, training_id: str) -> list[WorkerContract]:
-        return await self._rows("SELECT data FROM contracts WHERE training_id=? ORDER BY rowid",
-                                [training_id], WorkerContract)
+    async def contracts(self, training_id: str, role: str | None = None) -> list[WorkerContract]:
+        """Contracts in the order they were made; ``role`` picks workers, spares or replaced ones."""
+        found = await self._rows("SELECT data FROM contracts WHERE training_id=? ORDER BY rowid",
+                                 [training_id], WorkerContract)
+        return [c for c in found if role is None or c.role == role]
 
     # jobs and progress -----------------------------------------------------
     async def save_job(self, job: JobAssignment) -> None:
@@ -179,7 +181,12 @@ class TrainingStore:
             "SELECT data, status FROM checkpoints WHERE job_id=?", (job_id,)).fetchall())
         return (CheckpointRef.model_validate_json(rows[0][0]), rows[0][1]) if rows else None
 
-    async def checkpoints(self, training_id: str, status: CheckpointStatus = "accepted") -> list[CheckpointRef]:
+    async def checkpoints(self, training_id: str,
+                          status: CheckpointStatus | None = "accepted") -> list[CheckpointRef]:
+        """Checkpoints with ``status`` (None: all of them) by round and arrival."""
+        if status is None:
+            return await self._rows("SELECT data FROM checkpoints WHERE training_id=? ORDER BY round, rowid",
+                                    [training_id], CheckpointRef)
         return await self._rows(
             "SELECT data FROM checkpoints WHERE training_id=? AND status=? ORDER BY round, rowid",
             [training_id, status], CheckpointRef)

@@ -41,3 +41,15 @@ def all_progress(training_id: str) -> str:
 
 def results(training_id: str) -> str:
     return f"{PREFIX}/results/{training_id}"
+
+
+def cancel(provider: str) -> str:
+    return f"{PREFIX}/cancel/{provider}"
+
+
+def ping(provider: str) -> str:
+    return f"{PREFIX}/ping/{provider}"
+
+
+def pong(coordinator: str, nonce: str) -> str:
+    return f"{PREFIX}/pong/{coordinator}/{nonce}"

@@ -8,21 +8,46 @@ import json
 import logging
 import shutil
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from eth_account.signers.local import LocalAccount
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..chain.escrow import training_key
+from ..chain.registry import sign_result
 from ..errors import AitbcError
 from ..messaging import Bus, SignedChannel, Verified, topics
 from ..models import (
-    ContractProposal, ContractReply, Hardware, Heartbeat, JobAssignment, JobResult, Offer, Progress, Wei,
+    ContractProposal, ContractReply, Hardware, Heartbeat, JobAssignment, JobCancel, JobResult, Offer, Ping, Pong,
+    Progress, Wei,
 )
 from ..storage import ContentStore
 from .hardware import detect_hardware
 from .process import CHECKPOINT_FILE, SHARD_FILE, WEIGHTS_FILE, TrainingProcess
 
 log = logging.getLogger(__name__)
+
+EpochReporter = Callable[[dict[str, Any]], Awaitable[None]]
+"""Called with each ``epoch`` event of the training process; reports progress on the bus."""
+
+
+@dataclass(frozen=True)
+class TrainOutcome:
+    """What training a job produced: the checkpoint file and the numbers the result reports."""
+
+    checkpoint: Path
+    samples: int
+    loss: float
+    seconds: float
+
+
+@dataclass(frozen=True)
+class _ActiveJob:
+    job: JobAssignment
+    task: asyncio.Task[None]
 
 
 class ProviderConfig(BaseModel):
@@ -41,6 +66,7 @@ class ProviderAgent:
 
     def __init__(self, account: LocalAccount, bus: Bus, store: ContentStore, config: ProviderConfig,
                  *, hardware: Hardware | None = None) -> None:
+        self.account = account  # signs results (slashing evidence); the channel signs envelopes
         self.channel = SignedChannel(bus, account)
         self.store = store
         self.config = config
@@ -51,12 +77,19 @@ class ProviderAgent:
         self._slots = asyncio.Semaphore(config.slots)
         self._tasks: list[asyncio.Task[None]] = []
         self._job_tasks: set[asyncio.Task[None]] = set()
+        self._active_jobs: dict[str, _ActiveJob] = {}  # queued or running, until the result is out
+        self._cancel_reasons: dict[str, str] = {}  # jobs their coordinator cancelled, by job id
         self.completed_jobs = 0
         self.jobs: dict[str, Progress] = {}  # latest progress of every job this daemon ran
 
     @property
     def address(self) -> str:
         return self.channel.address
+
+    @property
+    def active_job_ids(self) -> frozenset[str]:
+        """Jobs queued or running whose result is not out yet: the ones a cancel can still stop."""
+        return frozenset(self._active_jobs)
 
     def offer(self) -> Offer:
         assert self.hardware is not None
@@ -73,11 +106,9 @@ class ProviderAgent:
         if self.hardware is None:
             self.hardware = await asyncio.to_thread(detect_hardware)
         await self.process.start()
-        ready = [asyncio.Event(), asyncio.Event()]
-        self._tasks = [
-            asyncio.create_task(self._serve_negotiations(ready[0])),
-            asyncio.create_task(self._serve_jobs(ready[1])),
-        ]
+        servers = (self._serve_negotiations, self._serve_jobs, self._serve_cancels, self._serve_pings)
+        ready = [asyncio.Event() for _ in servers]
+        self._tasks = [asyncio.create_task(serve(event)) for serve, event in zip(servers, ready)]
         await asyncio.gather(*(e.wait() for e in ready))
         # Advertise only once we can answer, so no proposal is lost.
         await self.channel.publish(topics.offer(self.address), self.offer(), retain=True)
@@ -133,9 +164,50 @@ class ProviderAgent:
                 if contract is None or contract.coordinator != verified.sender:
                     log.warning("job %s without a contract from its sender dropped", verified.message.job_id)
                     continue
-                task = asyncio.create_task(self._run_job(verified.message))
-                self._job_tasks.add(task)
-                task.add_done_callback(self._job_tasks.discard)
+                self._start_job(verified.message)
+
+    def _start_job(self, job: JobAssignment) -> None:
+        if job.job_id in self._active_jobs:
+            log.warning("job %s is already queued or running; duplicate dropped", job.job_id)
+            return
+        task = asyncio.create_task(self._run_job(job))
+        self._active_jobs[job.job_id] = _ActiveJob(job, task)
+        self._job_tasks.add(task)
+        task.add_done_callback(self._job_tasks.discard)
+
+    async def _serve_cancels(self, ready: asyncio.Event) -> None:
+        async with self.channel.subscribe(topics.cancel(self.address), JobCancel) as cancels:
+            ready.set()
+            async for verified in cancels:
+                self._cancel(verified)
+
+    def _cancel(self, verified: Verified[JobCancel]) -> None:
+        request = verified.message
+        active = self._active_jobs.get(request.job_id)
+        if active is None or active.job.training_id != request.training_id:
+            return  # unknown, or already finished: nothing to stop
+        contract = self._contracts.get(active.job.contract_id)
+        if contract is None or contract.coordinator != verified.sender:
+            log.warning("cancel of job %s from %s, who does not own its contract, ignored",
+                        request.job_id, verified.sender)
+            return
+        self._cancel_reasons[request.job_id] = request.reason
+        # A queued job never runs; a running one stops (TrainingProcess.train kills its process).
+        active.task.cancel()
+
+    async def _serve_pings(self, ready: asyncio.Event) -> None:
+        async with self.channel.subscribe(topics.ping(self.address), Ping) as pings:
+            ready.set()
+            async for verified in pings:
+                await self._answer_ping(verified)
+
+    async def _answer_ping(self, verified: Verified[Ping]) -> None:
+        nonce = verified.message.nonce
+        if not nonce or any(c in nonce for c in "/+#"):
+            return  # the nonce names a topic level; it must not reach into another topic
+        with contextlib.suppress(AitbcError):
+            await self.channel.publish(topics.pong(verified.sender, nonce),
+                                       Pong(nonce=nonce, busy_jobs=self._busy))
 
     async def _report(self, job: JobAssignment, status: str, *, epoch: int = 0, loss: float | None = None,
                       samples_per_s: float | None = None, error: str | None = None) -> None:
@@ -148,39 +220,83 @@ class ProviderAgent:
         await self.channel.publish(topics.progress(job.training_id, job.job_id), progress)
 
     async def _run_job(self, job: JobAssignment) -> None:
-        async with self._slots:
-            self._busy += 1
+        try:
+            async with self._slots:
+                await self._run_in_slot(job)
+        except asyncio.CancelledError:
+            reason = self._cancel_reasons.get(job.job_id)
+            if reason is None:
+                raise  # the daemon is shutting down, not a coordinator's cancel
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            log.info("job %s cancelled by its coordinator: %s", job.job_id, reason)
+            last = self.jobs.get(job.job_id)
+            await self._report(job, "cancelled", epoch=last.epoch if last else 0)
+        finally:
+            self._cancel_reasons.pop(job.job_id, None)
+            self._forget(job)
+
+    def _forget(self, job: JobAssignment) -> None:
+        """From here on a cancel is a no-op: the job's outcome is decided."""
+        active = self._active_jobs.get(job.job_id)
+        if active is not None and active.task is asyncio.current_task():  # not a later job reusing the id
+            del self._active_jobs[job.job_id]
+
+    async def _run_in_slot(self, job: JobAssignment) -> None:
+        self._busy += 1
+        await self._advertise_now()
+        job_dir = self.config.work_dir / "jobs" / job.job_id
+        try:
+            await self._report(job, "running")
+            await self._fetch_inputs(job, job_dir)
+            speed: list[float] = []
+
+            async def on_epoch(event: dict[str, Any]) -> None:
+                speed.append(event["samples_per_s"])
+                await self._report(job, "running", epoch=event["epoch"], loss=event["loss"],
+                                   samples_per_s=event["samples_per_s"])
+
+            outcome = await self.train_job(job, job_dir, on_epoch)
+            checkpoint_cid = await self.upload_checkpoint(job, outcome.checkpoint)
+            await self._publish_result(job, checkpoint_cid, outcome)
+            self._forget(job)  # the result is out: too late to cancel
+            await self._report(job, "complete", epoch=job.config.epochs, loss=outcome.loss,
+                               samples_per_s=speed[-1] if speed else None)
+            self.completed_jobs += 1
+        except AitbcError as exc:
+            log.error("job %s failed: %s", job.job_id, exc)
+            await self._report(job, "failed", error=str(exc))
+        finally:
+            self._forget(job)  # so no cancel interrupts the clean-up below
+            self._busy -= 1
             await self._advertise_now()
-            job_dir = self.config.work_dir / "jobs" / job.job_id
-            try:
-                await self._report(job, "running")
-                shard, weights = await asyncio.gather(self.store.cat(job.shard_cid), self.store.cat(job.weights_cid))
-                await asyncio.to_thread(_write_inputs, job_dir, shard, weights)
+            await asyncio.to_thread(shutil.rmtree, job_dir, True)
 
-                speed: list[float] = []
+    async def _fetch_inputs(self, job: JobAssignment, job_dir: Path) -> None:
+        shard, weights = await asyncio.gather(self.store.cat(job.shard_cid), self.store.cat(job.weights_cid))
+        await asyncio.to_thread(_write_inputs, job_dir, shard, weights)
 
-                async def on_epoch(event: dict) -> None:
-                    speed.append(event["samples_per_s"])
-                    await self._report(job, "running", epoch=event["epoch"], loss=event["loss"],
-                                       samples_per_s=event["samples_per_s"])
+    async def _publish_result(self, job: JobAssignment, checkpoint_cid: str, outcome: TrainOutcome) -> None:
+        await self.channel.publish(topics.results(job.training_id), JobResult(
+            job_id=job.job_id, training_id=job.training_id, worker_id=self.address, round=job.round,
+            checkpoint_cid=checkpoint_cid, samples=outcome.samples, loss=outcome.loss,
+            train_seconds=outcome.seconds, signature=self.sign_checkpoint(job, checkpoint_cid)))
 
-                done = await self.process.train(job_dir, job_id=job.job_id, model=job.model, config=job.config,
-                                                seed=job.seed, on_epoch=on_epoch)
-                checkpoint_cid = await self.store.add(job_dir / CHECKPOINT_FILE)
-                await self.channel.publish(topics.results(job.training_id), JobResult(
-                    job_id=job.job_id, training_id=job.training_id, worker_id=self.address, round=job.round,
-                    checkpoint_cid=checkpoint_cid, samples=done["samples"], loss=done["loss"],
-                    train_seconds=done["seconds"]))
-                await self._report(job, "complete", epoch=job.config.epochs, loss=done["loss"],
-                                   samples_per_s=speed[-1] if speed else None)
-                self.completed_jobs += 1
-            except AitbcError as exc:
-                log.error("job %s failed: %s", job.job_id, exc)
-                await self._report(job, "failed", error=str(exc))
-            finally:
-                self._busy -= 1
-                await self._advertise_now()
-                await asyncio.to_thread(shutil.rmtree, job_dir, True)
+    # --- the steps of a job; subclasses (e.g. the chaos tests' Byzantine providers) override one
+
+    async def train_job(self, job: JobAssignment, job_dir: Path, on_epoch: EpochReporter) -> TrainOutcome:
+        """Train in the training process on the inputs in ``job_dir``; the checkpoint lands there too."""
+        done = await self.process.train(job_dir, job_id=job.job_id, model=job.model, config=job.config,
+                                        seed=job.seed, on_epoch=on_epoch)
+        return TrainOutcome(checkpoint=job_dir / CHECKPOINT_FILE, samples=int(done["samples"]),
+                            loss=float(done["loss"]), seconds=float(done["seconds"]))
+
+    async def upload_checkpoint(self, job: JobAssignment, checkpoint: Path) -> str:
+        """Store the checkpoint; the returned CID is the one the result announces."""
+        return await self.store.add(checkpoint)
+
+    def sign_checkpoint(self, job: JobAssignment, cid: str) -> str:
+        """``0x``-hex ``sign_result`` over (training, CID): the evidence a coordinator can slash with."""
+        return "0x" + sign_result(self.account, training_key(job.training_id), cid).hex()
 
 
 def _write_inputs(job_dir: Path, shard: bytes, weights: bytes) -> None:

@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
 
@@ -27,6 +28,9 @@ from .agent import ProviderAgent, ProviderConfig
 from .hardware import detect_hardware
 
 STATUS_FILE = "status.json"
+
+# Builds the provider from ProviderAgent's constructor arguments; a subclass changes its behaviour.
+AgentFactory = Callable[..., ProviderAgent]
 
 
 def provider_dir(home: Path, address: str) -> Path:
@@ -47,7 +51,8 @@ async def ensure_registered(profile: Profile, account: LocalAccount, provider: P
 
 
 async def serve_provider(home: Path, account: LocalAccount, *, price_wei: int, slots: int = 1,
-                         gpu: str = "auto", stake_wei: int | None = None, stop: asyncio.Event) -> None:
+                         gpu: str = "auto", stake_wei: int | None = None, stop: asyncio.Event,
+                         agent_factory: AgentFactory = ProviderAgent) -> None:
     profile = load_profile(home)
     work_dir = provider_dir(home, account.address)
     hardware = await asyncio.to_thread(detect_hardware)
@@ -58,7 +63,7 @@ async def serve_provider(home: Path, account: LocalAccount, *, price_wei: int, s
         # was reconnecting are delivered when it is back.
         bus = await open_bus(profile, f"provider-{account.address}", exits)
         store = await open_store(profile, AgentConfig(home=home), exits)
-        provider = ProviderAgent(account, bus, store, ProviderConfig(price_wei=price_wei, slots=slots,
+        provider = agent_factory(account, bus, store, ProviderConfig(price_wei=price_wei, slots=slots,
                                                                       work_dir=work_dir), hardware=hardware)
         if stake_wei:
             await ensure_registered(profile, account, provider, stake_wei)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -80,28 +82,57 @@ class TrainingProcess:
     async def train(self, job_dir: Path, *, job_id: str, model: ModelSpec, config: JobConfig, seed: int,
                     on_epoch: EpochCallback | None = None) -> dict[str, Any]:
         async with self._lock:
-            if self._proc is None:
-                await self.start()
-            assert self._proc is not None and self._proc.stdin is not None
-            if not self._ready:
-                first = await self._next_event()
-                if first.get("event") != "ready":
-                    raise TrainingError(f"unexpected event from training process: {first}")
-                self._ready = True
-            request = {"op": "train", "job_dir": str(job_dir), "job_id": job_id, "seed": seed,
-                       "model": model.model_dump(mode="json"), "config": config.model_dump(mode="json")}
-            self._proc.stdin.write((json.dumps(request) + "\n").encode())
-            await self._proc.stdin.drain()
-            while True:
-                event = await self._next_event()
-                kind = event.get("event")
-                if kind == "epoch":
-                    if on_epoch is not None:
-                        await _maybe_await(on_epoch(event))
-                elif kind == "done":
-                    return event
-                elif kind == "error":
-                    raise TrainingError(event.get("message", "training failed"))
+            try:
+                return await self._train_locked(job_dir, job_id=job_id, model=model, config=config, seed=seed,
+                                                on_epoch=on_epoch)
+            except asyncio.CancelledError:
+                # The process is still computing this job and would later answer with its
+                # events; kill it so the computation really stops and the next job starts clean.
+                await self.kill()
+                raise
+
+    async def _train_locked(self, job_dir: Path, *, job_id: str, model: ModelSpec, config: JobConfig, seed: int,
+                            on_epoch: EpochCallback | None) -> dict[str, Any]:
+        if self._proc is None:
+            await self.start()
+        assert self._proc is not None and self._proc.stdin is not None
+        if not self._ready:
+            first = await self._next_event()
+            if first.get("event") != "ready":
+                raise TrainingError(f"unexpected event from training process: {first}")
+            self._ready = True
+        request = {"op": "train", "job_dir": str(job_dir), "job_id": job_id, "seed": seed,
+                   "model": model.model_dump(mode="json"), "config": config.model_dump(mode="json")}
+        self._proc.stdin.write((json.dumps(request) + "\n").encode())
+        await self._proc.stdin.drain()
+        while True:
+            event = await self._next_event()
+            kind = event.get("event")
+            if kind == "epoch":
+                if on_epoch is not None:
+                    await _maybe_await(on_epoch(event))
+            elif kind == "done":
+                return event
+            elif kind == "error":
+                raise TrainingError(event.get("message", "training failed"))
+
+    async def kill(self) -> None:
+        """SIGKILL the training process (and anything it started) and reap it.
+
+        The next ``train`` starts a fresh process; killing when none runs is a no-op.
+        """
+        proc, self._proc = self._proc, None
+        self._ready = False
+        if proc is None:
+            return
+        if proc.returncode is None:
+            # start_new_session made the process a group leader: kill the whole group.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        await proc.wait()
+        if self._stderr_task is not None:
+            await asyncio.gather(self._stderr_task, return_exceptions=True)
+            self._stderr_task = None
 
     async def stop(self) -> None:
         proc, self._proc = self._proc, None

@@ -7,7 +7,7 @@ from aitbc_agent_sdk.training.evaluation import EvalResult, evaluate
 from aitbc_agent_sdk.training.local import EpochStats, LocalTrainResult, train_local
 from aitbc_agent_sdk.training.models import MODEL_NAMES, build_model, fit_normalization, model_spec_for
 from aitbc_agent_sdk.training.robust import (
-    STRATEGIES, CoordinateMedian, Krum, MultiKrum, NormClipping, TrimmedMean, make_strategy,
+    STRATEGIES, CoordinateMedian, Krum, MultiKrum, NormClipping, TrimmedMean, make_strategy, strategy_for_round,
 )
 from aitbc_agent_sdk.training.sharding import dirichlet_partition, iid_partition, label_counts
 
@@ -18,7 +18,7 @@ __all__ = [
     "MultiKrum",
     "NormClipping",
     "TrimmedMean",
-    "make_strategy",
+    "make_strategy", "strategy_for_round",
     "DATASET_NAMES",
     "MODEL_NAMES",
     "AggregationStrategy",

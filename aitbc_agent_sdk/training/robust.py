@@ -409,3 +409,20 @@ def make_strategy(name: str, **params: object) -> AggregationStrategy:
     except TypeError as exc:
         raise ValueError(f"bad parameters for aggregation strategy {name!r}: {exc}") from exc
     return factory(**params)
+
+
+def strategy_for_round(name: str, workers: int, reference: Mapping[str, torch.Tensor]) -> AggregationStrategy:
+    """The named strategy with parameters that suit a round of ``workers`` results.
+
+    Krum tolerates f = (n - 3) // 2 Byzantine states (it needs n > 2f + 2); multi-Krum
+    averages the n - max(f, 1) best, so the worst-scored state is always left out; the trimmed mean drops a quarter from each end; norm clipping
+    bounds updates at the round's median norm.
+    """
+    f = max(0, (workers - 3) // 2)
+    params: dict[str, object] = {
+        "trimmed-mean": {"trim_fraction": 0.25},
+        "krum": {"f": f},
+        "multi-krum": {"f": f, "m": max(1, workers - max(f, 1))},
+        "norm-clip": {"reference": reference},
+    }.get(name, {})
+    return make_strategy(name, **params)

@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 
 from aitbc_agent_sdk.config import AgentConfig
-from aitbc_agent_sdk.models import JobConfig, TrainingReport, TrainingSpec
+from aitbc_agent_sdk.models import FaultPolicy, JobConfig, TrainingReport, TrainingSpec
 from aitbc_agent_sdk.errors import ConfigError
 
 from . import steps
@@ -39,7 +39,10 @@ def run(
     partition: Annotated[str, typer.Option(help="iid or dirichlet")] = "iid",
     alpha: Annotated[float, typer.Option(help="Dirichlet concentration (non-IID skew)")] = 0.5,
     seed: Annotated[int, typer.Option()] = 0,
-    providers: Annotated[int, typer.Option(min=0, help="local provider agents on the embedded stack")] = 4,
+    spares: Annotated[int, typer.Option(min=0, help="spare providers hired to replace failed workers")] = 0,
+    aggregation: Annotated[str, typer.Option(help="fedavg, median, trimmed-mean, krum, multi-krum or norm-clip")] = "fedavg",
+    heartbeat_timeout: Annotated[float, typer.Option(min=0.1, help="seconds of silence before a worker is pinged")] = 10.0,
+    providers: Annotated[Optional[int], typer.Option(min=0, help="local provider agents on the embedded stack (default: workers + spares)")] = None,
     wallet_funds_eth: Annotated[Decimal, typer.Option(help="embedded wallet funding, in ETH")] = Decimal(100),
     home: Annotated[Optional[Path], typer.Option(help="state directory (default $AITBC_HOME or ~/.aitbc)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object and nothing else")] = False,
@@ -51,9 +54,11 @@ def run(
     if plot is not None and plot.suffix.lower() != ".png":
         raise ConfigError(f"--plot must name a .png file, got {plot}")
     spec = TrainingSpec(model_type=model, target_workers=workers, rounds=rounds, partition=partition,  # type: ignore[arg-type]
-                        dirichlet_alpha=alpha, seed=seed,
+                        dirichlet_alpha=alpha, seed=seed, spare_workers=spares,
+                        aggregation=aggregation,  # type: ignore[arg-type]
+                        faults=FaultPolicy(heartbeat_timeout_s=heartbeat_timeout),
                         job=JobConfig(batch_size=batch_size, learning_rate=lr, epochs=epochs))
-    settings = {"providers": providers, "wallet_funding_wei": int(wallet_funds_eth * WEI_PER_ETH)}
+    settings = {"providers": workers + spares if providers is None else providers, "wallet_funding_wei": int(wallet_funds_eth * WEI_PER_ETH)}
     if home is not None:
         settings["home"] = home
     config = AgentConfig(name="aitbc-cli", **settings)

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 from aitbc_agent_sdk.config import AgentConfig
 from aitbc_agent_sdk.coordinator.store import TrainingStore
-from aitbc_agent_sdk.models import JobConfig, TrainingPhase, TrainingSpec
+from aitbc_agent_sdk.models import FaultPolicy, JobConfig, TrainingPhase, TrainingSpec
 from aitbc_agent_sdk.profile import training_dir
 from aitbc_agent_sdk.coordinator.monitor import Snapshot, snapshot
 from aitbc_agent_sdk.devnet.service import pid_alive, tail
@@ -75,6 +75,9 @@ def register(app: typer.Typer) -> None:
         lr: Annotated[float, typer.Option(min=0.0)] = 1e-2,
         partition: Annotated[str, typer.Option(help="iid or dirichlet")] = "iid",
         seed: Annotated[int, typer.Option()] = 0,
+        spares: Annotated[int, typer.Option(min=0, help="spare providers to hire for replacing failed workers")] = 0,
+        aggregation: Annotated[str, typer.Option(help="fedavg, median, trimmed-mean, krum, multi-krum or norm-clip")] = "fedavg",
+        heartbeat_timeout: Annotated[float, typer.Option(min=0.1, help="seconds of silence before a worker is pinged")] = 10.0,
         home: HomeOption = None,
         as_json: JsonOption = False,
     ) -> None:
@@ -85,6 +88,8 @@ def register(app: typer.Typer) -> None:
             raise ConfigError(f"unknown model {model_type!r}; valid models are {list(MODEL_NAMES)}")
         spec = TrainingSpec(model_type=model_type, target_workers=target_workers, rounds=rounds,
                             dataset_size=dataset_size, partition=partition, seed=seed,  # type: ignore[arg-type]
+                            spare_workers=spares, aggregation=aggregation,  # type: ignore[arg-type]
+                            faults=FaultPolicy(heartbeat_timeout_s=heartbeat_timeout),
                             job=JobConfig(batch_size=batch_size, learning_rate=lr, epochs=epochs))
         address = asyncio.run(wallet_store(root).get(wallet)).address
 
@@ -149,25 +154,26 @@ def register(app: typer.Typer) -> None:
             workers = await agent.discover_gpu_workers(min_gpu=min_gpu, max_price_wei=max_wei)
             if len(workers) < required_workers:
                 raise NotEnoughWorkersError(f"asked for {required_workers} workers, {len(workers)} suitable offers")
+            from aitbc_agent_sdk.coordinator.reassign import hire as hire_workers
             scores = dict(zip([w.worker_id for w in workers], agent.scoring.score(workers), strict=True))
-            chosen = await agent.select_best_workers(workers, required_workers)
-            rows = []
-            for worker in chosen:
-                contract = await agent.negotiate_worker_contract(worker.worker_id, training_id, worker.price)
-                rows.append({"worker_id": worker.worker_id, "gpu": worker.gpu_type, "price_wei": worker.price,
-                             "reputation": worker.reputation, "score": float(scores[worker.worker_id]),
-                             "contract_id": contract.contract_id})
-            return rows
+            record = await agent.coordinator.db.training(training_id)
+            ranked = await agent.select_best_workers(workers, required_workers + record.spec.spare_workers)
+            by_id = {w.worker_id: w for w in ranked}
+            contracts = await hire_workers(agent.coordinator, training_id, ranked[:required_workers],
+                                           ranked[required_workers:])
+            return [{"worker_id": c.worker_id, "gpu": by_id[c.worker_id].gpu_type, "price_wei": c.price_wei,
+                     "reputation": by_id[c.worker_id].reputation, "score": float(scores[c.worker_id]),
+                     "contract_id": c.contract_id, "role": c.role} for c in contracts]
 
         rows = run_as(root, training_id, hire)
         if as_json:
             print_json({"training_id": training_id, "workers": rows})
             return
         table = Table(title=f"Selected {len(rows)} workers")
-        for col in ("worker", "hardware", "price/round ETH", "reputation", "score", "contract"):
+        for col in ("worker", "role", "hardware", "price/round ETH", "reputation", "score", "contract"):
             table.add_column(col)
         for r in rows:
-            table.add_row(r["worker_id"], r["gpu"], eth(r["price_wei"]), f"{r['reputation']:.2f}",
+            table.add_row(r["worker_id"], r["role"], r["gpu"], eth(r["price_wei"]), f"{r['reputation']:.2f}",
                           f"{r['score']:.3f}", r["contract_id"])
         Console().print(table)
 
@@ -185,7 +191,7 @@ def register(app: typer.Typer) -> None:
         wallet = asyncio.run(wallet_of(root, training_id))
 
         async def prepare(agent: Agent) -> tuple[str, int]:
-            contracts = await agent.coordinator.db.contracts(training_id)
+            contracts = await agent.coordinator.db.contracts(training_id, "worker")
             record = await agent.coordinator.db.training(training_id)
             if record.phase != TrainingPhase.INITIALIZING:
                 raise ConfigError(f"training {training_id} is already {record.phase.value}")
@@ -209,6 +215,38 @@ def register(app: typer.Typer) -> None:
             return
         Console().print(f"Escrow funded in {tx}; {workers} jobs distributed; coordinator daemon pid {proc.pid} "
                         f"(log: {training_dir(root, training_id) / 'coordinator.log'})")
+
+    @app.command()
+    def resume(
+        training_id: Annotated[str, typer.Option()],
+        home: HomeOption = None,
+        as_json: JsonOption = False,
+    ) -> None:
+        """Carry on a funded training whose coordinator died, in a new detached coordinator daemon."""
+        from aitbc_agent_sdk.coordinator.daemon import is_driven, spawn_coordinator
+        from aitbc_agent_sdk.coordinator.phases import is_terminal
+        root = resolve_home(home)
+
+        async def load() -> TrainingRecord:
+            async with TrainingStore(root / "aitbc.db") as db:
+                return await db.training(training_id)
+
+        record = asyncio.run(load())
+        if is_terminal(record.phase):
+            raise ConfigError(f"training {training_id} already ended ({record.phase.value}); nothing to resume")
+        if is_driven(root, training_id):
+            raise ConfigError(f"training {training_id} already has a running coordinator")
+        wallet = asyncio.run(wallet_of(root, training_id))
+        _, password = asyncio.run(unlock(root, wallet))
+        proc = spawn_coordinator(root, wallet, password, training_id, resume=True)
+        _wait_until_driven(root, training_id, proc.pid)
+        log = training_dir(root, training_id) / "coordinator.log"
+        if as_json:
+            print_json({"training_id": training_id, "round": record.round, "phase": record.phase.value,
+                        "coordinator_pid": proc.pid, "log": str(log)})
+            return
+        Console().print(f"Resuming {training_id} after round {record.round} ({record.phase.value}); "
+                        f"coordinator daemon pid {proc.pid} (log: {log})")
 
     @app.command()
     def monitor(
@@ -305,15 +343,28 @@ async def _snapshot(home: Path, training_id: str) -> Snapshot:
 
 def _wait_until_started(home: Path, training_id: str, pid: int, timeout: float = 60.0) -> None:
     """Return once the daemon moved the training on; fail with its log if it died."""
+    _wait_for_daemon(lambda: asyncio.run(_snapshot(home, training_id)).phase != TrainingPhase.INITIALIZING,
+                     home, training_id, pid, timeout, "start the training")
+
+
+def _wait_until_driven(home: Path, training_id: str, pid: int, timeout: float = 60.0) -> None:
+    """Return once the new daemon holds the training's lock; fail with its log if it died first."""
+    from aitbc_agent_sdk.coordinator.daemon import is_driven
+    _wait_for_daemon(lambda: is_driven(home, training_id), home, training_id, pid, timeout,
+                     "take the training over")
+
+
+def _wait_for_daemon(ready: Callable[[], bool], home: Path, training_id: str, pid: int, timeout: float,
+                     what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if asyncio.run(_snapshot(home, training_id)).phase != TrainingPhase.INITIALIZING:
+        if ready():
             return
         if not pid_alive(pid):
             log = training_dir(home, training_id) / "coordinator.log"
             raise AitbcError(f"the coordinator daemon exited; last log lines:\n{tail(log)}")
         time.sleep(0.2)
-    raise AitbcError(f"the coordinator daemon did not start the training within {timeout:.0f}s")
+    raise AitbcError(f"the coordinator daemon did not {what} within {timeout:.0f}s")
 
 
 def render_snapshot(snap: Snapshot) -> Group:

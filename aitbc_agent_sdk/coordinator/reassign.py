@@ -1,0 +1,86 @@
+"""Hiring spares, replacing failed workers in their escrow slot, and slashing signed bad results.
+
+Payment policy (docs/contracts.md): a worker's escrow slot is all or nothing for that worker.
+A worker that is replaced (crashed, silent, rejected, or beaten by its speculative duplicate)
+forfeits the slot, including rounds it already delivered; the replacement takes the slot over
+and earns its own price per round it delivers, capped at what the slot holds. A spare whose
+speculative duplicate loses the race is cancelled and paid nothing for it. Whatever nobody
+earned is refunded to the coordinator when the training closes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Sequence
+
+from ..chain import SlashEvidence, training_key
+from ..errors import AitbcError, MessagingError, NotEnoughWorkersError
+from ..messaging import topics
+from ..models import JobCancel, Worker, WorkerContract
+from .service import Coordinator
+
+log = logging.getLogger(__name__)
+
+
+async def hire(coordinator: Coordinator, training_id: str, workers: Sequence[Worker],
+               spares: Sequence[Worker] = ()) -> list[WorkerContract]:
+    """Contract ``workers`` (one shard each, in order) and ``spares`` (unfunded until they replace someone)."""
+    contracts = []
+    for index, worker in enumerate(workers):
+        contracts.append(await coordinator.negotiate(worker.worker_id, training_id, worker.price,
+                                                     role="worker", shard_index=index))
+    for spare in spares:
+        try:
+            contracts.append(await coordinator.negotiate(spare.worker_id, training_id, spare.price, role="spare"))
+        except MessagingError as exc:  # a spare is a bonus: hire the others anyway
+            log.warning("spare %s not hired: %s", spare.worker_id, exc)
+    return contracts
+
+
+async def new_replacement(coordinator: Coordinator, training_id: str, exclude: Collection[str]) -> WorkerContract:
+    """Discover a provider not yet in this training and contract it as a spare."""
+    record = await coordinator.db.training(training_id)
+    found = [w for w in await coordinator.discover(max_price_wei=record.spec.max_price_wei)
+             if w.worker_id not in exclude]
+    for worker in coordinator.select(found, len(found)):
+        try:
+            return await coordinator.negotiate(worker.worker_id, training_id, worker.price, role="spare")
+        except MessagingError as exc:
+            log.warning("replacement candidate %s declined: %s", worker.worker_id, exc)
+    raise NotEnoughWorkersError(f"no provider is available to replace a worker in training {training_id}")
+
+
+async def take_over_slot(coordinator: Coordinator, training_id: str, old: WorkerContract,
+                         new: WorkerContract, reason: str) -> WorkerContract:
+    """Move ``old``'s escrow slot to ``new`` on chain, then record the swap; returns new's contract."""
+    tx = await coordinator.escrow.replace(training_id, old.worker_id, new.worker_id)
+    promoted = new.model_copy(update={"role": "worker", "shard_index": old.shard_index})
+    await coordinator.db.save_contract(old.model_copy(update={"role": "replaced"}))
+    await coordinator.db.save_contract(promoted)
+    await coordinator.audit(training_id, "worker_replaced", worker=old.worker_id, replacement=new.worker_id,
+                            shard_index=old.shard_index, reason=reason, tx=tx)
+    return promoted
+
+
+async def cancel_job(coordinator: Coordinator, training_id: str, worker_id: str, job_id: str, reason: str) -> None:
+    """Tell a worker its job is no longer wanted; a dead worker simply never hears it."""
+    try:
+        await coordinator.channel.publish(topics.cancel(worker_id),
+                                          JobCancel(job_id=job_id, training_id=training_id, reason=reason))
+    except AitbcError as exc:
+        log.warning("cancel of %s not sent: %s", job_id, exc)
+    await coordinator.audit(training_id, "job_cancelled", worker=worker_id, job_id=job_id, reason=reason)
+
+
+async def slash(coordinator: Coordinator, training_id: str, worker_id: str, cid: str, signature: str) -> None:
+    """Slash the worker's registry bond with its own signed result as evidence (when a registry is deployed)."""
+    if coordinator.registry is None:
+        return
+    try:
+        evidence = SlashEvidence(training_key(training_id), worker_id, cid, bytes.fromhex(signature[2:]))
+        receipt = await coordinator.registry.slash(coordinator.escrow.sender, evidence)
+    except (AitbcError, ValueError) as exc:  # already slashed, no bond: keep training
+        await coordinator.audit(training_id, "slash_failed", worker=worker_id, cid=cid, reason=str(exc))
+        return
+    await coordinator.audit(training_id, "slashed", worker=worker_id, cid=cid,
+                            tx=receipt["transactionHash"].to_0x_hex())

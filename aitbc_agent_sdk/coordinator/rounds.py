@@ -1,0 +1,315 @@
+"""One federated round that finishes although workers crash, stall or cheat.
+
+Each shard has a slot: the worker holding its escrow slot, the jobs running on the shard
+(the holder's, and a spare's speculative duplicate) and, once one arrives, the winning
+result. The loop below reads results and failures as they come, checks liveness and
+stragglers between them, and ends when every shard has a verified result. A failed or
+rejected holder is replaced (``reassign``); the replacement retrains the same shard with the
+same seed, so a recovered round computes what a clean one would have.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..errors import TrainingError
+from ..models import CheckpointRef, FaultPolicy, JobAssignment, ModelSpec, Progress, Shard, TrainingPhase
+from ..training import LabeledData, decode_state, encode_state, strategy_for_round
+from . import reassign
+from .health import adaptive_deadline, confirmed_stragglers
+from .liveness import LivenessWatch
+from .service import Coordinator
+from .verification import Inspection, inspect_result, judge_norms, round_median, validation_loss
+
+log = logging.getLogger(__name__)
+P = TrainingPhase
+TICK_S = 0.25
+
+
+@dataclass
+class ShardSlot:
+    shard: Shard
+    holder: str  # the worker whose escrow slot pays for this shard
+    jobs: dict[str, JobAssignment] = field(default_factory=dict)  # live jobs on the shard
+    sent_at: dict[str, float] = field(default_factory=dict)
+    winner: Inspection | None = None
+    winner_ref: CheckpointRef | None = None
+    finished_s: float | None = None  # how long the winning job took
+    judged: bool = False  # the winner also passed the round's norm check
+    straggling: bool = False
+
+    def job_of(self, worker: str) -> JobAssignment | None:
+        return next((j for j in self.jobs.values() if j.worker_id == worker), None)
+
+
+@dataclass(frozen=True)
+class RoundBaseline:
+    """What every result of the round is checked against."""
+
+    reference: dict[str, torch.Tensor]
+    spec: ModelSpec
+    validation: LabeledData
+    start_loss: float
+    earlier_cids: frozenset[str]
+
+
+class RoundRunner:
+    def __init__(self, coordinator: Coordinator, training_id: str, liveness: LivenessWatch,
+                 unusable: set[str]) -> None:
+        self.c = coordinator
+        self.tid = training_id
+        self.liveness = liveness
+        self.slots: dict[int, ShardSlot] = {}
+        self.unusable = unusable  # spares that failed or cheated, shared across the training's rounds
+        self.median_norm: float | None = None
+
+    # -- the round, top to bottom ----------------------------------------------------------
+    async def run(self, timeout: float) -> tuple[str, float]:
+        record = await self.c.db.training(self.tid)
+        self.policy: FaultPolicy = record.spec.faults
+        self.round = record.round + 1
+        self.baseline = await self._baseline()
+        shards = {s.index: s for s in await self.c.db.shards(self.tid)}
+        for contract in await self.c.db.contracts(self.tid, "worker"):
+            assert contract.shard_index is not None
+            self.slots[contract.shard_index] = ShardSlot(shards[contract.shard_index], contract.worker_id)
+        self.listener = await self.c.listener(self.tid)
+        self.started = time.monotonic()
+        for slot in self.slots.values():
+            await self._dispatch(slot, slot.holder)
+        await self.c.update_phase(self.tid, P.TRAINING)
+        async with asyncio.timeout(timeout):
+            while not all(s.judged for s in self.slots.values()):
+                await self._next_events()
+                await self._check_liveness()
+                await self._check_stragglers()
+                await self._judge_norms()
+        return await self._aggregate()
+
+    async def _baseline(self) -> RoundBaseline:
+        record = await self.c.db.training(self.tid)
+        assert record.model_cid is not None
+        reference = decode_state(await self.c.store.cat(record.model_cid))
+        manifest = await self.c.manifest(self.tid)
+        test = await self.c._data(manifest.test_cid)
+        validation = test.subset(np.arange(min(self.policy.val_samples, len(test))))
+        spec = await self.c.model_spec(self.tid)
+        start_loss = await asyncio.to_thread(validation_loss, spec, reference, validation)
+        earlier = frozenset(c.cid for c in await self.c.db.checkpoints(self.tid, None) if c.round < self.round)
+        return RoundBaseline(reference, spec, validation, start_loss, earlier)
+
+    async def _dispatch(self, slot: ShardSlot, worker: str) -> None:
+        record = await self.c.db.training(self.tid)
+        job = await self.c.send_job(worker, self.tid, slot.shard.shard_id, record.spec.job)
+        slot.jobs[job.job_id] = job
+        slot.sent_at[job.job_id] = time.monotonic()
+
+    # -- events ----------------------------------------------------------------------------
+    async def _next_events(self) -> None:
+        try:
+            item = await asyncio.wait_for(self.listener.results.get(), TICK_S)
+        except TimeoutError:
+            return
+        await self._handle(item)
+        while not self.listener.results.empty():
+            await self._handle(self.listener.results.get_nowait())
+
+    def _slot_of(self, job_id: str) -> ShardSlot | None:
+        return next((s for s in self.slots.values() if job_id in s.jobs), None)
+
+    async def _handle(self, item: CheckpointRef | Progress) -> None:
+        slot = self._slot_of(item.job_id)
+        if slot is None or slot.winner is not None:
+            return  # a cancelled job, an earlier round, or the loser of a speculative race
+        if isinstance(item, Progress):
+            await self.c.audit(self.tid, "job_failed", worker=item.worker_id, job_id=item.job_id,
+                               round=self.round, reason=item.error)
+            await self._drop_worker(slot, item.worker_id, f"its job failed: {item.error}")
+            return
+        inspection = await self._inspect(slot, item)
+        if inspection.problem is not None:
+            await self._reject(slot, item, inspection)
+            return
+        slot.winner, slot.winner_ref = inspection, item
+        slot.finished_s = time.monotonic() - slot.sent_at[item.job_id]
+        self.c.round_times.setdefault(item.worker_id, []).append(slot.finished_s)
+        for job in list(slot.jobs.values()):
+            if job.job_id != item.job_id:
+                await self._cancel(slot, job, "another copy of this shard's job finished first")
+        if item.worker_id != slot.holder:
+            await self._replace(slot, item.worker_id, "straggler: its speculative duplicate finished first")
+        if self.median_norm is not None:
+            await self._judge_norms()
+
+    async def _inspect(self, slot: ShardSlot, ref: CheckpointRef) -> Inspection:
+        try:
+            async with asyncio.timeout(self.policy.fetch_timeout_s):
+                blob = await self.c.store.cat(ref.cid)
+        except Exception as exc:  # a timeout, a missing block or a block that fails its hash: same verdict
+            why = "not retrievable" if isinstance(exc, TimeoutError) else f"not intact ({exc})"
+            return Inspection(ref.job_id, ref.worker_id, ref.cid, f"checkpoint {ref.cid} is {why}")
+        base = self.baseline
+        same_round = {c.cid for c in await self.c.db.checkpoints(self.tid, None)
+                      if c.round == self.round and c.job_id not in slot.jobs}
+        return await asyncio.to_thread(
+            lambda: inspect_result(
+                job_id=ref.job_id, worker_id=ref.worker_id, training_id=self.tid, cid=ref.cid,
+                signature=ref.signature, state=decode_state(blob), reference=base.reference,
+                seen_before=ref.cid in base.earlier_cids or ref.cid in same_round, spec=base.spec,
+                validation=base.validation, start_loss=base.start_loss, policy=self.policy))
+
+    async def _reject(self, slot: ShardSlot, ref: CheckpointRef, inspection: Inspection) -> None:
+        assert inspection.problem is not None
+        await self.c.db.save_checkpoint(ref, "rejected")
+        await self.c.audit(self.tid, "result_rejected", worker=ref.worker_id, job_id=ref.job_id, cid=ref.cid,
+                           round=self.round, reason=inspection.problem, slashable=inspection.slashable)
+        if inspection.slashable and ref.signature:
+            await reassign.slash(self.c, self.tid, ref.worker_id, ref.cid, ref.signature)
+        await self._drop_worker(slot, ref.worker_id, f"result rejected: {inspection.problem}")
+
+    # -- health ----------------------------------------------------------------------------
+    async def _check_liveness(self) -> None:
+        now = time.monotonic()
+        for slot in self.slots.values():
+            for job in list(slot.jobs.values()):
+                if slot.winner is not None:
+                    break
+                worker = job.worker_id
+                last = max(self.liveness.last_seen.get(worker, 0.0), self.listener.last_heard.get(worker, 0.0),
+                           slot.sent_at[job.job_id])
+                if now - last <= self.policy.heartbeat_timeout_s:
+                    continue
+                if await self.liveness.ping(worker, self.policy.ping_timeout_s):
+                    continue
+                detected = time.monotonic() - last
+                await self.c.audit(self.tid, "worker_failed", worker=worker, job_id=job.job_id, round=self.round,
+                                   reason="no heartbeat and no pong", silent_s=round(detected, 3),
+                                   heartbeat_timeout_s=self.policy.heartbeat_timeout_s)
+                await self._drop_worker(slot, worker, f"silent for {detected:.1f}s")
+
+    async def _check_stragglers(self) -> None:
+        now = time.monotonic()
+        waiting = [s for s in self.slots.values() if s.winner is None and not s.straggling]
+        if not waiting:
+            return
+        late = set(confirmed_stragglers(
+            {i: self._progress(s) for i, s in self.slots.items()},
+            {i: now - s.sent_at[j.job_id] for i, s in self.slots.items() if (j := s.job_of(s.holder))},
+            [s.finished_s for s in self.slots.values() if s.finished_s is not None], self.policy))
+        for index, slot in self.slots.items():
+            job = slot.job_of(slot.holder)
+            if job is None or slot.winner is not None:
+                continue
+            deadline = adaptive_deadline(self.c.round_times.get(slot.holder, []), self.policy)
+            if now - slot.sent_at[job.job_id] > deadline:
+                late.add(index)
+        for index in sorted(late):
+            slot = self.slots[index]
+            if slot.straggling or slot.winner is not None:
+                continue
+            slot.straggling = True
+            await self.c.audit(self.tid, "straggler_detected", worker=slot.holder, round=self.round,
+                               progress=self._progress(slot),
+                               deadline_s=adaptive_deadline(self.c.round_times.get(slot.holder, []), self.policy))
+            spare = await self._free_spare()
+            if spare is not None:
+                await self._dispatch(slot, spare)
+                await self.c.audit(self.tid, "speculative_job", worker=spare, straggler=slot.holder,
+                                   round=self.round, shard_index=index)
+
+    def _progress(self, slot: ShardSlot) -> float:
+        if slot.winner is not None:
+            return 100.0
+        job = slot.job_of(slot.holder)
+        found = self.listener.latest.get(job.job_id) if job else None
+        return found.progress if found else 0.0
+
+    # -- replacing workers -----------------------------------------------------------------
+    async def _drop_worker(self, slot: ShardSlot, worker: str, reason: str) -> None:
+        """``worker`` will not deliver this shard: cancel its job, and replace it if it holds the slot."""
+        job = slot.job_of(worker)
+        if job is not None:
+            del slot.jobs[job.job_id]
+            await reassign.cancel_job(self.c, self.tid, worker, job.job_id, reason)
+        if worker != slot.holder:
+            self.unusable.add(worker)  # a spare that failed its speculative job
+            return
+        running_spare = next((j.worker_id for j in slot.jobs.values()), None)
+        replacement = running_spare or await self._free_spare() or await self._new_spare()
+        await self._replace(slot, replacement, reason)
+        if running_spare is None:
+            await self._dispatch(slot, replacement)
+
+    async def _replace(self, slot: ShardSlot, replacement: str, reason: str) -> None:
+        replaced = [c for c in await self.c.db.contracts(self.tid, "replaced")]
+        if len(replaced) >= self.policy.max_replacements:
+            raise TrainingError(f"{len(replaced)} workers replaced already; giving up (max_replacements)")
+        contracts = {c.worker_id: c for c in await self.c.db.contracts(self.tid) if c.role != "replaced"}
+        old = contracts[slot.holder]
+        await reassign.take_over_slot(self.c, self.tid, old, contracts[replacement], reason)
+        self.unusable.add(slot.holder)
+        slot.holder = replacement
+        slot.straggling = False
+
+    async def _free_spare(self) -> str | None:
+        busy = {j.worker_id for s in self.slots.values() for j in s.jobs.values()}
+        busy |= {s.holder for s in self.slots.values()}
+        for contract in await self.c.db.contracts(self.tid, "spare"):
+            if contract.worker_id not in busy and contract.worker_id not in self.unusable:
+                return contract.worker_id
+        return None
+
+    async def _new_spare(self) -> str:
+        known = {c.worker_id for c in await self.c.db.contracts(self.tid)}
+        contract = await reassign.new_replacement(self.c, self.tid, known)
+        await self.c.audit(self.tid, "spare_hired", worker=contract.worker_id, price_wei=contract.price_wei)
+        return contract.worker_id
+
+    async def _cancel(self, slot: ShardSlot, job: JobAssignment, reason: str) -> None:
+        del slot.jobs[job.job_id]
+        await reassign.cancel_job(self.c, self.tid, job.worker_id, job.job_id, reason)
+
+    # -- the round's norm check and aggregation --------------------------------------------
+    async def _judge_norms(self) -> None:
+        winners = {i: s.winner for i, s in self.slots.items() if s.winner is not None and not s.judged}
+        if not winners:
+            return
+        if self.median_norm is None:
+            if len(winners) < len(self.slots):
+                return  # the median needs every shard's result
+            self.median_norm = round_median([w.norm or 0.0 for w in winners.values()])
+        judged = judge_norms(winners, self.median_norm, self.policy)
+        for index, verdict in judged.items():
+            slot = self.slots[index]
+            ref = slot.winner_ref
+            assert ref is not None
+            if verdict.problem is None:
+                slot.judged = True
+                continue
+            slot.winner = slot.winner_ref = None
+            slot.jobs.pop(ref.job_id, None)
+            await self._reject(slot, ref, verdict)
+            await self._ensure_running(slot)
+
+    async def _ensure_running(self, slot: ShardSlot) -> None:
+        if not slot.jobs:
+            await self._dispatch(slot, slot.holder)
+
+    async def _aggregate(self) -> tuple[str, float]:
+        await self.c.update_phase(self.tid, P.AGGREGATING)
+        record = await self.c.db.training(self.tid)
+        refs = [self.slots[i].winner_ref for i in sorted(self.slots)]
+        strategy = strategy_for_round(record.spec.aggregation, len(refs), self.baseline.reference)
+        strategy.begin()
+        for ref in refs:
+            assert ref is not None
+            await self.c.fold(strategy, ref, float(ref.samples))
+            await self.c.db.save_checkpoint(ref, "accepted")
+        model = await asyncio.to_thread(lambda: encode_state(strategy.result()))
+        return await self.c.store.add(model), max(r.train_seconds for r in refs if r is not None)

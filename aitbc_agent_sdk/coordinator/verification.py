@@ -1,0 +1,139 @@
+"""Verification of a worker's result before it is aggregated or paid (no I/O).
+
+A result passes when its checkpoint was fetched intact by CID (the stores check every
+block), it carries the worker's own signature, its tensors are finite and shaped like the
+model, it is not a replay of a checkpoint seen before, its loss on a validation batch no
+worker ever saw did not get worse beyond a tolerance, and its update norm is within a bound
+relative to the round's median. The first four are judged alone (:func:`inspect_result`);
+the norm needs the whole round (:func:`judge_norms`).
+
+A rejection is *slashable* when the worker signed the result and the fault is in content
+anyone can fetch and re-check: the evidence then proves the worker submitted it.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from eth_account import Account
+from eth_account.messages import encode_defunct
+from torch.nn import functional as F
+
+from ..chain.escrow import training_key
+from ..chain.registry import result_digest
+from ..models import FaultPolicy, ModelSpec
+from ..training import LabeledData, build_model
+
+State = Mapping[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Inspection:
+    """What one result looked like on arrival; ``problem`` is None when it passed so far."""
+
+    job_id: str
+    worker_id: str
+    cid: str
+    problem: str | None
+    slashable: bool = False
+    norm: float | None = None
+    val_loss: float | None = None
+
+
+def result_signer(training_id: str, cid: str, signature: str | None) -> str | None:
+    """The address that signed (training, cid), or None for a missing or malformed signature."""
+    if not signature:
+        return None
+    digest = result_digest(training_key(training_id), cid)
+    try:
+        return Account.recover_message(encode_defunct(primitive=digest), signature=signature)
+    except Exception:  # eth_account raises several types for malformed signatures
+        return None
+
+
+def checkpoint_problem(state: State, reference: State) -> str | None:
+    """Names, shapes, dtypes and finiteness against the model the worker was sent."""
+    if state.keys() != reference.keys():
+        return "tensor names differ from the model"
+    for key, tensor in state.items():
+        if tensor.shape != reference[key].shape or tensor.dtype != reference[key].dtype:
+            return f"tensor {key} has shape {tuple(tensor.shape)}/{tensor.dtype}, model has {tuple(reference[key].shape)}"
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            return f"tensor {key} has non-finite values"
+    return None
+
+
+def update_norm(state: State, reference: State) -> float:
+    """L2 norm of the update over all floating tensors, accumulated in float64."""
+    total = 0.0
+    for key, tensor in state.items():
+        if tensor.is_floating_point():
+            total += float((tensor.double() - reference[key].double()).pow(2).sum())
+    return math.sqrt(total)
+
+
+def validation_loss(spec: ModelSpec, state: State, batch: LabeledData) -> float:
+    """Mean cross-entropy of the model with ``state`` on ``batch``."""
+    model = build_model(spec)
+    model.load_state_dict(dict(state), strict=True)
+    model.eval()
+    with torch.no_grad():
+        return float(F.cross_entropy(model(batch.features), batch.labels))
+
+
+def loss_limit(start_loss: float, policy: FaultPolicy) -> float:
+    """The highest validation loss a result may have, given the round's starting model."""
+    return max(start_loss * (1.0 + policy.val_loss_tolerance), start_loss + policy.val_loss_margin)
+
+
+def inspect_result(*, job_id: str, worker_id: str, training_id: str, cid: str, signature: str | None,
+                   state: State, reference: State, seen_before: bool, spec: ModelSpec, validation: LabeledData,
+                   start_loss: float, policy: FaultPolicy) -> Inspection:
+    """Every check that needs only this result; the norm is kept for :func:`judge_norms`."""
+    if result_signer(training_id, cid, signature) != worker_id:
+        return Inspection(job_id, worker_id, cid, "result is not signed by the worker")
+
+    def reject(problem: str, **extra: float) -> Inspection:
+        return Inspection(job_id, worker_id, cid, problem, slashable=True, **extra)
+
+    if seen_before:
+        return reject("replay of a checkpoint submitted before")
+    if (problem := checkpoint_problem(state, reference)) is not None:
+        return reject(problem)
+    norm = update_norm(state, reference)
+    loss = validation_loss(spec, state, validation)
+    limit = loss_limit(start_loss, policy)
+    if not math.isfinite(loss) or loss > limit:
+        return reject(f"validation loss {loss:.4g} above the limit {limit:.4g} "
+                      f"(round started at {start_loss:.4g})", norm=norm, val_loss=loss)
+    return Inspection(job_id, worker_id, cid, None, norm=norm, val_loss=loss)
+
+
+def round_median(norms: Sequence[float]) -> float:
+    return statistics.median(norms) if norms else 0.0
+
+
+def norm_problem(norm: float, median_norm: float, policy: FaultPolicy) -> str | None:
+    """Reject updates far larger than the round's typical one (a scaled or boosted update)."""
+    if median_norm <= 0.0:
+        return None
+    if norm > policy.norm_bound * median_norm:
+        return f"update norm {norm:.4g} exceeds {policy.norm_bound:g} x the round median {median_norm:.4g}"
+    return None
+
+
+def judge_norms(passed: Mapping[str, Inspection], median_norm: float,
+                policy: FaultPolicy) -> dict[str, Inspection]:
+    """Re-judge results that passed :func:`inspect_result` against the round's median norm."""
+    judged = {}
+    for key, found in passed.items():
+        assert found.norm is not None
+        problem = norm_problem(found.norm, median_norm, policy)
+        judged[key] = found if problem is None else Inspection(
+            found.job_id, found.worker_id, found.cid, problem, slashable=True, norm=found.norm,
+            val_loss=found.val_loss)
+    return judged

@@ -1,0 +1,145 @@
+"""Byzantine providers for chaos tests: each is a ProviderAgent that cheats in one step of a job.
+
+Pick one by name from :data:`BEHAVIOURS` (or :func:`byzantine_factory` for the daemon's
+``agent_factory``). Checkpoints are read and written as safetensors only, never pickled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from eth_account import Account
+
+from aitbc_agent_sdk.chain.escrow import training_key
+from aitbc_agent_sdk.chain.registry import sign_result
+from aitbc_agent_sdk.models import JobAssignment
+from aitbc_agent_sdk.provider.agent import EpochReporter, ProviderAgent, TrainOutcome
+from aitbc_agent_sdk.provider.process import CHECKPOINT_FILE, SHARD_FILE, WEIGHTS_FILE
+from aitbc_agent_sdk.storage import compute_cid
+from aitbc_agent_sdk.training import decode_data, decode_state, encode_state
+
+State = dict[str, torch.Tensor]
+
+# How far the "scaled" provider pushes its update: w0 + SCALE * (w - w0).
+SCALE = 100.0
+
+
+def read_state(path: Path) -> State:
+    return decode_state(path.read_bytes())
+
+
+def write_state(path: Path, state: State) -> None:
+    path.write_bytes(encode_state(state))
+
+
+def map_floating(state: State, change: Callable[[str, torch.Tensor], torch.Tensor]) -> State:
+    """Apply ``change`` to every floating tensor; integer and bool buffers are kept as they are."""
+    return {name: change(name, t) if t.is_floating_point() else t for name, t in state.items()}
+
+
+class NanProvider(ProviderAgent):
+    """Trains honestly, then fills every floating tensor of the checkpoint with NaN."""
+
+    async def train_job(self, job: JobAssignment, job_dir: Path, on_epoch: EpochReporter) -> TrainOutcome:
+        outcome = await super().train_job(job, job_dir, on_epoch)
+        await asyncio.to_thread(self._poison, outcome.checkpoint)
+        return outcome
+
+    @staticmethod
+    def _poison(checkpoint: Path) -> None:
+        state = read_state(checkpoint)
+        write_state(checkpoint, map_floating(state, lambda _, t: torch.full_like(t, math.nan)))
+
+
+class ScaledProvider(ProviderAgent):
+    """Trains honestly, then announces ``w0 + SCALE * (w - w0)``: a boosted (model-replacement) update."""
+
+    async def train_job(self, job: JobAssignment, job_dir: Path, on_epoch: EpochReporter) -> TrainOutcome:
+        outcome = await super().train_job(job, job_dir, on_epoch)
+        await asyncio.to_thread(self._boost, job_dir / WEIGHTS_FILE, outcome.checkpoint)
+        return outcome
+
+    @staticmethod
+    def _boost(weights: Path, checkpoint: Path) -> None:
+        sent = read_state(weights)
+        trained = read_state(checkpoint)
+        write_state(checkpoint, map_floating(trained, lambda name, w: sent[name] + SCALE * (w - sent[name])))
+
+
+class RandomProvider(ProviderAgent):
+    """Skips training and announces standard-normal weights of the right shapes."""
+
+    async def train_job(self, job: JobAssignment, job_dir: Path, on_epoch: EpochReporter) -> TrainOutcome:
+        started = time.perf_counter()
+        samples, num_classes = await asyncio.to_thread(self._fake_checkpoint, job_dir)
+        # Report what an honest first epoch might: the loss of a uniform guess.
+        return TrainOutcome(checkpoint=job_dir / CHECKPOINT_FILE, samples=samples, loss=math.log(num_classes),
+                            seconds=time.perf_counter() - started)
+
+    @staticmethod
+    def _fake_checkpoint(job_dir: Path) -> tuple[int, int]:
+        sent = read_state(job_dir / WEIGHTS_FILE)
+        write_state(job_dir / CHECKPOINT_FILE, map_floating(sent, lambda _, t: torch.randn_like(t)))
+        shard = decode_data((job_dir / SHARD_FILE).read_bytes())
+        return len(shard), shard.num_classes
+
+
+class StaleProvider(ProviderAgent):
+    """Honest in its first job; afterwards skips training and replays that first checkpoint.
+
+    The replayed bytes are the same, so the honest upload announces the first job's CID again.
+    """
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._first: tuple[bytes, TrainOutcome] | None = None
+
+    async def train_job(self, job: JobAssignment, job_dir: Path, on_epoch: EpochReporter) -> TrainOutcome:
+        checkpoint = job_dir / CHECKPOINT_FILE
+        if self._first is None:
+            outcome = await super().train_job(job, job_dir, on_epoch)
+            self._first = (await asyncio.to_thread(checkpoint.read_bytes), outcome)
+            return outcome
+        blob, first = self._first
+        await asyncio.to_thread(checkpoint.write_bytes, blob)
+        return TrainOutcome(checkpoint=checkpoint, samples=first.samples, loss=first.loss, seconds=first.seconds)
+
+
+class ForgedProvider(ProviderAgent):
+    """Honest checkpoint, signed with a throwaway key: the signature names someone else."""
+
+    def sign_checkpoint(self, job: JobAssignment, cid: str) -> str:
+        throwaway = Account.create()
+        return "0x" + sign_result(throwaway, training_key(job.training_id), cid).hex()
+
+
+class CidMismatchProvider(ProviderAgent):
+    """Uploads its honest checkpoint but announces the CID of other bytes, which it never stores."""
+
+    async def upload_checkpoint(self, job: JobAssignment, checkpoint: Path) -> str:
+        await super().upload_checkpoint(job, checkpoint)
+        other = await asyncio.to_thread(checkpoint.read_bytes)
+        return compute_cid(other + b"\0")  # hash only: no block is written
+
+
+BEHAVIOURS: dict[str, type[ProviderAgent]] = {
+    "nan": NanProvider,
+    "scaled": ScaledProvider,
+    "random": RandomProvider,
+    "stale": StaleProvider,
+    "forged": ForgedProvider,
+    "cid-mismatch": CidMismatchProvider,
+}
+
+
+def byzantine_factory(name: str) -> Callable[..., ProviderAgent]:
+    """The ``agent_factory`` for ``serve_provider`` that builds a provider with behaviour ``name``."""
+    try:
+        return BEHAVIOURS[name]
+    except KeyError:
+        raise ValueError(f"unknown behaviour {name!r}; choose one of {', '.join(BEHAVIOURS)}") from None

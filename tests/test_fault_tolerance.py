@@ -1,0 +1,152 @@
+"""Crashed, slow and Byzantine workers on the embedded stack: the training finishes, only honest work is paid.
+
+The Byzantine providers are the chaos suite's (scripts/chaos/byzantine.py): the SDK's own
+ProviderAgent with one step overridden. The real-process versions of these scenarios, on
+mosquitto, anvil and js-ipfs, are in tests/test_chaos.py.
+"""
+
+import asyncio
+
+import pytest
+
+from aitbc_agent_sdk import Agent, AgentConfig, JobConfig, TrainingPhase, TrainingSpec
+from aitbc_agent_sdk.chain import training_key
+from aitbc_agent_sdk.coordinator import read_log, verify_log
+from aitbc_agent_sdk.coordinator.service import audit_path
+from aitbc_agent_sdk.models import FaultPolicy, TrainingReport
+from aitbc_agent_sdk.provider import ProviderAgent
+from aitbc_agent_sdk.stack import EMBEDDED_STAKE, join_embedded_market
+from scripts.chaos.byzantine import BEHAVIOURS
+
+ETH = 10**18
+CHEAPEST = ETH // 100 - ETH // 1000  # below every embedded provider, so the scorer hires it
+POLICY = FaultPolicy(heartbeat_timeout_s=2.0, ping_timeout_s=1.0)
+
+
+def spec(rounds: int = 2, spares: int = 1) -> TrainingSpec:
+    return TrainingSpec(model_type="mlp", target_workers=4, rounds=rounds, spare_workers=spares, seed=3,
+                        faults=POLICY, job=JobConfig(batch_size=32, learning_rate=1e-2, epochs=1))
+
+
+async def join_market(agent: Agent, factory: type[ProviderAgent], price_wei: int = CHEAPEST) -> ProviderAgent:
+    return await join_embedded_market(agent.stack, agent.config.home, price_wei, factory=factory)
+
+
+def events(agent: Agent, training_id: str) -> list[dict]:
+    path = audit_path(agent.config.home / "trainings", training_id)
+    assert verify_log(path).ok
+    return [e.fields | {"event": e.event} for e in read_log(path)]
+
+
+async def check_settled(agent: Agent, report: TrainingReport, faulty: str) -> None:
+    """Complete, the faulty worker replaced and unpaid, every wei accounted for on chain."""
+    assert report.status == TrainingPhase.COMPLETE
+    state = await agent.stack.escrow.training(training_key(report.training_id))
+    assert state.closed and state.deposited == state.paid + state.refunded
+    released = [e for e in await agent.stack.escrow.events(training_key(report.training_id)) if e.name == "Released"]
+    assert faulty not in {e.args["worker"] for e in released}
+    assert {e.args["worker"] for e in released} == {w.address for w in report.workers if w.role == "worker"}
+    by_address = {w.address: w for w in report.workers}
+    assert by_address[faulty].role == "replaced" and by_address[faulty].paid_wei == 0
+    replaced = [e for e in await agent.stack.escrow.events(training_key(report.training_id))
+                if e.name == "WorkerReplaced"]
+    assert [e.args["oldWorker"] for e in replaced] == [faulty]
+
+
+@pytest.fixture(scope="module")
+def clean_accuracy(tmp_path_factory) -> float:
+    async def clean() -> float:
+        home = tmp_path_factory.mktemp("clean")
+        async with Agent(AgentConfig(home=home, providers=5)) as agent:
+            return (await agent.run_distributed_training(spec(rounds=2))).final_accuracy
+    return asyncio.run(clean())
+
+
+EXPECTED = {
+    "nan": ("non-finite", True),
+    "scaled": ("validation loss|update norm", True),
+    "random": ("validation loss|update norm", True),
+    "stale": ("replay", True),
+    "forged": ("not signed by the worker", False),
+    "cid-mismatch": ("checkpoint .* is not", False),
+}
+
+
+@pytest.mark.parametrize("behaviour", sorted(EXPECTED))
+async def test_a_byzantine_worker_is_rejected_replaced_and_unpaid(aitbc_home, clean_accuracy, behaviour):
+    import re
+    async with Agent(AgentConfig(home=aitbc_home, providers=4)) as agent:
+        cheat = await join_market(agent, BEHAVIOURS[behaviour])
+        async with cheat:
+            report = await agent.run_distributed_training(spec(rounds=2))
+        await check_settled(agent, report, cheat.address)
+        # the replacement retrained the same shard with the same seed: the clean run's model
+        assert abs(report.final_accuracy - clean_accuracy) <= 0.01
+
+        log = events(agent, report.training_id)
+        pattern, slashable = EXPECTED[behaviour]
+        rejected = [e for e in log if e["event"] == "result_rejected"]
+        assert [e["worker"] for e in rejected] == [cheat.address]
+        assert re.search(pattern, rejected[0]["reason"]), rejected[0]["reason"]
+        assert any(e["event"] == "worker_replaced" and e["worker"] == cheat.address for e in log)
+        slashed = [e for e in log if e["event"] == "slashed"]
+        state = await agent.stack.registry.provider(cheat.address)
+        assert state.failed == 1  # the registry's reputation counter
+        if slashable:
+            assert [e["worker"] for e in slashed] == [cheat.address]
+            assert state.slashes == 1 and state.stake < EMBEDDED_STAKE
+        else:
+            assert slashed == [] and state.slashes == 0 and state.stake == EMBEDDED_STAKE
+
+
+class SlowProvider(ProviderAgent):
+    """Keeps heartbeating, but its round-2 job stalls: a straggler, not a crash."""
+
+    async def train_job(self, job, job_dir, on_epoch):
+        if job.round == 2:
+            await asyncio.sleep(600)
+        return await super().train_job(job, job_dir, on_epoch)
+
+
+async def test_a_worker_that_goes_silent_mid_round_is_found_by_heartbeat_and_replaced_by_a_new_provider(
+        aitbc_home, clean_accuracy):
+    # No spare: the straggler rule can only report it, so the heartbeat timeout decides, and the
+    # replacement is discovered on the market (the one honest provider not hired).
+    async with Agent(AgentConfig(home=aitbc_home, providers=4)) as agent:
+        victim = await join_market(agent, SlowProvider)  # stalls in round 2, so it dies before its result
+        await victim.__aenter__()
+        run = asyncio.create_task(agent.run_distributed_training(spec(rounds=2, spares=0)))
+        try:
+            async with asyncio.timeout(60):
+                while not any(p.round == 2 for p in victim.jobs.values()):
+                    await asyncio.sleep(0.05)
+        finally:
+            await victim.__aexit__(None, None, None)  # gone: no heartbeats, no pongs, no result
+        report = await run
+        await check_settled(agent, report, victim.address)
+        assert abs(report.final_accuracy - clean_accuracy) <= 0.01
+        log = events(agent, report.training_id)
+        failed = [e for e in log if e["event"] == "worker_failed"]
+        assert [e["worker"] for e in failed] == [victim.address]
+        assert POLICY.heartbeat_timeout_s < failed[0]["silent_s"] < POLICY.heartbeat_timeout_s + 5
+        hired = [e["worker"] for e in log if e["event"] == "spare_hired"]
+        assert [(e["worker"], e["replacement"]) for e in log if e["event"] == "worker_replaced"] == [
+            (victim.address, hired[0])]
+
+
+async def test_a_straggler_is_duplicated_on_the_spare_which_wins_and_takes_its_slot(aitbc_home, clean_accuracy):
+    async with Agent(AgentConfig(home=aitbc_home, providers=4)) as agent:
+        slow = await join_market(agent, SlowProvider)
+        async with slow:
+            report = await agent.run_distributed_training(spec(rounds=2))
+            cancelled = [p for p in slow.jobs.values() if p.round == 2]
+        await check_settled(agent, report, slow.address)
+        assert abs(report.final_accuracy - clean_accuracy) <= 0.01
+        assert [p.status for p in cancelled] == ["cancelled"]
+        log = events(agent, report.training_id)
+        assert [e["worker"] for e in log if e["event"] == "straggler_detected"] == [slow.address]
+        speculative = [e for e in log if e["event"] == "speculative_job"]
+        assert [e["straggler"] for e in speculative] == [slow.address]
+        replaced = [e for e in log if e["event"] == "worker_replaced"]
+        assert [(e["worker"], e["replacement"]) for e in replaced] == [(slow.address, speculative[0]["worker"])]
+        assert not [e for e in log if e["event"] == "worker_failed"]  # it kept heartbeating

@@ -1,0 +1,105 @@
+"""Result verification rules: each check rejects what it should and nothing honest."""
+
+import math
+
+import pytest
+import torch
+from eth_account import Account
+
+from aitbc_agent_sdk.chain import sign_result, training_key
+from aitbc_agent_sdk.coordinator.verification import (
+    Inspection, inspect_result, judge_norms, loss_limit, norm_problem, result_signer, round_median, update_norm,
+    validation_loss,
+)
+from aitbc_agent_sdk.models import FaultPolicy, JobConfig
+from aitbc_agent_sdk.training import build_model, load_dataset, model_spec_for, train_local, train_test_split
+
+TID = "training-verify"
+CID = "bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy"
+POLICY = FaultPolicy()
+
+
+@pytest.fixture(scope="module")
+def setting():
+    data = load_dataset("digits")
+    train, test = train_test_split(data, 0.2, 0)
+    spec = model_spec_for("mlp", train)
+    start = build_model(spec, seed=0)
+    reference = {k: v.detach().clone() for k, v in start.state_dict().items()}
+    trained = build_model(spec)
+    trained.load_state_dict(reference)
+    train_local(trained, train.subset(torch.arange(300).numpy()), JobConfig(learning_rate=1e-2, epochs=1), seed=1)
+    honest = {k: v.detach().clone() for k, v in trained.state_dict().items()}
+    validation = test.subset(torch.arange(200).numpy())
+    return spec, reference, honest, validation, validation_loss(spec, reference, validation)
+
+
+def inspect(setting, state, *, account=None, signature=None, seen_before=False):
+    spec, reference, _, validation, start_loss = setting
+    account = account or Account.create()
+    if signature is None:
+        signature = "0x" + sign_result(account, training_key(TID), CID).hex()
+    return inspect_result(job_id="job-1", worker_id=account.address, training_id=TID, cid=CID, signature=signature,
+                          state=state, reference=reference, seen_before=seen_before, spec=spec,
+                          validation=validation, start_loss=start_loss, policy=POLICY)
+
+
+def test_an_honest_signed_result_passes_with_its_norm_and_loss(setting):
+    found = inspect(setting, setting[2])
+    assert found.problem is None and found.norm > 0 and found.val_loss < setting[4]
+
+
+def test_a_signature_must_recover_to_the_worker(setting):
+    worker, other = Account.create(), Account.create()
+    forged = "0x" + sign_result(other, training_key(TID), CID).hex()
+    assert result_signer(TID, CID, forged) == other.address
+    found = inspect(setting, setting[2], account=worker, signature=forged)
+    assert found.problem == "result is not signed by the worker" and not found.slashable
+    assert result_signer(TID, CID, "0x" + "00" * 65) is None
+    assert result_signer(TID, CID, None) is None
+    # a signature for another training or CID names someone else
+    signed = "0x" + sign_result(worker, training_key(TID), CID).hex()
+    assert result_signer("training-other", CID, signed) != worker.address
+
+
+def test_non_finite_wrongly_shaped_and_replayed_results_are_slashable_rejections(setting):
+    honest = setting[2]
+    nan = {k: torch.full_like(v, math.nan) if v.is_floating_point() else v for k, v in honest.items()}
+    assert "non-finite" in inspect(setting, nan).problem
+    key = next(k for k, v in honest.items() if v.is_floating_point() and v.dim() == 2)
+    shaped = dict(honest) | {key: honest[key][:, :-1].contiguous()}
+    assert "shape" in inspect(setting, shaped).problem
+    missing = {k: v for k, v in honest.items() if k != key}
+    assert "names" in inspect(setting, missing).problem
+    replay = inspect(setting, honest, seen_before=True)
+    assert "replay" in replay.problem
+    assert all(inspect(setting, s, seen_before=b).slashable for s, b in ((nan, False), (shaped, False), (honest, True)))
+
+
+def test_a_result_that_makes_validation_loss_worse_is_rejected(setting):
+    spec, reference, honest, _, start_loss = setting
+    random = {k: torch.randn_like(v) * 3 if v.is_floating_point() else v for k, v in reference.items()}
+    found = inspect(setting, random)
+    assert "validation loss" in found.problem and found.slashable
+    assert found.val_loss > loss_limit(start_loss, POLICY)
+    assert loss_limit(0.1, POLICY) == pytest.approx(0.6)  # the absolute margin dominates when loss is low
+    assert loss_limit(2.3, POLICY) == pytest.approx(3.45)  # the relative one when it is high
+
+
+def test_update_norms_are_judged_against_the_rounds_median():
+    def found(norm):
+        return Inspection("j", "w", "c", None, norm=norm, val_loss=0.1)
+    passed = {0: found(4.0), 1: found(4.5), 2: found(5.0), 3: found(450.0)}
+    median = round_median([f.norm for f in passed.values()])
+    assert median == 4.75  # the boosted update cannot move the median
+    judged = judge_norms(passed, median, POLICY)
+    assert [i for i, f in judged.items() if f.problem] == [3]
+    assert judged[3].slashable and "median" in judged[3].problem
+    assert norm_problem(23.0, 4.75, POLICY) is None and norm_problem(24.0, 4.75, POLICY) is not None
+    assert norm_problem(1e9, 0.0, POLICY) is None  # nobody moved: nothing to compare with
+
+
+def test_update_norm_is_the_l2_norm_over_floating_tensors():
+    ref = {"w": torch.zeros(2, 2), "steps": torch.tensor(3)}
+    state = {"w": torch.tensor([[3.0, 0.0], [0.0, 4.0]]), "steps": torch.tensor(9)}
+    assert update_norm(state, ref) == 5.0
