@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, ExitStack
 from pathlib import Path
 
 from eth_account.signers.local import LocalAccount
@@ -21,7 +21,7 @@ from .coordinator import (
 )
 from .chain import training_key
 from .coordinator.liveness import ping
-from .coordinator.daemon import is_driven, training_lock
+from .coordinator.daemon import training_lock
 from .errors import AitbcError, ConfigError, NotEnoughWorkersError
 from .market import ScoringStrategy, WeightedScore
 from .messaging import SignedChannel
@@ -113,23 +113,31 @@ class Agent:
 
     async def resume_training(self, training_id: str) -> Settlement | None:
         """Carry on a funded training whose coordinator died (None if it had ended)."""
-        with training_lock(self.config.home, training_id):
+        lock = ExitStack()
+        lock.enter_context(training_lock(self.config.home, training_id))
+        return await self._resume_holding(training_id, lock)
+
+    async def _resume_holding(self, training_id: str, lock: ExitStack) -> Settlement | None:
+        with lock:
             outcome = await resume_training(self.coordinator, training_id)
         return outcome[0] if outcome else None
 
     async def resume_unfinished(self) -> list[str]:
         """Start resuming, in the background, every unfinished funded training of this coordinator
         that no other process drives; ``self.resumed`` holds the tasks."""
-        found = []
         for record in await self.coordinator.db.trainings():
+            tid = record.training_id
             if (is_terminal(record.phase) or record.coordinator != self.address
-                    or await self.coordinator.db.escrow(record.training_id) is None
-                    or is_driven(self.config.home, record.training_id)
-                    or not (await self.coordinator.escrow.escrow.training(training_key(record.training_id))).exists):
+                    or await self.coordinator.db.escrow(tid) is None
+                    or not (await self.coordinator.escrow.escrow.training(training_key(tid))).exists):
                 continue
-            self.resumed[record.training_id] = asyncio.create_task(self.resume_training(record.training_id))
-            found.append(record.training_id)
-        return found
+            lock = ExitStack()
+            try:  # taken here, before the task starts, so no second driver can slip in between
+                lock.enter_context(training_lock(self.config.home, tid))
+            except ConfigError:
+                continue  # another process drives it
+            self.resumed[tid] = asyncio.create_task(self._resume_holding(tid, lock))
+        return list(self.resumed)
 
     # -- the seed scenario's steps -----------------------------------------------------------
     async def initialize_distributed_training(self, model_type: str, target_workers: int, *,

@@ -7,7 +7,6 @@ goes through one connection, serialised and run off the event loop.
 from __future__ import annotations
 
 import asyncio
-import json
 import sqlite3
 import time
 from collections.abc import Callable, Iterable

@@ -89,7 +89,8 @@ def write_status(work_dir: Path, provider: ProviderAgent, *, running: bool = Tru
     os.replace(tmp, work_dir / STATUS_FILE)
 
 
-async def _main(args: argparse.Namespace) -> None:
+async def run_daemon(args: argparse.Namespace, agent_factory: Callable[..., ProviderAgent] = ProviderAgent) -> None:
+    """Unlock the wallet (password on stdin) and serve until SIGTERM or SIGINT."""
     password = sys.stdin.readline().rstrip("\n")
     account = await WalletStore(args.home / "wallets").unlock(args.wallet, password)
     stop = asyncio.Event()
@@ -97,20 +98,25 @@ async def _main(args: argparse.Namespace) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await serve_provider(args.home, account, price_wei=args.price_wei, slots=args.slots, gpu=args.gpu,
-                         stake_wei=args.stake_wei, stop=stop)
+                         stake_wei=args.stake_wei, stop=stop, agent_factory=agent_factory)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description="aitbc provider daemon (reads the wallet password from stdin)")
+def build_parser(description: str = "aitbc provider daemon (reads the wallet password from stdin)"
+                 ) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--home", type=Path, default=default_home())
     parser.add_argument("--wallet", required=True)
     parser.add_argument("--price-wei", type=int, required=True)
     parser.add_argument("--slots", type=int, default=1)
     parser.add_argument("--gpu", choices=("auto", "none"), default="auto")
     parser.add_argument("--stake-wei", type=int, default=None, help="register with this bond if not registered")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(_main(args))
+    asyncio.run(run_daemon(args))
 
 
 if __name__ == "__main__":
