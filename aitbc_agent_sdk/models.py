@@ -172,6 +172,36 @@ class FaultPolicy(Record):
     max_replacements: int = Field(default=8, ge=0, description="per training, before it fails")
 
 
+class ElasticPolicy(Record):
+    """An elastic pool: hire below ``scale_up_below`` x target throughput, release above
+    ``scale_down_above`` x, both sustained ``window_rounds`` rounds; move data off slow workers."""
+
+    target_samples_per_s: float = Field(gt=0.0, description="samples trained per second of round time")
+    min_workers: int = Field(default=1, ge=1)
+    max_workers: int = Field(default=64, ge=1)
+    scale_up_below: float = Field(default=0.7, gt=0.0)
+    scale_down_above: float = Field(default=1.3, gt=0.0)
+    window_rounds: int = Field(default=2, ge=1)
+    rebalance_ratio: float = Field(default=1.5, gt=1.0, description="a round this many times the median is slow")
+    min_shard_samples: int = Field(default=16, ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ElasticPolicy:
+        if self.min_workers > self.max_workers:
+            raise ValueError("min_workers cannot exceed max_workers")
+        if self.scale_up_below >= self.scale_down_above:
+            raise ValueError("scale_up_below must be below scale_down_above")
+        return self
+
+
+class SampleRange(Record):
+    """Samples [start, end) of original shard ``shard``, in the shard's own order."""
+
+    shard: int = Field(ge=0)
+    start: int = Field(ge=0)
+    end: int = Field(ge=1)
+
+
 class TrainingSpec(Record):
     model_type: str
     target_workers: int = Field(ge=1, le=1024)
@@ -186,6 +216,7 @@ class TrainingSpec(Record):
     aggregation: AggregationName = "fedavg"
     spare_workers: int = Field(default=0, ge=0, le=64, description="hired but unfunded, to replace failed workers")
     faults: FaultPolicy = FaultPolicy()
+    elastic: ElasticPolicy | None = None
 
 
 class TrainingRecord(Record):
@@ -236,8 +267,10 @@ class WorkerContract(Record):
     price_wei: Wei = Field(description="per round")
     rounds: int = Field(ge=1)
     accepted_at: float
-    role: Literal["worker", "spare", "replaced"] = "worker"
-    shard_index: int | None = Field(default=None, ge=0, description="the shard a worker trains on")
+    role: Literal["worker", "spare", "replaced", "released"] = "worker"
+    shard_index: int | None = Field(default=None, ge=0, description="the worker's slot: the shard it trains on")
+    ranges: tuple[SampleRange, ...] = Field(default=(), description="elastic pools: the samples it trains on")
+    shard_id: str | None = Field(default=None, description="elastic pools: the shard built from its ranges")
 
     @property
     def price(self) -> int:
@@ -334,6 +367,8 @@ class RoundMetrics(Record):
     loss: float
     model_cid: Cid
     workers: int = Field(ge=1)
+    throughput: float | None = Field(default=None, ge=0.0, description="samples trained per second of round time")
+    round_seconds: float | None = Field(default=None, ge=0.0)
 
 
 class Payment(Record):
@@ -399,7 +434,7 @@ class WorkerReport(Record):
     status: Literal["paid", "unpaid"]
     price_wei: Wei
     gpu_type: str
-    role: Literal["worker", "spare", "replaced"] = "worker"
+    role: Literal["worker", "spare", "replaced", "released"] = "worker"
 
 
 class RoundReport(Record):

@@ -188,6 +188,38 @@ contract TrainingEscrow {
         registryRef.assign(trainingId, one);
     }
 
+    /// @notice Give one more worker a slot in an open training (an elastic pool growing), funded
+    ///         now with exactly `amount` of the training's token: msg.value for ETH, else pulled
+    ///         with `transferFrom` (approve first).
+    function addWorker(bytes32 trainingId, address worker, uint256 amount)
+        external
+        payable
+        nonReentrant
+        onlyCoordinator(trainingId)
+    {
+        if (worker == address(0)) revert ZeroAddress();
+        if (amount == 0) revert ZeroAmount(worker);
+        if (amount > type(uint120).max) revert AmountTooLarge(worker);
+        Slot storage s = _slots[trainingId][worker];
+        if (s.status != SLOT_NONE) revert DuplicateWorker(worker);
+        s.amount = uint120(amount);
+        s.status = SLOT_ACTIVE;
+        _workers[trainingId].push(worker);
+        Training storage t = _trainings[trainingId];
+        t.deposited += amount;
+        emit SlotOpened(trainingId, worker, amount);
+
+        if (t.token == address(0)) {
+            if (msg.value != amount) revert DepositMismatch(amount, msg.value);
+        } else {
+            if (msg.value != 0) revert DepositMismatch(0, msg.value);
+            _pullToken(t.token, msg.sender, amount);
+        }
+        address[] memory one = new address[](1);
+        one[0] = worker;
+        registryRef.assign(trainingId, one);
+    }
+
     /// @notice Pay workers for accepted results; each amount may be a part of the slot's remainder.
     function release(
         bytes32 trainingId,

@@ -545,3 +545,32 @@ async def test_reentrant_coordinator_cannot_refund_twice(env: Env) -> None:
     state = await env.escrow.training(tid)
     assert (state.paid, state.refunded, state.closed) == (ETH, ETH, True)
     await assert_conserved(env, owed_accounts=(attacker.address,))
+
+
+async def test_add_worker_funds_one_more_slot_in_an_open_training(env: Env) -> None:
+    w0, w1, w2, w3 = (w.address for w in env.workers)
+    tid = await _open(env, "grow", [ETH, ETH])
+    await env.escrow.add_worker(env.coordinator, tid, w2, 3 * ETH)
+    assert await env.escrow.slot(tid, w2) == (3 * ETH, 0)
+    assert (await env.escrow.training(tid)).deposited == 5 * ETH
+    assert (await env.registry.provider(w2)).assigned == 1
+    assert await env.escrow.workers(tid) == [w0, w1, w2]
+    for bad, reason in (((w2, ETH), "DuplicateWorker"), ((w3, 0), "ZeroAmount")):
+        with pytest.raises(ContractRevertError) as info:
+            await env.escrow.add_worker(env.coordinator, tid, *bad)
+        assert info.value.reason == reason
+    with pytest.raises(ContractRevertError) as info:  # the deposit must match the slot exactly
+        await env.escrow.add_worker(env.coordinator, tid, w3, ETH, value=ETH - 1)
+    assert info.value.reason == "DepositMismatch"
+    with pytest.raises(ContractRevertError) as info:  # only the training's coordinator
+        await env.escrow.add_worker(await _new_sender(env.chain, 2 * ETH), tid, w3, ETH)
+    assert info.value.reason == "NotCoordinator"
+    await env.escrow.release(env.coordinator, tid, [w2], [2 * ETH], [result_hash("r2")])
+    await env.escrow.refund(env.coordinator, tid)
+    with pytest.raises(ContractRevertError) as info:  # closed: no more slots
+        await env.escrow.add_worker(env.coordinator, tid, w3, ETH)
+    assert info.value.reason == "TrainingClosed"
+    state = await env.escrow.training(tid)
+    assert (state.deposited, state.paid, state.refunded) == (5 * ETH, 2 * ETH, 3 * ETH)
+    assert (await env.registry.provider(w2)).completed == 1
+    await assert_conserved(env)

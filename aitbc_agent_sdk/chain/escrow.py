@@ -132,6 +132,19 @@ class EscrowClient(ContractClient):
             sender, "open", [tid, token_address, addrs, list(amounts), deadline], value=value
         )
 
+    async def add_worker(
+        self, sender: TransactionSender, training_id: bytes, worker: str, amount: int, *, value: int | None = None
+    ) -> TxReceipt:
+        """Fund a slot for one more worker in an open training (coordinator only).
+
+        Trainings in ETH send ``amount`` as the tx value (``value`` overrides, for tests); for an
+        ERC-20 training the sender must have approved the escrow for ``amount`` first.
+        """
+        tid = _bytes32(training_id, "training_id")
+        if value is None:
+            value = amount if (await self.training(tid)).token == ETH_TOKEN else 0
+        return await self._transact(sender, "addWorker", [tid, _address(worker, "worker"), amount], value=value)
+
     async def replace_worker(
         self, sender: TransactionSender, training_id: bytes, old_worker: str, new_worker: str
     ) -> TxReceipt:

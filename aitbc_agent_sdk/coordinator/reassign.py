@@ -54,7 +54,8 @@ async def take_over_slot(coordinator: Coordinator, training_id: str, old: Worker
                          new: WorkerContract, reason: str) -> WorkerContract:
     """Move ``old``'s escrow slot to ``new`` on chain, then record the swap; returns new's contract."""
     tx = await coordinator.escrow.replace(training_id, old.worker_id, new.worker_id)
-    promoted = new.model_copy(update={"role": "worker", "shard_index": old.shard_index})
+    promoted = new.model_copy(update={"role": "worker", "shard_index": old.shard_index, "ranges": old.ranges,
+                                      "shard_id": old.shard_id})
     await coordinator.db.save_contract(old.model_copy(update={"role": "replaced"}))
     await coordinator.db.save_contract(promoted)
     await coordinator.audit(training_id, "worker_replaced", worker=old.worker_id, replacement=new.worker_id,

@@ -49,6 +49,20 @@ class ShardSlot:
 
 
 @dataclass(frozen=True)
+class RoundStats:
+    """How the round went: what the elastic pool plans the next one from."""
+
+    seconds: float  # first dispatch to last verified result
+    samples: int
+    worker_seconds: dict[str, float]  # each final holder's winning job time
+    worker_samples: dict[str, int]
+
+    @property
+    def throughput(self) -> float:
+        return self.samples / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
 class RoundBaseline:
     """What every result of the round is checked against."""
 
@@ -75,10 +89,12 @@ class RoundRunner:
         self.policy: FaultPolicy = record.spec.faults
         self.round = record.round + 1
         self.baseline = await self._baseline()
-        shards = {s.index: s for s in await self.c.db.shards(self.tid)}
+        original = {s.index: s for s in (await self.c.manifest(self.tid)).shards}
+        derived = {s.shard_id: s for s in await self.c.db.shards(self.tid)}  # elastic pools rebuild shards
         for contract in await self.c.db.contracts(self.tid, "worker"):
             assert contract.shard_index is not None
-            self.slots[contract.shard_index] = ShardSlot(shards[contract.shard_index], contract.worker_id)
+            shard = derived[contract.shard_id] if contract.shard_id else original[contract.shard_index]
+            self.slots[contract.shard_index] = ShardSlot(shard, contract.worker_id)
         self.listener = await self.c.listener(self.tid)
         self.started = time.monotonic()
         for slot in self.slots.values():
@@ -304,12 +320,17 @@ class RoundRunner:
     async def _aggregate(self) -> tuple[str, float]:
         await self.c.update_phase(self.tid, P.AGGREGATING)
         record = await self.c.db.training(self.tid)
-        refs = [self.slots[i].winner_ref for i in sorted(self.slots)]
-        strategy = strategy_for_round(record.spec.aggregation, len(refs), self.baseline.reference)
+        slots = [self.slots[i] for i in sorted(self.slots)]
+        strategy = strategy_for_round(record.spec.aggregation, len(slots), self.baseline.reference)
         strategy.begin()
-        for ref in refs:
-            assert ref is not None
-            await self.c.fold(strategy, ref, float(ref.samples))
-            await self.c.db.save_checkpoint(ref, "accepted")
+        for slot in slots:
+            assert slot.winner_ref is not None
+            # Weighted by the samples the coordinator put in the shard, not the worker's own claim.
+            await self.c.fold(strategy, slot.winner_ref, float(slot.shard.samples))
+            await self.c.db.save_checkpoint(slot.winner_ref, "accepted")
         model = await asyncio.to_thread(lambda: encode_state(strategy.result()))
-        return await self.c.store.add(model), max(r.train_seconds for r in refs if r is not None)
+        self.stats = RoundStats(
+            seconds=time.monotonic() - self.started, samples=sum(s.shard.samples for s in slots),
+            worker_seconds={s.holder: s.finished_s or 0.0 for s in slots},
+            worker_samples={s.holder: s.shard.samples for s in slots})
+        return await self.c.store.add(model), max(s.winner_ref.train_seconds for s in slots if s.winner_ref)

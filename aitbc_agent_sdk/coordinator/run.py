@@ -19,6 +19,7 @@ from ..models import (
 from ..chain import training_key
 from ..training import LabeledData, load_dataset, model_spec_for
 from .liveness import LivenessWatch
+from .pool import adapt_pool
 from .phases import is_terminal
 from .reassign import cancel_job, hire
 from .rounds import RoundRunner
@@ -89,8 +90,10 @@ async def drive_training(coordinator: Coordinator, tid: str, *,
                 runner = RoundRunner(coordinator, tid, liveness, unusable)
                 model_cid, slowest = await runner.run(round_timeout_s)
                 compute += slowest
-                await coordinator.save_results(tid, model_cid)
+                await coordinator.save_results(tid, model_cid, stats=runner.stats)
                 record = await coordinator.db.training(tid)
+                if record.spec.elastic is not None and record.round < record.spec.rounds:
+                    await adapt_pool(coordinator, tid, runner.stats)
         settlement = await coordinator.settle(tid)
         await coordinator.update_phase(tid, P.COMPLETE)
         return settlement, compute
@@ -104,6 +107,8 @@ async def drive_training(coordinator: Coordinator, tid: str, *,
 async def _assign_shards(coordinator: Coordinator, tid: str) -> None:
     """Give each funded worker a shard (contracts made before shards existed get them in order)."""
     contracts = await coordinator.db.contracts(tid, "worker")
+    if contracts and all(c.shard_index is not None for c in contracts):
+        return
     shards = await coordinator.db.shards(tid)
     if not contracts or len(shards) != len(contracts):
         raise TrainingError(f"training {tid} needs one shard per contracted worker "

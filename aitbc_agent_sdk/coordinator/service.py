@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -39,6 +40,9 @@ from .phases import check_transition
 from .settlement import EscrowAccount, plan_payouts
 from .store import TrainingStore
 from .verification import checkpoint_problem, result_signer
+
+if TYPE_CHECKING:
+    from .rounds import RoundStats
 
 
 @dataclass
@@ -326,7 +330,8 @@ class Coordinator:
         blob = await self.store.cat(ref.cid)
         await asyncio.to_thread(lambda: strategy.accumulate(decode_state(blob), weight))
 
-    async def save_results(self, training_id: str, model_cid: str, metrics: dict[str, object] | None = None) -> RoundMetrics:
+    async def save_results(self, training_id: str, model_cid: str, metrics: dict[str, object] | None = None,
+                           *, stats: RoundStats | None = None) -> RoundMetrics:
         """Evaluate the aggregated model on the held-out test split and close the round."""
         record = await self.db.training(training_id)
         manifest = await self.manifest(training_id)
@@ -335,8 +340,10 @@ class Coordinator:
         result = await asyncio.to_thread(_evaluate_state, record.spec, test, state)
         round_ = record.round + 1
         jobs = await self.db.jobs(training_id, round_)
-        round_metrics = RoundMetrics(round=round_, accuracy=result.accuracy, loss=result.loss, model_cid=model_cid,
-                                     workers=max(len({j.worker_id for j in jobs}), 1))
+        round_metrics = RoundMetrics(
+            round=round_, accuracy=result.accuracy, loss=result.loss, model_cid=model_cid,
+            workers=len(stats.worker_samples) if stats else max(len({j.worker_id for j in jobs}), 1),
+            throughput=stats.throughput if stats else None, round_seconds=stats.seconds if stats else None)
         await self.db.save_round(training_id, round_metrics)
         await self.db.save_training(record.model_copy(update={"round": round_, "model_cid": model_cid}))
         if metrics:

@@ -69,6 +69,11 @@ class EscrowAccount:
             slots[worker] = (slot.amount, slot.paid)
         return slots
 
+    async def add_slot(self, training_id: str, worker: str, amount_wei: int) -> str:
+        """Fund a slot for a worker joining an open training; returns the tx hash."""
+        receipt = await self.escrow.add_worker(self.sender, training_key(training_id), worker, amount_wei)
+        return receipt["transactionHash"].to_0x_hex()
+
     async def replace(self, training_id: str, old_worker: str, new_worker: str) -> str:
         """Move ``old_worker``'s unpaid slot to ``new_worker``; returns the tx hash."""
         receipt = await self.escrow.replace_worker(self.sender, training_key(training_id), old_worker, new_worker)
