@@ -168,7 +168,9 @@ class FaultPolicy(Record):
                                       description="allowed relative rise of validation loss over the round's start")
     val_loss_margin: float = Field(default=0.5, ge=0.0, description="allowed absolute rise, in nats")
     val_samples: int = Field(default=256, ge=1)
-    fetch_timeout_s: float = Field(default=30.0, gt=0.0)
+    fetch_timeout_s: float = Field(default=10.0, gt=0.0)
+    resend_timeout_s: float = Field(default=10.0, gt=0.0,
+                                    description="how long a worker has to re-send a missing or corrupt checkpoint")
     max_replacements: int = Field(default=8, ge=0, description="per training, before it fails")
 
 
@@ -327,6 +329,16 @@ class JobCancel(Record):
     job_id: str
     training_id: str
     reason: str
+
+
+class ResendRequest(Record):
+    """The coordinator could not fetch (or verify) a result's checkpoint: upload it again and re-publish."""
+
+    job_id: str
+    training_id: str
+    cid: Cid
+    reason: str
+    deadline_s: float = Field(gt=0.0)
 
 
 class Ping(Record):

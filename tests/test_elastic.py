@@ -1,10 +1,9 @@
 """The elastic pool: planning rules (pure), then hiring, releasing and rebalancing on the embedded stack."""
 
-import asyncio
 import json
-import time
 
 import pytest
+import torch
 
 from aitbc_agent_sdk import Agent, AgentConfig, JobConfig, TrainingPhase, TrainingSpec
 from aitbc_agent_sdk.chain import training_key
@@ -14,8 +13,9 @@ from aitbc_agent_sdk.coordinator.elastic import (
 )
 from aitbc_agent_sdk.coordinator.service import audit_path
 from aitbc_agent_sdk.models import ElasticPolicy, SampleRange
-from aitbc_agent_sdk.provider import ProviderAgent
 from aitbc_agent_sdk.stack import join_embedded_market
+from aitbc_agent_sdk.training import decode_state
+from scripts.chaos.byzantine import QuarterSpeedProvider
 
 POLICY = ElasticPolicy(target_samples_per_s=100.0, min_workers=2, max_workers=4, window_rounds=2)
 
@@ -69,19 +69,24 @@ def test_moves_are_exact_sample_ranges_and_nothing_is_lost_or_doubled():
     assert kept == [r(shard=0, start=0, end=8)] and taken == [r(shard=0, start=8, end=10), r(shard=1, start=0, end=5)]
 
 
-class QuarterSpeedProvider(ProviderAgent):
-    """Honest, but takes about four times as long as it needs (a throttled GPU)."""
-
-    async def train_job(self, job, job_dir, on_epoch):
-        started = time.perf_counter()
-        outcome = await super().train_job(job, job_dir, on_epoch)
-        await asyncio.sleep(3 * (time.perf_counter() - started) + 0.5)
-        return outcome
-
-
 def spec(policy: ElasticPolicy, workers: int, rounds: int = 3) -> TrainingSpec:
     return TrainingSpec(model_type="mlp", target_workers=workers, rounds=rounds, seed=5, elastic=policy,
                         job=JobConfig(batch_size=32, learning_rate=1e-2, epochs=1))
+
+
+async def assert_round_is_the_sample_weighted_average(agent: Agent, tid: str, round_: int) -> None:
+    """Hand computation: sum(n_i * w_i) / sum(n_i), n_i the samples in the shard each worker was sent."""
+    db, store = agent.coordinator.db, agent.stack.store
+    accepted = [c for c in await db.checkpoints(tid, "accepted") if c.round == round_]
+    shard_size = {s.cid: s.samples for s in await db.shards(tid)}
+    sizes = [shard_size[(await db.job(c.job_id)).shard_cid] for c in accepted]
+    states = [decode_state(await store.cat(c.cid)) for c in accepted]
+    model = decode_state(await store.cat(next(r for r in await db.rounds(tid) if r.round == round_).model_cid))
+    for key, tensor in model.items():
+        if tensor.is_floating_point():
+            expected = sum(n * s[key].double() for n, s in zip(sizes, states)) / sum(sizes)
+            assert torch.allclose(tensor.double(), expected, atol=1e-6), key
+    return sizes
 
 
 def audit(agent: Agent, tid: str) -> list:
@@ -114,6 +119,8 @@ async def test_a_slow_pool_hires_and_moves_data_off_the_throttled_worker(aitbc_h
         assert held == sorted((s.index, i) for s in manifest.shards for i in range(s.samples))
         rounds = await agent.coordinator.db.rounds(report.training_id)
         assert [r.workers for r in rounds] == [2, 3, 4]
+        sizes = await assert_round_is_the_sample_weighted_average(agent, report.training_id, 2)  # one joined
+        assert len(sizes) == 3 and len(set(sizes)) > 1 and sum(sizes) == total
         state = await agent.stack.escrow.training(training_key(report.training_id))
         assert state.deposited == state.paid + state.refunded
         slots = [e for e in await agent.stack.escrow.events(training_key(report.training_id)) if e.name == "SlotOpened"]
@@ -132,6 +139,9 @@ async def test_a_fast_pool_releases_its_slowest_worker_after_paying_it(aitbc_hom
         assert released[0].fields["paid_wei"] == 9 * 10**15  # its one accepted round, paid at release
         rounds = await agent.coordinator.db.rounds(report.training_id)
         assert [r.workers for r in rounds] == [3, 2, 2]
+        sizes = await assert_round_is_the_sample_weighted_average(agent, report.training_id, 2)  # one left
+        manifest = await agent.coordinator.manifest(report.training_id)
+        assert len(sizes) == 2 and sum(sizes) == sum(s.samples for s in manifest.shards)
         by_address = {w.address: w for w in report.workers}
         assert by_address[slow.address].role == "released" and by_address[slow.address].paid_wei == 9 * 10**15
         state = await agent.stack.escrow.training(training_key(report.training_id))

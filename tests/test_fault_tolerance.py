@@ -16,7 +16,7 @@ from aitbc_agent_sdk.coordinator.service import audit_path
 from aitbc_agent_sdk.models import FaultPolicy, TrainingReport
 from aitbc_agent_sdk.provider import ProviderAgent
 from aitbc_agent_sdk.stack import EMBEDDED_STAKE, join_embedded_market
-from scripts.chaos.byzantine import BEHAVIOURS
+from scripts.chaos.byzantine import BEHAVIOURS, LossyProvider
 
 ETH = 10**18
 CHEAPEST = ETH // 100 - ETH // 1000  # below every embedded provider, so the scorer hires it
@@ -68,7 +68,7 @@ EXPECTED = {
     "random": ("validation loss|update norm", True),
     "stale": ("replay", True),
     "forged": ("not signed by the worker", False),
-    "cid-mismatch": ("checkpoint .* is not", False),
+    "cid-mismatch": ("checkpoint .* is not .*and not re-sent|checkpoint .* is not", False),
 }
 
 
@@ -89,6 +89,9 @@ async def test_a_byzantine_worker_is_rejected_replaced_and_unpaid(aitbc_home, cl
         assert [e["worker"] for e in rejected] == [cheat.address]
         assert re.search(pattern, rejected[0]["reason"]), rejected[0]["reason"]
         assert any(e["event"] == "worker_replaced" and e["worker"] == cheat.address for e in log)
+        # only a checkpoint that could not be fetched is asked for again, once, before the work moves
+        asked = [e["worker"] for e in log if e["event"] == "resend_requested"]
+        assert asked == ([cheat.address] if behaviour == "cid-mismatch" else [])
         slashed = [e for e in log if e["event"] == "slashed"]
         state = await agent.stack.registry.provider(cheat.address)
         assert state.failed == 1  # the registry's reputation counter
@@ -150,3 +153,20 @@ async def test_a_straggler_is_duplicated_on_the_spare_which_wins_and_takes_its_s
         replaced = [e for e in log if e["event"] == "worker_replaced"]
         assert [(e["worker"], e["replacement"]) for e in replaced] == [(slow.address, speculative[0]["worker"])]
         assert not [e for e in log if e["event"] == "worker_failed"]  # it kept heartbeating
+
+
+async def test_a_checkpoint_that_cannot_be_fetched_is_asked_for_again_before_the_work_moves(aitbc_home):
+    async with Agent(AgentConfig(home=aitbc_home, providers=4)) as agent:
+        lossy = await join_market(agent, LossyProvider)
+        async with lossy:
+            report = await agent.run_distributed_training(spec(rounds=2))
+        assert report.status == TrainingPhase.COMPLETE
+        by_address = {w.address: w for w in report.workers}
+        assert by_address[lossy.address].role == "worker" and by_address[lossy.address].paid_wei > 0
+        log = events(agent, report.training_id)
+        asked = [e for e in log if e["event"] == "resend_requested"]
+        assert [e["worker"] for e in asked] == [lossy.address] * 2  # once per round: each first upload is lost
+        assert not [e for e in log if e["event"] in ("result_rejected", "worker_replaced")]
+        # each re-send request counts against it, although the work was paid
+        assert await agent.coordinator.db.strikes(lossy.address) == 2
+        assert (await agent.coordinator.db.worker_history(lossy.address)) == (2, 2)

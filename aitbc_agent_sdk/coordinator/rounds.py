@@ -18,8 +18,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..errors import TrainingError
-from ..models import CheckpointRef, FaultPolicy, JobAssignment, ModelSpec, Progress, Shard, TrainingPhase
+from ..errors import AitbcError, TrainingError
+from ..messaging import topics
+from ..models import (
+    CheckpointRef, FaultPolicy, JobAssignment, ModelSpec, Progress, ResendRequest, Shard, TrainingPhase,
+)
 from ..training import LabeledData, decode_state, encode_state, strategy_for_round
 from . import reassign
 from .health import adaptive_deadline, confirmed_stragglers
@@ -82,6 +85,8 @@ class RoundRunner:
         self.slots: dict[int, ShardSlot] = {}
         self.unusable = unusable  # spares that failed or cheated, shared across the training's rounds
         self.median_norm: float | None = None
+        self.resends: dict[str, tuple[float, CheckpointRef, Inspection]] = {}  # job -> (deadline, result, verdict)
+        self.asked: set[str] = set()  # jobs already asked once to re-send
 
     # -- the round, top to bottom ----------------------------------------------------------
     async def run(self, timeout: float) -> tuple[str, float]:
@@ -103,6 +108,7 @@ class RoundRunner:
         async with asyncio.timeout(timeout):
             while not all(s.judged for s in self.slots.values()):
                 await self._next_events()
+                await self._check_resends()
                 await self._check_liveness()
                 await self._check_stragglers()
                 await self._judge_norms()
@@ -148,8 +154,12 @@ class RoundRunner:
                                round=self.round, reason=item.error)
             await self._drop_worker(slot, item.worker_id, f"its job failed: {item.error}")
             return
+        waited = self.resends.pop(item.job_id, None)
         inspection = await self._inspect(slot, item)
         if inspection.problem is not None:
+            if not inspection.fetched and waited is None and item.job_id not in self.asked:
+                await self._ask_resend(item, inspection)
+                return
             await self._reject(slot, item, inspection)
             return
         slot.winner, slot.winner_ref = inspection, item
@@ -169,7 +179,7 @@ class RoundRunner:
                 blob = await self.c.store.cat(ref.cid)
         except Exception as exc:  # a timeout, a missing block or a block that fails its hash: same verdict
             why = "not retrievable" if isinstance(exc, TimeoutError) else f"not intact ({exc})"
-            return Inspection(ref.job_id, ref.worker_id, ref.cid, f"checkpoint {ref.cid} is {why}")
+            return Inspection(ref.job_id, ref.worker_id, ref.cid, f"checkpoint {ref.cid} is {why}", fetched=False)
         base = self.baseline
         same_round = {c.cid for c in await self.c.db.checkpoints(self.tid, None)
                       if c.round == self.round and c.job_id not in slot.jobs}
@@ -188,6 +198,33 @@ class RoundRunner:
         if inspection.slashable and ref.signature:
             await reassign.slash(self.c, self.tid, ref.worker_id, ref.cid, ref.signature)
         await self._drop_worker(slot, ref.worker_id, f"result rejected: {inspection.problem}")
+
+    async def _ask_resend(self, ref: CheckpointRef, inspection: Inspection) -> None:
+        """One signed request to upload the checkpoint again before the work is reassigned."""
+        assert inspection.problem is not None
+        self.asked.add(ref.job_id)
+        self.resends[ref.job_id] = (time.monotonic() + self.policy.resend_timeout_s, ref, inspection)
+        await self.c.db.save_strike(self.tid, ref.worker_id, ref.job_id, inspection.problem)
+        await self.c.audit(self.tid, "resend_requested", worker=ref.worker_id, job_id=ref.job_id, cid=ref.cid,
+                           round=self.round, reason=inspection.problem, deadline_s=self.policy.resend_timeout_s)
+        try:
+            await self.c.channel.publish(topics.resend(ref.worker_id), ResendRequest(
+                job_id=ref.job_id, training_id=self.tid, cid=ref.cid, reason=inspection.problem,
+                deadline_s=self.policy.resend_timeout_s))
+        except AitbcError as exc:
+            log.warning("resend request for %s not sent: %s", ref.job_id, exc)
+
+    async def _check_resends(self) -> None:
+        now = time.monotonic()
+        for job_id, (deadline, ref, inspection) in list(self.resends.items()):
+            slot = self._slot_of(job_id)
+            if slot is None or slot.winner is not None:
+                del self.resends[job_id]
+            elif now > deadline:
+                del self.resends[job_id]
+                late = Inspection(ref.job_id, ref.worker_id, ref.cid, f"{inspection.problem}, and not re-sent within "
+                                  f"{self.policy.resend_timeout_s:g}s", fetched=False)
+                await self._reject(slot, ref, late)
 
     # -- health ----------------------------------------------------------------------------
     async def _check_liveness(self) -> None:

@@ -42,6 +42,8 @@ CREATE TABLE IF NOT EXISTS rounds (
   training_id TEXT NOT NULL, round INTEGER NOT NULL, data TEXT NOT NULL, PRIMARY KEY (training_id, round));
 CREATE TABLE IF NOT EXISTS payments (
   training_id TEXT NOT NULL, worker_id TEXT NOT NULL, tx_hash TEXT NOT NULL, data TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS strikes (
+  training_id TEXT NOT NULL, worker_id TEXT NOT NULL, job_id TEXT NOT NULL, reason TEXT NOT NULL, at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS escrows (
   training_id TEXT PRIMARY KEY, data TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS jobs_by_training ON jobs (training_id, round);
@@ -216,11 +218,22 @@ class TrainingStore:
         return await self._rows("SELECT data FROM payments WHERE training_id=? ORDER BY rowid",
                                 [training_id], Payment)
 
+    async def save_strike(self, training_id: str, worker_id: str, job_id: str, reason: str) -> None:
+        """A mark against a worker that is not a rejection, e.g. a checkpoint it had to re-send."""
+        await self._run(lambda c: c.execute("INSERT INTO strikes VALUES (?,?,?,?,?)",
+                                            (training_id, worker_id, job_id, reason, time.time())))
+
+    async def strikes(self, worker_id: str) -> int:
+        rows = await self._run(lambda c: c.execute(
+            "SELECT COUNT(*) FROM strikes WHERE worker_id=?", (worker_id,)).fetchone())
+        return int(rows[0])
+
     async def worker_history(self, worker_id: str) -> tuple[int, int]:
-        """(accepted, rejected-or-failed) checkpoints across all trainings, for reputation."""
+        """(accepted, rejected-or-struck) checkpoints across all trainings, for reputation."""
         def count(c: sqlite3.Connection) -> tuple[int, int]:
             sql = "SELECT COUNT(*) FROM checkpoints WHERE worker_id=? AND status=?"
             ok = c.execute(sql, (worker_id, "accepted")).fetchone()
             bad = c.execute(sql, (worker_id, "rejected")).fetchone()
-            return int(ok[0]), int(bad[0])
+            struck = c.execute("SELECT COUNT(*) FROM strikes WHERE worker_id=?", (worker_id,)).fetchone()
+            return int(ok[0]), int(bad[0]) + int(struck[0])
         return await self._run(count)

@@ -42,6 +42,7 @@ class Inspection:
     slashable: bool = False
     norm: float | None = None
     val_loss: float | None = None
+    fetched: bool = True  # False: the checkpoint could not be fetched intact (the worker may re-send it)
 
 
 def result_signer(training_id: str, cid: str, signature: str | None) -> str | None:

@@ -53,3 +53,7 @@ def ping(provider: str) -> str:
 
 def pong(coordinator: str, nonce: str) -> str:
     return f"{PREFIX}/pong/{coordinator}/{nonce}"
+
+
+def resend(provider: str) -> str:
+    return f"{PREFIX}/resend/{provider}"

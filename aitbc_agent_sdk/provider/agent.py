@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import shutil
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,11 +24,13 @@ from ..errors import AitbcError
 from ..messaging import Bus, SignedChannel, Verified, topics
 from ..models import (
     ContractProposal, ContractReply, Hardware, Heartbeat, JobAssignment, JobCancel, JobResult, Offer, Ping, Pong,
-    Progress, Wei,
+    Progress, ResendRequest, Wei,
 )
 from ..storage import ContentStore
 from .hardware import detect_hardware
 from .process import CHECKPOINT_FILE, SHARD_FILE, WEIGHTS_FILE, TrainingProcess
+
+DELIVERED_KEPT = 8  # recent checkpoints kept in memory for re-send requests
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +83,7 @@ class ProviderAgent:
         self._job_tasks: set[asyncio.Task[None]] = set()
         self._active_jobs: dict[str, _ActiveJob] = {}  # queued or running, until the result is out
         self._cancel_reasons: dict[str, str] = {}  # jobs their coordinator cancelled, by job id
+        self._delivered: OrderedDict[str, tuple[JobAssignment, TrainOutcome, bytes]] = OrderedDict()
         self.completed_jobs = 0
         self.jobs: dict[str, Progress] = {}  # latest progress of every job this daemon ran
 
@@ -106,7 +111,8 @@ class ProviderAgent:
         if self.hardware is None:
             self.hardware = await asyncio.to_thread(detect_hardware)
         await self.process.start()
-        servers = (self._serve_negotiations, self._serve_jobs, self._serve_cancels, self._serve_pings)
+        servers = (self._serve_negotiations, self._serve_jobs, self._serve_cancels, self._serve_pings,
+                   self._serve_resends)
         ready = [asyncio.Event() for _ in servers]
         self._tasks = [asyncio.create_task(serve(event)) for serve, event in zip(servers, ready)]
         await asyncio.gather(*(e.wait() for e in ready))
@@ -209,6 +215,38 @@ class ProviderAgent:
             await self.channel.publish(topics.pong(verified.sender, nonce),
                                        Pong(nonce=nonce, busy_jobs=self._busy))
 
+    def _remember(self, job: JobAssignment, outcome: TrainOutcome, checkpoint: bytes) -> None:
+        """Keep the last few results, so a checkpoint the coordinator could not fetch can be re-sent."""
+        self._delivered[job.job_id] = (job, outcome, checkpoint)
+        while len(self._delivered) > DELIVERED_KEPT:
+            self._delivered.popitem(last=False)
+
+    async def _serve_resends(self, ready: asyncio.Event) -> None:
+        async with self.channel.subscribe(topics.resend(self.address), ResendRequest) as requests:
+            ready.set()
+            async for verified in requests:
+                with contextlib.suppress(AitbcError):
+                    await self._resend(verified)
+
+    async def _resend(self, verified: Verified[ResendRequest]) -> None:
+        request = verified.message
+        found = self._delivered.get(request.job_id)
+        if found is None or found[0].training_id != request.training_id:
+            return
+        job, outcome, checkpoint = found
+        contract = self._contracts.get(job.contract_id)
+        if contract is None or contract.coordinator != verified.sender:
+            return  # only the job's coordinator may ask
+        log.info("re-sending the checkpoint of %s: %s", job.job_id, request.reason)
+        resend_dir = self.config.work_dir / "resend" / job.job_id
+        path = resend_dir / CHECKPOINT_FILE
+        await asyncio.to_thread(_write_file, path, checkpoint)
+        try:
+            cid = await self.upload_checkpoint(job, path)
+            await self._publish_result(job, cid, dataclasses.replace(outcome, checkpoint=path))
+        finally:
+            await asyncio.to_thread(shutil.rmtree, resend_dir, True)
+
     async def _report(self, job: JobAssignment, status: str, *, epoch: int = 0, loss: float | None = None,
                       samples_per_s: float | None = None, error: str | None = None) -> None:
         percent = 100.0 if status == "complete" else 100.0 * epoch / job.config.epochs
@@ -257,6 +295,7 @@ class ProviderAgent:
 
             outcome = await self.train_job(job, job_dir, on_epoch)
             checkpoint_cid = await self.upload_checkpoint(job, outcome.checkpoint)
+            self._remember(job, outcome, await asyncio.to_thread(outcome.checkpoint.read_bytes))
             await self._publish_result(job, checkpoint_cid, outcome)
             self._forget(job)  # the result is out: too late to cancel
             await self._report(job, "complete", epoch=job.config.epochs, loss=outcome.loss,
@@ -297,6 +336,11 @@ class ProviderAgent:
     def sign_checkpoint(self, job: JobAssignment, cid: str) -> str:
         """``0x``-hex ``sign_result`` over (training, CID): the evidence a coordinator can slash with."""
         return "0x" + sign_result(self.account, training_key(job.training_id), cid).hex()
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
 
 
 def _write_inputs(job_dir: Path, shard: bytes, weights: bytes) -> None:

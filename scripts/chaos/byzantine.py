@@ -127,6 +127,37 @@ class CidMismatchProvider(ProviderAgent):
         return compute_cid(other + b"\0")  # hash only: no block is written
 
 
+class QuarterSpeedProvider(ProviderAgent):
+    """Honest, but takes about four times as long as it needs: a throttled GPU, slow but alive."""
+
+    async def train_job(self, job: JobAssignment, job_dir: Path, on_epoch: EpochReporter) -> TrainOutcome:
+        started = time.perf_counter()
+        outcome = await super().train_job(job, job_dir, on_epoch)
+        await asyncio.sleep(3 * (time.perf_counter() - started) + 0.5)
+        return outcome
+
+
+class LossyProvider(ProviderAgent):
+    """Honest, but its first upload of each checkpoint is lost: it announces the right CID without
+    storing the block. It uploads for real when the coordinator asks it to re-send."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._lost: set[str] = set()
+
+    async def upload_checkpoint(self, job: JobAssignment, checkpoint: Path) -> str:
+        if job.job_id in self._lost:
+            return await super().upload_checkpoint(job, checkpoint)
+        self._lost.add(job.job_id)
+        return compute_cid(await asyncio.to_thread(checkpoint.read_bytes))  # hash only: no block is written
+
+
+# Honest but troubled providers: for the elastic pool and re-send tests, not the Byzantine suite.
+TROUBLED: dict[str, type[ProviderAgent]] = {
+    "quarter-speed": QuarterSpeedProvider,
+    "lossy": LossyProvider,
+}
+
 BEHAVIOURS: dict[str, type[ProviderAgent]] = {
     "nan": NanProvider,
     "scaled": ScaledProvider,
@@ -139,7 +170,8 @@ BEHAVIOURS: dict[str, type[ProviderAgent]] = {
 
 def byzantine_factory(name: str) -> Callable[..., ProviderAgent]:
     """The ``agent_factory`` for ``serve_provider`` that builds a provider with behaviour ``name``."""
+    kinds = BEHAVIOURS | TROUBLED
     try:
-        return BEHAVIOURS[name]
+        return kinds[name]
     except KeyError:
-        raise ValueError(f"unknown behaviour {name!r}; choose one of {', '.join(BEHAVIOURS)}") from None
+        raise ValueError(f"unknown behaviour {name!r}; choose one of {', '.join(kinds)}") from None
