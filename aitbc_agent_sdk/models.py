@@ -455,6 +455,8 @@ class RoundReport(Record):
     loss: float
     model_cid: Cid
     worker_losses: dict[str, float]
+    workers: int | None = None
+    throughput: float | None = None
 
 
 class TrainingReport(Record):

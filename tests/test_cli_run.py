@@ -80,6 +80,8 @@ def test_a_csv_file_with_a_label_column_trains(aitbc_cmd, cli_env, aitbc_home, t
     (["--workers", "3", "--providers", "2"], "only 2"),
     (["--wallet-funds-eth", "0.01"], "wei"),
     (["--rounds", "0"], "rounds"),
+    (["--target-throughput", "10", "--min-workers", "3", "--max-workers", "2"], "min_workers cannot exceed"),
+    (["--aggregation", "mean-of-everything"], "aggregation"),
 ])
 def test_bad_input_exits_2_and_leaves_no_training(aitbc_cmd, cli_env, aitbc_home, args, message):
     done = run_cli(aitbc_cmd, cli_env, "--providers", "2", "--workers", "2", *args)
@@ -97,3 +99,25 @@ def test_a_missing_label_column_exits_2(aitbc_cmd, cli_env, aitbc_home, tmp_path
     assert done.returncode == 2
     assert "target" in done.stderr and "label" in done.stderr
     assert trainings(aitbc_home) == []
+
+
+def test_an_elastic_run_grows_its_pool_and_shows_it_in_json_monitor_and_plot(aitbc_cmd, cli_env, aitbc_home,
+                                                                           tmp_path):
+    plot = tmp_path / "elastic.png"
+    done = run_cli(aitbc_cmd, cli_env, "--workers", "2", "--providers", "3", "--rounds", "3", "--epochs", "1",
+                   "--target-throughput", "1000000", "--max-workers", "3", "--scale-window", "1",
+                   "--plot", str(plot), "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["status"] == "complete"
+    assert [r["workers"] for r in report["rounds"]] == [2, 3, 3]  # hired once, then at the maximum
+    assert all(r["throughput"] > 0 for r in report["rounds"])
+    assert plot.stat().st_size > 20_000
+    watched = subprocess.run([*aitbc_cmd, "distributed-training", "monitor", "--training-id", report["training_id"],
+                              "--json"], env=cli_env, capture_output=True, text=True, timeout=60)
+    snap = json.loads(watched.stdout)
+    assert snap["target_throughput"] == 1_000_000
+    added = [e for e in snap["events"] if e["event"] == "worker_added"]
+    assert len(added) == 1 and added[0]["throughput"] < 0.7 * 1_000_000
+    rebalanced = [e for e in snap["events"] if e["event"] == "rebalanced"]
+    assert rebalanced and rebalanced[0]["round"] == 2 and len(rebalanced[0]["shares"]) == 3  # the joiner got data

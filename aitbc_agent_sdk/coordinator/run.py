@@ -184,7 +184,8 @@ async def _report(coordinator: Coordinator, tid: str, selected: list[Worker], re
             gpu_type=by_worker[contract.worker_id].gpu_type if contract.worker_id in by_worker else "unknown"))
     round_reports = tuple(
         RoundReport(round=r.round, accuracy=r.accuracy, loss=r.loss, model_cid=r.model_cid,
-                    worker_losses={c.worker_id: c.loss for c in accepted if c.round == r.round})
+                    worker_losses={c.worker_id: c.loss for c in accepted if c.round == r.round},
+                    workers=r.workers, throughput=r.throughput)
         for r in rounds)
     assert record.model_cid is not None and record.manifest_cid is not None
     return TrainingReport(

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from aitbc_agent_sdk.config import default_home
+from aitbc_agent_sdk.models import ElasticPolicy
 from aitbc_agent_sdk.profile import devnet_password
 
 if TYPE_CHECKING:
@@ -45,3 +46,11 @@ async def unlock(home: Path, wallet: str) -> tuple[LocalAccount, str]:
 
 def print_json(value: Any) -> None:
     typer.echo(json.dumps(value, sort_keys=True, default=str))
+
+
+def elastic_policy(target: float | None, min_workers: int, max_workers: int, window: int) -> ElasticPolicy | None:
+    """The elastic pool options, or None when no target throughput was given."""
+    if target is None:
+        return None
+    return ElasticPolicy(target_samples_per_s=target, min_workers=min_workers, max_workers=max_workers,
+                         window_rounds=window)

@@ -16,6 +16,7 @@ from aitbc_agent_sdk.models import FaultPolicy, JobConfig, TrainingReport, Train
 from aitbc_agent_sdk.errors import ConfigError
 
 from . import steps
+from .common import elastic_policy
 from .plot import plot_report
 from .render import LiveTraining, report_tables
 
@@ -42,6 +43,10 @@ def run(
     spares: Annotated[int, typer.Option(min=0, help="spare providers hired to replace failed workers")] = 0,
     aggregation: Annotated[str, typer.Option(help="fedavg, median, trimmed-mean, krum, multi-krum or norm-clip")] = "fedavg",
     heartbeat_timeout: Annotated[float, typer.Option(min=0.1, help="seconds of silence before a worker is pinged")] = 10.0,
+    target_throughput: Annotated[Optional[float], typer.Option(min=0.0, help="elastic pool: samples/s to keep (hire below 70%, release above 130%)")] = None,
+    min_workers: Annotated[int, typer.Option(min=1, help="elastic pool: never fewer workers")] = 1,
+    max_workers: Annotated[int, typer.Option(min=1, help="elastic pool: never more workers")] = 64,
+    scale_window: Annotated[int, typer.Option(min=1, help="elastic pool: rounds a throughput must last before acting")] = 2,
     providers: Annotated[Optional[int], typer.Option(min=0, help="local provider agents on the embedded stack (default: workers + spares)")] = None,
     wallet_funds_eth: Annotated[Decimal, typer.Option(help="embedded wallet funding, in ETH")] = Decimal(100),
     home: Annotated[Optional[Path], typer.Option(help="state directory (default $AITBC_HOME or ~/.aitbc)")] = None,
@@ -57,6 +62,7 @@ def run(
                         dirichlet_alpha=alpha, seed=seed, spare_workers=spares,
                         aggregation=aggregation,  # type: ignore[arg-type]
                         faults=FaultPolicy(heartbeat_timeout_s=heartbeat_timeout),
+                        elastic=elastic_policy(target_throughput, min_workers, max_workers, scale_window),
                         job=JobConfig(batch_size=batch_size, learning_rate=lr, epochs=epochs))
     settings = {"providers": workers + spares if providers is None else providers, "wallet_funding_wei": int(wallet_funds_eth * WEI_PER_ETH)}
     if home is not None:

@@ -14,7 +14,9 @@ def plot_report(report: TrainingReport, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     rounds = [r.round for r in report.rounds]
-    fig, (acc_ax, loss_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
+    elastic = len({r.workers for r in report.rounds}) > 1
+    fig, axes = plt.subplots(1, 3 if elastic else 2, figsize=(16 if elastic else 11, 4.2))
+    acc_ax, loss_ax = axes[0], axes[1]
     acc_ax.plot(rounds, [r.accuracy for r in report.rounds], marker="o", color="tab:green")
     acc_ax.set(title="Test accuracy of the global model", xlabel="round", ylabel="accuracy")
     acc_ax.grid(alpha=0.3)
@@ -26,6 +28,16 @@ def plot_report(report: TrainingReport, path: Path) -> None:
     loss_ax.set(title="Loss per round", xlabel="round", ylabel="cross-entropy")
     loss_ax.grid(alpha=0.3)
     loss_ax.legend(fontsize=7)
+    if elastic:  # the pool changed size: show why (throughput) and what (pool size)
+        pool_ax = axes[2]
+        pool_ax.plot(rounds, [r.throughput or 0 for r in report.rounds], marker="o", color="tab:blue")
+        pool_ax.set(title="Throughput and pool size", xlabel="round", ylabel="samples/s")
+        size_ax = pool_ax.twinx()
+        size_ax.step(rounds, [r.workers or 0 for r in report.rounds], where="mid", color="tab:orange")
+        size_ax.set_ylabel("workers", color="tab:orange")
+        pool_ax.grid(alpha=0.3)
+    for ax in axes:
+        ax.xaxis.get_major_locator().set_params(integer=True)
     fig.suptitle(f"{report.training_id}: final accuracy {report.final_accuracy:.4f}")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

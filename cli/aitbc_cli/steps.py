@@ -29,7 +29,7 @@ from aitbc_agent_sdk.devnet.service import pid_alive, tail
 from aitbc_agent_sdk.errors import AitbcError, ConfigError, NotEnoughWorkersError
 from aitbc_agent_sdk.models import TrainingRecord, new_id
 
-from .common import HomeOption, JsonOption, print_json, resolve_home, unlock, wallet_store
+from .common import HomeOption, JsonOption, elastic_policy, print_json, resolve_home, unlock, wallet_store
 from .render import eth, short
 
 T = TypeVar("T")
@@ -78,6 +78,10 @@ def register(app: typer.Typer) -> None:
         spares: Annotated[int, typer.Option(min=0, help="spare providers to hire for replacing failed workers")] = 0,
         aggregation: Annotated[str, typer.Option(help="fedavg, median, trimmed-mean, krum, multi-krum or norm-clip")] = "fedavg",
         heartbeat_timeout: Annotated[float, typer.Option(min=0.1, help="seconds of silence before a worker is pinged")] = 10.0,
+        target_throughput: Annotated[Optional[float], typer.Option(min=0.0, help="elastic pool: samples/s to keep (hire below 70%, release above 130%)")] = None,
+        min_workers: Annotated[int, typer.Option(min=1, help="elastic pool: never fewer workers")] = 1,
+        max_workers: Annotated[int, typer.Option(min=1, help="elastic pool: never more workers")] = 64,
+        scale_window: Annotated[int, typer.Option(min=1, help="elastic pool: rounds a throughput must last before acting")] = 2,
         home: HomeOption = None,
         as_json: JsonOption = False,
     ) -> None:
@@ -90,6 +94,7 @@ def register(app: typer.Typer) -> None:
                             dataset_size=dataset_size, partition=partition, seed=seed,  # type: ignore[arg-type]
                             spare_workers=spares, aggregation=aggregation,  # type: ignore[arg-type]
                             faults=FaultPolicy(heartbeat_timeout_s=heartbeat_timeout),
+                        elastic=elastic_policy(target_throughput, min_workers, max_workers, scale_window),
                             job=JobConfig(batch_size=batch_size, learning_rate=lr, epochs=epochs))
         address = asyncio.run(wallet_store(root).get(wallet)).address
 
@@ -338,7 +343,7 @@ def register_payments(app: typer.Typer) -> None:
 
 async def _snapshot(home: Path, training_id: str) -> Snapshot:
     async with TrainingStore(home / "aitbc.db") as db:
-        return await snapshot(db, training_id)
+        return await snapshot(db, training_id, audit_dir=home / "trainings")
 
 
 def _wait_until_started(home: Path, training_id: str, pid: int, timeout: float = 60.0) -> None:
@@ -369,18 +374,31 @@ def _wait_for_daemon(ready: Callable[[], bool], home: Path, training_id: str, pi
 
 def render_snapshot(snap: Snapshot) -> Group:
     workers = Table(title=f"{snap.training_id}: {snap.phase.value}, round {snap.round}/{snap.rounds}")
-    for col in ("worker", "round", "status", "epoch", "progress", "loss", "samples/s", "paid ETH"):
+    for col in ("worker", "role", "round", "status", "epoch", "progress", "loss", "samples/s", "paid ETH"):
         workers.add_column(col)
     for w in snap.workers:
-        workers.add_row(short(w.worker_id), str(w.round), w.status, f"{w.epoch}/{w.epochs}", f"{w.progress:.0f}%",
-                        f"{w.loss:.4f}" if w.loss is not None else "-",
+        workers.add_row(short(w.worker_id), w.role, str(w.round), w.status, f"{w.epoch}/{w.epochs}",
+                        f"{w.progress:.0f}%", f"{w.loss:.4f}" if w.loss is not None else "-",
                         f"{w.samples_per_s:,.0f}" if w.samples_per_s else "-", eth(w.paid_wei))
-    rounds = Table(title="accuracy per round")
-    for col in ("round", "test accuracy", "test loss", "workers"):
+    target = f", target {snap.target_throughput:,.0f} samples/s" if snap.target_throughput else ""
+    rounds = Table(title=f"per round{target}")
+    for col in ("round", "test accuracy", "test loss", "pool", "throughput", "vs target"):
         rounds.add_column(col)
     for r in snap.round_metrics:
-        rounds.add_row(str(r.round), f"{r.accuracy:.4f}", f"{r.loss:.4f}", str(r.workers))
+        ratio = f"{r.throughput / snap.target_throughput:.0%}" if r.throughput and snap.target_throughput else "-"
+        rounds.add_row(str(r.round), f"{r.accuracy:.4f}", f"{r.loss:.4f}", str(r.workers),
+                       f"{r.throughput:,.0f}/s" if r.throughput else "-", ratio)
     parts: list[Any] = [workers, rounds]
+    if snap.events:
+        events = Table(title="pool and fault events")
+        for col in ("event", "worker", "round", "detail"):
+            events.add_column(col)
+        for e in snap.events[-12:]:
+            detail = e.get("reason") or (f"moved {e['moved']} samples" if "moved" in e else "") or (
+                f"throughput {e['throughput']}/s" if "throughput" in e else "")
+            events.add_row(e["event"], short(e["worker"]) if e.get("worker") else "-", str(e.get("round", "-")),
+                           str(detail)[:70])
+        parts.append(events)
     if snap.escrow is not None:
         parts.append(f"escrow {snap.escrow.address}: deposited {eth(snap.escrow.deposited_wei)} ETH, "
                      f"paid {eth(snap.escrow.paid_wei)}, refunded {eth(snap.escrow.refunded_wei)}")
