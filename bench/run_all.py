@@ -17,6 +17,7 @@ FULL = {
     "bench_dispatch.py": ["--jobs", "1000"],
     "bench_heartbeats.py": ["--seconds", "20"],
     "bench_gas.py": ["--sizes", "1", "4", "10", "32"],
+    "bench_elastic.py": ["--rounds", "6", "--repeat", "2"],
 }
 QUICK = {
     "bench_fedavg.py": ["--k", "4", "--params", "1000000", "--repeat", "2"],
@@ -26,6 +27,7 @@ QUICK = {
     "bench_dispatch.py": ["--jobs", "200"],
     "bench_heartbeats.py": ["--providers", "200", "--seconds", "3"],
     "bench_gas.py": ["--sizes", "1", "10"],
+    "bench_elastic.py": ["--rounds", "3", "--repeat", "1"],
 }
 
 

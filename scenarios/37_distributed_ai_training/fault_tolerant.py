@@ -8,6 +8,11 @@ seed is marked ``# changed:``. It runs on the embedded stack, with one extra pro
 cheats (``--byzantine``) or one that stalls mid-training (``--stall``).
 
     python scenarios/37_distributed_ai_training/fault_tolerant.py --byzantine nan
+    python scenarios/37_distributed_ai_training/fault_tolerant.py --devnet --target-throughput 400
+
+With ``--devnet`` it runs against the servers and provider daemons of ``aitbc devnet up`` (the
+coordinator pays from the devnet's ``dev`` wallet) and injects nothing itself; with
+``--target-throughput`` the pool is elastic, as the seed's ``dynamic_scaling`` asks.
 """
 
 import argparse
@@ -20,9 +25,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # changed: the cheats live in scripts/chaos
 
 from aitbc_agent_sdk import Agent, AgentConfig, JobConfig, TrainingSpec  # noqa: E402
+from aitbc_agent_sdk.devnet.network import wallet_store  # noqa: E402
+from aitbc_agent_sdk.profile import devnet_password  # noqa: E402
 from aitbc_agent_sdk.coordinator import is_terminal, read_log  # noqa: E402
 from aitbc_agent_sdk.coordinator.service import audit_path  # noqa: E402
-from aitbc_agent_sdk.models import FaultPolicy  # noqa: E402
+from aitbc_agent_sdk.models import ElasticPolicy, FaultPolicy  # noqa: E402
 from aitbc_agent_sdk.provider import ProviderAgent  # noqa: E402
 from aitbc_agent_sdk.stack import join_embedded_market  # noqa: E402
 from scripts.chaos.byzantine import BEHAVIOURS  # noqa: E402
@@ -40,8 +47,8 @@ class StallingProvider(ProviderAgent):
 
 
 class FaultTolerantTraining:
-    def __init__(self, config, args):
-        self.agent = Agent(config)
+    def __init__(self, config, args, account=None):
+        self.agent = Agent(config, account=account)
         self.args = args  # changed: the fault to inject and the sizes come from the command line
         self.training_id = None
         self.flagged = set()
@@ -55,13 +62,21 @@ class FaultTolerantTraining:
 
     async def run_fault_tolerant_training(self):
         """Run fault-tolerant distributed training"""
-        # changed: one training, with a spare, and an extra provider that misbehaves
-        factory = BEHAVIOURS[self.args.byzantine] if self.args.byzantine else StallingProvider
-        extra = await join_embedded_market(self.agent.stack, self.agent.config.home, CHEAPEST_WEI, factory=factory)
+        # changed: one training, with a spare (or an elastic pool), and a provider that misbehaves
+        elastic = None
+        if self.args.target_throughput:
+            elastic = ElasticPolicy(target_samples_per_s=self.args.target_throughput, window_rounds=1,
+                                    min_workers=self.args.min_workers, max_workers=self.args.max_workers)
         spec = TrainingSpec(model_type="mlp", target_workers=self.args.workers, rounds=self.args.rounds,
-                            spare_workers=1, faults=FaultPolicy(heartbeat_timeout_s=3.0),
-                            job=JobConfig(batch_size=32, learning_rate=1e-2, epochs=1))
-        async with extra:
+                            spare_workers=0 if elastic else 1, faults=FaultPolicy(heartbeat_timeout_s=3.0),
+                            elastic=elastic, job=JobConfig(batch_size=32, learning_rate=1e-2, epochs=1))
+        extra = None
+        if not self.args.devnet:  # on the devnet the misbehaving provider is one of its daemons
+            factory = BEHAVIOURS[self.args.byzantine] if self.args.byzantine else StallingProvider
+            extra = await join_embedded_market(self.agent.stack, self.agent.config.home, CHEAPEST_WEI,
+                                               factory=factory)
+            await extra.__aenter__()
+        try:
             training = asyncio.create_task(self.agent.run_distributed_training(spec))
             while not training.done():
                 await self.find_training()
@@ -72,10 +87,27 @@ class FaultTolerantTraining:
                     await self.handle_stragglers()
                     # Implement checkpoint recovery
                     await self.checkpoint_recovery()
-                    # changed: dynamic scaling is the elastic pool's job, not this loop's
+                    # Dynamic worker scaling
+                    await self.dynamic_scaling()
                 await asyncio.wait([training], timeout=0.5)  # changed: every 0.5 s, not 60 s
             report = training.result()
-        return report, extra.address
+        finally:
+            if extra is not None:
+                await extra.__aexit__(None, None, None)
+        return report, extra.address if extra else None
+
+    async def dynamic_scaling(self):
+        """Dynamically scale worker count based on needs"""
+        # changed: the round loop hires and releases between rounds (the seed's 0.7 / 1.3 rule);
+        # here we report its decisions from the audit log as they happen
+        log_path = audit_path(self.agent.config.home / "trainings", self.training_id)
+        if not log_path.exists():
+            return
+        for event in read_log(log_path):
+            if event.event == "worker_added":
+                self.report(f"Added worker: {event.fields['worker']}")
+            elif event.event == "worker_released":
+                self.report(f"Removed worker: {event.fields['worker']}")
 
     async def find_training(self):  # changed: the run creates the training; look it up
         if self.training_id is None:
@@ -137,25 +169,35 @@ async def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--byzantine", choices=sorted(BEHAVIOURS), help="the extra provider cheats this way")
     parser.add_argument("--stall", action="store_true", help="the extra provider stalls in round 2 (default)")
+    parser.add_argument("--devnet", action="store_true", help="use the servers of 'aitbc devnet up' in --home")
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--target-throughput", type=float, default=None, help="samples/s: an elastic pool")
+    parser.add_argument("--min-workers", type=int, default=1)
+    parser.add_argument("--max-workers", type=int, default=8)
     parser.add_argument("--home", type=Path, default=None, help="state directory (default: a fresh temp dir)")
     args = parser.parse_args()
     home = args.home or Path(tempfile.mkdtemp(prefix="aitbc-ft-"))
-    # changed: the embedded stack (in-process bus, local store, py-evm) instead of mainnet
-    config = AgentConfig(name="fault-tolerant", home=home, providers=args.workers + 1)
+    account = None
+    if args.devnet:  # changed: a real devnet and its funded 'dev' wallet
+        account = await wallet_store(home).unlock("dev", devnet_password(home))
+        config = AgentConfig(name="fault-tolerant", home=home, blockchain_network="devnet")
+    else:  # changed: the embedded stack (in-process bus, local store, py-evm) instead of mainnet
+        config = AgentConfig(name="fault-tolerant", home=home, providers=args.workers + 1)
 
-    ft = FaultTolerantTraining(config, args)
-    report, cheat = await ft.start()
+    ft = FaultTolerantTraining(config, args, account)
+    report, extra = await ft.start()
     events = [e for e in read_log(audit_path(home / "trainings", report.training_id))
               if e.event in ("worker_failed", "straggler_detected", "speculative_job", "result_rejected",
-                             "slashed", "worker_replaced")]
+                             "slashed", "worker_replaced", "worker_added", "worker_released", "rebalanced")]
     for event in events:
         print(f"audit: {event.event} {json.dumps(event.fields, sort_keys=True)}")
     paid = {w.address: w.paid_wei for w in report.workers}
     print("SUMMARY " + json.dumps({"phase": report.status.value, "accuracy": report.final_accuracy,
-                                   "faulty": cheat, "faulty_paid_wei": paid.get(cheat, 0),
+                                   "training_id": report.training_id,
+                                   "faulty": extra, "faulty_paid_wei": paid.get(extra, 0) if extra else None,
                                    "escrow": report.escrow.model_dump(mode="json"),
+                                   "pool": [r.workers for r in report.rounds],
                                    "events": [e.event for e in events]}))
 
 

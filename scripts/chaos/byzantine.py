@@ -137,6 +137,24 @@ class QuarterSpeedProvider(ProviderAgent):
         return outcome
 
 
+class ThrottledProvider(ProviderAgent):
+    """Honest, but its first two jobs each stall for five seconds (a throttled GPU that recovers)."""
+
+    THROTTLED_JOBS = 2
+    STALL_S = 5.0
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._jobs_done = 0
+
+    async def train_job(self, job: JobAssignment, job_dir: Path, on_epoch: EpochReporter) -> TrainOutcome:
+        outcome = await super().train_job(job, job_dir, on_epoch)
+        self._jobs_done += 1
+        if self._jobs_done <= self.THROTTLED_JOBS:
+            await asyncio.sleep(self.STALL_S)
+        return outcome
+
+
 class LossyProvider(ProviderAgent):
     """Honest, but its first upload of each checkpoint is lost: it announces the right CID without
     storing the block. It uploads for real when the coordinator asks it to re-send."""
@@ -155,6 +173,7 @@ class LossyProvider(ProviderAgent):
 # Honest but troubled providers: for the elastic pool and re-send tests, not the Byzantine suite.
 TROUBLED: dict[str, type[ProviderAgent]] = {
     "quarter-speed": QuarterSpeedProvider,
+    "throttled": ThrottledProvider,
     "lossy": LossyProvider,
 }
 

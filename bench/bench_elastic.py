@@ -1,0 +1,67 @@
+"""A fixed pool with one quarter-speed provider against the elastic pool, same task, same machine.
+
+Both runs train digits with the MLP on the embedded stack: 4 workers to start, one of them
+honest but four times slower than it needs to be (scripts/chaos/byzantine.py QuarterSpeedProvider).
+The fixed pool waits for it every round. The elastic pool (target throughput far above what
+the pool reaches, so it hires up to --max-workers, and rebalancing on) moves most of the slow
+worker's data to the others and adds providers from the market. Prints one JSON line: the wall
+time of each run's training call, and elastic / fixed.
+
+    python bench/bench_elastic.py --rounds 6 --repeat 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from aitbc_agent_sdk import Agent, AgentConfig, JobConfig, TrainingSpec  # noqa: E402
+from aitbc_agent_sdk.models import ElasticPolicy  # noqa: E402
+from aitbc_agent_sdk.stack import join_embedded_market  # noqa: E402
+from scripts.chaos.byzantine import QuarterSpeedProvider  # noqa: E402
+
+SLOW_PRICE_WEI = 9 * 10**15  # cheapest, so it is hired in both runs
+
+
+async def one_run(rounds: int, elastic: ElasticPolicy | None, market: int) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="aitbc-bench-elastic-") as tmp:
+        async with Agent(AgentConfig(home=Path(tmp), providers=market)) as agent:
+            slow = await join_embedded_market(agent.stack, Path(tmp), SLOW_PRICE_WEI, factory=QuarterSpeedProvider)
+            async with slow:
+                spec = TrainingSpec(model_type="mlp", target_workers=4, rounds=rounds, seed=0, elastic=elastic,
+                                    job=JobConfig(batch_size=32, learning_rate=1e-2, epochs=2))
+                started = time.perf_counter()
+                report = await agent.run_distributed_training(spec)
+                wall = time.perf_counter() - started
+        return {"wall_s": wall, "accuracy": report.final_accuracy,
+                "pool": [r.workers for r in report.rounds]}  # type: ignore[dict-item]
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--max-workers", type=int, default=6)
+    args = parser.parse_args()
+    policy = ElasticPolicy(target_samples_per_s=1e9, min_workers=3, max_workers=args.max_workers, window_rounds=1)
+    fixed, elastic = [], []
+    for _ in range(args.repeat):  # interleaved, so drift on a shared machine hits both alike
+        fixed.append(await one_run(args.rounds, None, market=args.max_workers))
+        elastic.append(await one_run(args.rounds, policy, market=args.max_workers))
+    best_fixed = min(r["wall_s"] for r in fixed)
+    best_elastic = min(r["wall_s"] for r in elastic)
+    print(json.dumps({"bench": "elastic", "rounds": args.rounds, "fixed_wall_s": round(best_fixed, 2),
+                      "elastic_wall_s": round(best_elastic, 2), "elastic_over_fixed": round(best_elastic / best_fixed, 3),
+                      "fixed_accuracy": fixed[0]["accuracy"], "elastic_accuracy": elastic[0]["accuracy"],
+                      "elastic_pool": elastic[0]["pool"]}))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
