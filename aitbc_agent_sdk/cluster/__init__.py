@@ -1,0 +1,51 @@
+"""Trusted multi-host training: cluster specs, hardware inventory, balanced batches, sandboxed runs.
+
+- :mod:`.spec`: ``ClusterSpec`` (the allow-listed hosts, by signing address), saved under
+  ``$AITBC_HOME/clusters/<name>.json``.
+- :mod:`.inventory` / :mod:`.transport`: ``HostInventory`` read through NVML (CPU-only fallback),
+  answered by each host's ``InventoryResponder`` and gathered by ``collect_inventory``.
+- :mod:`.balance`: ``plan_batches`` / ``shrink_after_oom`` (pure) and
+  ``weighted_allreduce_gradients`` (torch.distributed), so uneven batches train exactly.
+- :mod:`.sandbox`: ``run_sandboxed`` / ``start_sandboxed`` under bubblewrap (or unshare + setpriv).
+
+Names are imported on first use, so reading a spec does not import torch or eth-account.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "errors": ("BatchPlanError", "ClusterError", "SandboxError"),
+    "spec": ("ClusterSpec", "HostSpec", "cluster_path", "list_clusters", "load_cluster", "read_cluster_file",
+             "save_cluster"),
+    "inventory": ("ClusterInventory", "GpuInventory", "HostInventory", "read_gpus", "read_local_inventory"),
+    "transport": ("InventoryRequest", "InventoryResponder", "collect_inventory", "inventory_reply_topic",
+                  "inventory_topic", "local_host_name", "local_inventory"),
+    "report": ("inventory_html",),
+    "balance": ("BatchPlan", "RankBudget", "budgets_from_inventory", "plan_batches", "shrink_after_oom",
+                "weighted_allreduce_gradients"),
+    "sandbox": ("SandboxLimits", "SandboxReport", "SandboxResult", "SandboxSpec", "available_backends",
+                "build_command", "run_sandboxed", "start_sandboxed", "verify_sandbox"),
+}, globals())
+
+if TYPE_CHECKING:
+    from .balance import (
+        BatchPlan, RankBudget, budgets_from_inventory, plan_batches, shrink_after_oom, weighted_allreduce_gradients,
+    )
+    from .errors import BatchPlanError, ClusterError, SandboxError
+    from .inventory import ClusterInventory, GpuInventory, HostInventory, read_gpus, read_local_inventory
+    from .report import inventory_html
+    from .sandbox import (
+        SandboxLimits, SandboxReport, SandboxResult, SandboxSpec, available_backends, build_command, run_sandboxed,
+        start_sandboxed, verify_sandbox,
+    )
+    from .spec import (
+        ClusterSpec, HostSpec, cluster_path, list_clusters, load_cluster, read_cluster_file, save_cluster,
+    )
+    from .transport import (
+        InventoryRequest, InventoryResponder, collect_inventory, inventory_reply_topic, inventory_topic,
+        local_host_name, local_inventory,
+    )

@@ -10,7 +10,7 @@ from rich.console import Console
 
 from aitbc_agent_sdk import AitbcError
 
-from . import devnet, distributed_training, ipfs, market, provider, wallet
+from . import cluster, devnet, distributed_training, ipfs, market, provider, wallet
 
 app = typer.Typer(help="Federated training on rented GPUs, paid through an on-chain escrow.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -20,6 +20,7 @@ app.add_typer(provider.app, name="provider")
 app.add_typer(wallet.app, name="wallet")
 app.add_typer(ipfs.app, name="ipfs")
 app.add_typer(market.app, name="market")
+app.add_typer(cluster.app, name="cluster")
 
 EXIT_BAD_INPUT = 2
 
