@@ -138,10 +138,10 @@ class QuarterSpeedProvider(ProviderAgent):
 
 
 class ThrottledProvider(ProviderAgent):
-    """Honest, but its first two jobs each stall for five seconds (a throttled GPU that recovers)."""
+    """Honest, but its first two jobs each stall for eight seconds (a throttled GPU that recovers)."""
 
     THROTTLED_JOBS = 2
-    STALL_S = 5.0
+    STALL_S = 8.0
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
