@@ -170,3 +170,27 @@ async def test_a_checkpoint_that_cannot_be_fetched_is_asked_for_again_before_the
         # each re-send request counts against it, although the work was paid
         assert await agent.coordinator.db.strikes(lossy.address) == 2
         assert (await agent.coordinator.db.worker_history(lossy.address)) == (2, 2)
+
+
+class BrieflySlowProvider(ProviderAgent):
+    """Its round-2 job lags two seconds, then finishes: a straggler that recovers by itself."""
+
+    async def train_job(self, job, job_dir, on_epoch):
+        if job.round == 2:
+            await asyncio.sleep(2.0)
+        return await super().train_job(job, job_dir, on_epoch)
+
+
+async def test_a_spare_freed_by_one_straggler_goes_to_the_next(aitbc_home):
+    # Two stragglers in one round and one spare: the spare's copy for the first is cancelled when
+    # the first recovers, and the spare must then take the second, which never recovers.
+    async with Agent(AgentConfig(home=aitbc_home, providers=4)) as agent:
+        brief = await join_market(agent, BrieflySlowProvider, CHEAPEST - 2 * 10**15)  # ranked first: shard 0
+        stalled = await join_market(agent, SlowProvider, CHEAPEST - 10**15)
+        async with brief, stalled:
+            report = await asyncio.wait_for(agent.run_distributed_training(spec(rounds=2)), 120)
+        await check_settled(agent, report, stalled.address)
+        log = events(agent, report.training_id)
+        copies = [e["straggler"] for e in log if e["event"] == "speculative_job"]
+        assert copies[-1] == stalled.address and len(copies) == len(set(copies))
+        assert [e["worker"] for e in log if e["event"] == "worker_replaced"] == [stalled.address]

@@ -45,7 +45,8 @@ class ShardSlot:
     winner_ref: CheckpointRef | None = None
     finished_s: float | None = None  # how long the winning job took
     judged: bool = False  # the winner also passed the round's norm check
-    straggling: bool = False
+    straggling: bool = False  # a spare runs a speculative copy of the holder's job
+    reported: bool = False  # the holder was reported as a straggler
 
     def job_of(self, worker: str) -> JobAssignment | None:
         return next((j for j in self.jobs.values() if j.worker_id == worker), None)
@@ -266,15 +267,18 @@ class RoundRunner:
             slot = self.slots[index]
             if slot.straggling or slot.winner is not None:
                 continue
-            slot.straggling = True
-            await self.c.audit(self.tid, "straggler_detected", worker=slot.holder, round=self.round,
-                               progress=self._progress(slot),
-                               deadline_s=adaptive_deadline(self.c.round_times.get(slot.holder, []), self.policy))
+            if not slot.reported:
+                slot.reported = True
+                await self.c.audit(self.tid, "straggler_detected", worker=slot.holder, round=self.round,
+                                   progress=self._progress(slot),
+                                   deadline_s=adaptive_deadline(self.c.round_times.get(slot.holder, []), self.policy))
             spare = await self._free_spare()
-            if spare is not None:
-                await self._dispatch(slot, spare)
-                await self.c.audit(self.tid, "speculative_job", worker=spare, straggler=slot.holder,
-                                   round=self.round, shard_index=index)
+            if spare is None:
+                continue  # every spare is busy: try again on a later tick
+            slot.straggling = True
+            await self._dispatch(slot, spare)
+            await self.c.audit(self.tid, "speculative_job", worker=spare, straggler=slot.holder,
+                               round=self.round, shard_index=index)
 
     def _progress(self, slot: ShardSlot) -> float:
         if slot.winner is not None:
@@ -292,6 +296,7 @@ class RoundRunner:
             await reassign.cancel_job(self.c, self.tid, worker, job.job_id, reason)
         if worker != slot.holder:
             self.unusable.add(worker)  # a spare that failed its speculative job
+            slot.straggling = False  # so another spare may take the copy
             return
         running_spare = next((j.worker_id for j in slot.jobs.values()), None)
         replacement = running_spare or await self._free_spare() or await self._new_spare()
@@ -308,7 +313,7 @@ class RoundRunner:
         await reassign.take_over_slot(self.c, self.tid, old, contracts[replacement], reason)
         self.unusable.add(slot.holder)
         slot.holder = replacement
-        slot.straggling = False
+        slot.straggling = slot.reported = False
 
     async def _free_spare(self) -> str | None:
         busy = {j.worker_id for s in self.slots.values() for j in s.jobs.values()}
