@@ -1,5 +1,5 @@
 # The two commands a newcomer needs; both do all set-up first.
-.PHONY: setup demo test bench contracts
+.PHONY: setup demo test bench contracts chaos
 
 setup:
 	@bash scripts/setup.sh
@@ -15,3 +15,7 @@ bench: setup
 
 contracts: setup
 	bash scripts/build_contracts.sh
+
+# Faults injected into real devnet trainings (all scenarios; --quick for the CI subset).
+chaos: setup
+	.venv/bin/python scripts/chaos/run_chaos.py

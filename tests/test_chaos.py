@@ -1,0 +1,151 @@
+"""The chaos suite's CI subset: real provider daemons, mosquitto, anvil and js-ipfs, 4 workers + 1 spare.
+
+Each scenario starts its own devnet, injects one fault into a 3-round training, and checks the
+outcome against the chain (escrow conservation, who was paid) and the hash-chained audit log.
+The full suite is ``make chaos`` (``scripts/chaos/run_chaos.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from scripts.chaos import harness  # noqa: E402
+from scripts.chaos.harness import ChaosConfig, ScenarioResult  # noqa: E402
+
+CONFIG = ChaosConfig(keep_failed=False, python=sys.executable)
+
+
+def _explain(result: ScenarioResult) -> str:
+    return "\n".join([f"{result.scenario} failed:", *result.failures, *result.notes, result.diagnostics])
+
+
+def run(name: str, root: Path, reference: float | None) -> ScenarioResult:
+    return asyncio.run(harness.run_scenario(name, CONFIG, reference=reference, root=root))
+
+
+@pytest.fixture(scope="module")
+def chaos_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("chaos")
+
+
+@pytest.fixture(scope="module")
+def clean(chaos_root) -> ScenarioResult:
+    return run("clean", chaos_root, None)
+
+
+def _reference(clean: ScenarioResult) -> float:
+    if not clean.complete or clean.accuracy is None:
+        pytest.fail(f"the clean run gave no reference accuracy:\n{_explain(clean)}")
+    return clean.accuracy
+
+
+def _common(result: ScenarioResult, reference: float) -> None:
+    assert result.passed, _explain(result)
+    assert result.complete and result.phase == "complete"
+    assert result.delta is not None and abs(result.delta) <= CONFIG.accuracy_tolerance
+    assert abs(result.accuracy - reference) <= CONFIG.accuracy_tolerance
+    assert result.conservation_ok and result.deposited_wei == result.paid_wei + result.refunded_wei
+    assert result.audit_ok and result.event_seen
+
+
+@pytest.mark.slow
+def test_clean(clean):
+    assert clean.passed, _explain(clean)
+    assert clean.accuracy is not None and clean.accuracy >= 0.9
+    assert clean.all_paid and clean.conservation_ok and clean.audit_ok
+    assert clean.refunded_wei == 0 and clean.paid_wei == clean.deposited_wei  # everyone earned every round
+    assert clean.events.get("payment") == CONFIG.workers
+    assert not {"worker_failed", "result_rejected", "worker_replaced", "training_failed"} & set(clean.events)
+
+
+@pytest.mark.slow
+def test_kill_provider(clean, chaos_root):
+    reference = _reference(clean)
+    result = run("kill-provider", chaos_root, reference)
+    _common(result, reference)
+    assert result.faulty_paid_wei == 0
+    assert result.events.get("worker_replaced", 0) >= 1
+    # caught by the heartbeat/ping rule or, first, by the straggler rule; either way within seconds
+    assert result.detection_s is not None and 0 < result.detection_s < 30
+    if result.silent_s is not None:
+        assert result.silent_s >= CONFIG.heartbeat_timeout_s
+
+
+@pytest.mark.slow
+def test_byzantine_nan(clean, chaos_root):
+    reference = _reference(clean)
+    result = run("byzantine-nan", chaos_root, reference)
+    _common(result, reference)
+    assert result.faulty_paid_wei == 0
+    assert result.events.get("result_rejected", 0) >= 1 and result.events.get("worker_replaced", 0) >= 1
+    assert result.events.get("slashed", 0) >= 1  # a NaN checkpoint under its own signature is slashable
+
+
+@pytest.mark.slow
+def test_coordinator_kill(clean, chaos_root):
+    reference = _reference(clean)
+    result = run("coordinator-kill", chaos_root, reference)
+    _common(result, reference)
+    assert result.all_paid  # nobody was at fault: every worker paid in full, once
+    assert result.events.get("training_resumed") == 1
+    assert result.events.get("payment") == CONFIG.workers
+
+
+# -- the checks themselves, without a devnet: each must be able to fail -------------------------
+
+class _State:
+    def __init__(self, deposited: int, paid: int, refunded: int) -> None:
+        self.deposited, self.paid, self.refunded, self.closed, self.exists = deposited, paid, refunded, True, True
+
+
+def _judged(tmp_path: Path, *, released: dict[str, int], refunded: int, deposited: int,
+            replaced: list[tuple[str, str]], events: list[dict], accuracy: float) -> ScenarioResult:
+    run_ = harness.ScenarioRun("kill-provider", CONFIG, tmp_path)
+    run_.tid = "training_x"
+    run_.target = "0xB"
+    run_.hired = [{"worker_id": w, "role": "worker", "price_wei": 10} for w in ("0xA", "0xB", "0xC", "0xD")]
+    run_.hired.append({"worker_id": "0xE", "role": "spare", "price_wei": 20})
+    result = ScenarioResult(scenario="kill-provider")
+    entries = [{"event": "escrow_funded", "fields": {"deposit_wei": deposited}, "ts": 1.0}, *events]
+    harness.judge(run_, result,
+                  {"phase": "complete", "round_metrics": [{"round": r, "accuracy": accuracy} for r in (1, 2, 3)]},
+                  {"ok": True, "entries": entries},
+                  {"payments": [{"worker_id": w, "amount_wei": a} for w, a in released.items()]},
+                  {"state": _State(deposited, sum(released.values()), refunded), "released": released,
+                   "replaced": replaced, "refunded": refunded},
+                  0.95)
+    return result
+
+
+def test_checks_pass_a_good_outcome(tmp_path):
+    events = [{"event": "worker_replaced", "fields": {"worker": "0xB", "replacement": "0xE", "reason": "silent"},
+               "ts": 2.0}]
+    result = _judged(tmp_path, released={"0xA": 30, "0xC": 30, "0xD": 30, "0xE": 30}, refunded=0, deposited=120,
+                     replaced=[("0xB", "0xE")], events=events, accuracy=0.95)
+    assert not result.failures, result.failures
+
+
+def test_checks_catch_a_paid_faulty_worker_lost_wei_and_bad_accuracy(tmp_path):
+    events = [{"event": "worker_replaced", "fields": {"worker": "0xB", "replacement": "0xE", "reason": "silent"},
+               "ts": 2.0}]
+    result = _judged(tmp_path, released={"0xA": 30, "0xB": 30, "0xC": 30, "0xD": 30}, refunded=0, deposited=130,
+                     replaced=[("0xB", "0xE")], events=events, accuracy=0.90)
+    text = "\n".join(result.failures)
+    assert "faulty worker 0xB was paid" in text
+    assert "not conserved" in text
+    assert "from clean's" in text
+    assert "paid nothing" in text  # the spare took the slot over and earned nothing
+
+
+def test_checks_catch_a_missing_audit_event(tmp_path):
+    result = _judged(tmp_path, released={"0xA": 30, "0xC": 30, "0xD": 30, "0xE": 30}, refunded=0, deposited=120,
+                     replaced=[("0xB", "0xE")], events=[], accuracy=0.95)
+    assert any("no 'worker_replaced' event" in f for f in result.failures)
+    assert not result.event_seen
