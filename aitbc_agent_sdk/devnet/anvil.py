@@ -1,4 +1,7 @@
-"""anvil (Foundry's dev Ethereum node) as the devnet's chain, bound to 127.0.0.1 only.
+"""anvil (Foundry's dev Ethereum node) as the devnet's chain, bound to 127.0.0.1 by default.
+
+``host`` may name another local address (a network namespace's, say); never 0.0.0.0 or
+any other wildcard, since the dev accounts' keys are public.
 
 The node is started with an explicit mnemonic, so its pre-funded dev accounts are the
 well-known ones and :func:`dev_accounts` can derive their keys locally instead of
@@ -18,7 +21,9 @@ from eth_account.signers.local import LocalAccount
 from aitbc_agent_sdk.chain.devchain import connect_rpc
 from aitbc_agent_sdk.chain.tx import CHAIN_EXCEPTIONS
 
-from .service import LOCALHOST, ServiceError, ServiceProcess, free_port, spawn, stop, tail, wait_for_port
+from .service import (
+    LOCALHOST, ServiceError, ServiceProcess, check_bind_host, free_port, spawn, stop, tail, wait_for_port,
+)
 
 __all__ = [
     "DEV_BALANCE_ETH",
@@ -70,6 +75,7 @@ def start_anvil(
     data_dir: Path,
     *,
     port: int | None = None,
+    host: str = LOCALHOST,
     block_time: float | None = None,
     chain_id: int = 31337,
     state_file: Path | None = None,
@@ -84,10 +90,11 @@ def start_anvil(
     so a devnet restart keeps deployed contracts and balances.
     """
     binary = anvil_path(repo_root)
-    port = port or free_port()
+    host = check_bind_host(host)  # never 0.0.0.0: the dev keys are public
+    port = port or free_port(host)
     argv = [
         str(binary),
-        "--host", LOCALHOST,  # never 0.0.0.0: the dev keys are public
+        "--host", host,
         "--port", str(port),
         "--chain-id", str(chain_id),
         "--mnemonic", mnemonic,
@@ -103,7 +110,7 @@ def start_anvil(
         # --state loads at start and dumps on exit; the interval covers a SIGKILL.
         argv += ["--state", str(state_file), "--state-interval", "1"]
     data_dir.mkdir(parents=True, exist_ok=True)
-    return spawn("anvil", argv, port=port, log=data_dir / "anvil.log")
+    return spawn("anvil", argv, port=port, host=host, log=data_dir / "anvil.log")
 
 
 async def wait_for_chain(service: ServiceProcess, *, chain_id: int | None = None, timeout: float = 30.0) -> int:
@@ -135,13 +142,15 @@ async def start_chain_node(
     data_dir: Path,
     *,
     port: int | None = None,
+    host: str = LOCALHOST,
     block_time: float | None = None,
     chain_id: int = 31337,
     state_file: Path | None = None,
     timeout: float = 30.0,
 ) -> ServiceProcess:
     """Start anvil and return once it serves JSON-RPC; on failure nothing is left running."""
-    service = start_anvil(data_dir, port=port, block_time=block_time, chain_id=chain_id, state_file=state_file)
+    service = start_anvil(data_dir, port=port, host=host, block_time=block_time, chain_id=chain_id,
+                          state_file=state_file)
     try:
         await wait_for_chain(service, chain_id=chain_id, timeout=timeout)
     except BaseException:

@@ -3,7 +3,7 @@
 js-ipfs 0.66 comes from npm into ``tools/node`` (``make setup``). Two quirks it needs on
 Node 20: ``Promise.withResolvers`` (``tools/node/polyfill.cjs``, loaded through
 ``NODE_OPTIONS=--require``) and a repo made with ``jsipfs init`` before ``daemon``.
-The repo is configured to stay on 127.0.0.1 with no peers: no bootstrap list, no
+The repo is configured to stay on 127.0.0.1 (or the one local address given as ``host``) with no peers: no bootstrap list, no
 delegate routers, no mDNS or WebRTC-star discovery, and the daemon runs ``--offline``
 without preload, so nothing ever leaves the machine.
 """
@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from .service import LOCALHOST, ServiceError, ServiceProcess, spawn, stop, tail, wait_for_port
+from .service import LOCALHOST, ServiceError, ServiceProcess, check_bind_host, spawn, stop, tail, wait_for_port
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout, for an editable install
 _INIT_TIMEOUT = 120.0
@@ -50,21 +50,22 @@ def _env(ipfs_path: Path, jsipfs: Path) -> dict[str, str]:
     return env
 
 
-def _tcp(port: int) -> str:
-    return f"/ip4/{LOCALHOST}/tcp/{port}"
+def _tcp(port: int, host: str = LOCALHOST) -> str:
+    return f"/ip4/{host}/tcp/{port}"
 
 
 def configure(config: dict[str, Any], *, api_port: int, gateway_port: int | None,
-              swarm_port: int, rpc_port: int | None = None) -> dict[str, Any]:
-    """Edit a js-ipfs config so the node is private to this machine. Pure."""
+              swarm_port: int, rpc_port: int | None = None, host: str = LOCALHOST) -> dict[str, Any]:
+    """Edit a js-ipfs config so the node listens on ``host`` only and has no peers. Pure."""
+    host = check_bind_host(host)
     addresses = config.setdefault("Addresses", {})
-    addresses["API"] = _tcp(api_port)
-    addresses["Gateway"] = _tcp(gateway_port) if gateway_port is not None else []
+    addresses["API"] = _tcp(api_port, host)
+    addresses["Gateway"] = _tcp(gateway_port, host) if gateway_port is not None else []
     # js-ipfs' gRPC-over-websocket server starts for any truthy value (even []), so drop the key.
     addresses.pop("RPC", None)
     if rpc_port is not None:
-        addresses["RPC"] = _tcp(rpc_port)
-    addresses["Swarm"] = [_tcp(swarm_port)]  # the default also listens on 0.0.0.0 and a websocket
+        addresses["RPC"] = _tcp(rpc_port, host)
+    addresses["Swarm"] = [_tcp(swarm_port, host)]  # the default also listens on 0.0.0.0 and a websocket
     addresses["Announce"] = []
     addresses["Delegates"] = []  # delegate routers are public HTTPS nodes
     config["Bootstrap"] = []
@@ -75,7 +76,7 @@ def configure(config: dict[str, Any], *, api_port: int, gateway_port: int | None
 
 
 def init_repo(ipfs_path: Path, *, api_port: int, gateway_port: int | None = None, swarm_port: int,
-              jsipfs: Path | None = None) -> None:
+              jsipfs: Path | None = None, host: str = LOCALHOST) -> None:
     """Create and configure a repo at ``ipfs_path`` (blocking; a few seconds of Node start-up)."""
     exe = jsipfs or jsipfs_path()
     ipfs_path = Path(ipfs_path)
@@ -93,7 +94,7 @@ def init_repo(ipfs_path: Path, *, api_port: int, gateway_port: int | None = None
     config_file = ipfs_path / "config"
     try:
         config = json.loads(config_file.read_text())
-        configure(config, api_port=api_port, gateway_port=gateway_port, swarm_port=swarm_port)
+        configure(config, api_port=api_port, gateway_port=gateway_port, swarm_port=swarm_port, host=host)
         config_file.write_text(json.dumps(config, indent=2))
     except (OSError, ValueError) as exc:
         raise ServiceError(f"cannot configure the js-ipfs repo {config_file}: {exc}") from exc
@@ -107,10 +108,11 @@ _WATCHDOG = ('parent=$1; shift; "$@" & child=$!; trap \'kill $child 2>/dev/null\
 
 
 def start_ipfs(ipfs_path: Path, *, api_port: int, log: Path | None = None, jsipfs: Path | None = None,
-               tied_to: int | None = None) -> ServiceProcess:
+               tied_to: int | None = None, host: str = LOCALHOST) -> ServiceProcess:
     """Spawn ``jsipfs daemon --offline`` on an initialised repo; returns at once.
 
     ``tied_to``: a pid (e.g. the test runner's) whose exit also stops the daemon.
+    ``host``: the address the repo's API listens on (as given to :func:`init_repo`).
     """
     exe = jsipfs or jsipfs_path()
     ipfs_path = Path(ipfs_path)
@@ -119,7 +121,8 @@ def start_ipfs(ipfs_path: Path, *, api_port: int, log: Path | None = None, jsipf
     argv = [str(exe), "daemon", "--offline", "--enable-preload=false"]
     if tied_to is not None:
         argv = ["sh", "-c", _WATCHDOG, "ipfs-watchdog", str(tied_to), *argv]
-    return spawn("ipfs", argv, port=api_port, log=log or ipfs_path / "daemon.log", env=_env(ipfs_path, exe))
+    return spawn("ipfs", argv, port=api_port, host=check_bind_host(host), log=log or ipfs_path / "daemon.log",
+                 env=_env(ipfs_path, exe))
 
 
 async def wait_for_api(service: ServiceProcess, timeout: float = 60.0) -> str:
@@ -145,11 +148,12 @@ async def wait_for_api(service: ServiceProcess, timeout: float = 60.0) -> str:
 
 async def start_ipfs_daemon(ipfs_path: Path, *, api_port: int, gateway_port: int | None = None,
                             swarm_port: int, log: Path | None = None, jsipfs: Path | None = None,
-                            tied_to: int | None = None, timeout: float = 60.0) -> tuple[ServiceProcess, str]:
+                            tied_to: int | None = None, timeout: float = 60.0,
+                            host: str = LOCALHOST) -> tuple[ServiceProcess, str]:
     """Init (if needed), configure, start and wait for a daemon; returns it and its API URL."""
     await asyncio.to_thread(init_repo, ipfs_path, api_port=api_port, gateway_port=gateway_port,
-                            swarm_port=swarm_port, jsipfs=jsipfs)
-    service = start_ipfs(ipfs_path, api_port=api_port, log=log, jsipfs=jsipfs, tied_to=tied_to)
+                            swarm_port=swarm_port, jsipfs=jsipfs, host=host)
+    service = start_ipfs(ipfs_path, api_port=api_port, log=log, jsipfs=jsipfs, tied_to=tied_to, host=host)
     try:
         url = await wait_for_api(service, timeout)
     except BaseException:

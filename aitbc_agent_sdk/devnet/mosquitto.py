@@ -1,6 +1,6 @@
 """The devnet's MQTT broker: mosquitto when installed, the pure-Python amqtt broker otherwise.
 
-Both listen on 127.0.0.1 only. Mosquitto keeps its state under ``data_dir`` (persistence
+Both listen on 127.0.0.1 only, or on the one local address given as ``host``. Mosquitto keeps its state under ``data_dir`` (persistence
 on), so persistent sessions and the QoS 1 messages queued for offline agents survive a
 broker restart; amqtt keeps sessions in memory only, which is enough for a fallback.
 """
@@ -13,7 +13,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from .service import LOCALHOST, ServiceError, ServiceProcess, free_port, spawn, wait_for_port
+from .service import LOCALHOST, ServiceError, ServiceProcess, check_bind_host, free_port, spawn, wait_for_port
 
 _DEBIAN_PATH = Path("/usr/sbin/mosquitto")  # Debian installs it outside a normal user's PATH
 
@@ -54,6 +54,7 @@ def mosquitto_config(data_dir: Path, *, host: str, port: int) -> str:
 def start_mosquitto(data_dir: Path, *, host: str = LOCALHOST, port: int | None = None) -> ServiceProcess:
     """Spawn mosquitto with its config, persistence and log under ``data_dir``; does not wait."""
     binary = mosquitto_path()
+    host = check_bind_host(host)
     port = port or free_port(host)
     data_dir.mkdir(parents=True, exist_ok=True)
     (data_dir / "persistence").mkdir(exist_ok=True)
@@ -65,6 +66,7 @@ def start_mosquitto(data_dir: Path, *, host: str = LOCALHOST, port: int | None =
 
 def start_amqtt(data_dir: Path, *, host: str = LOCALHOST, port: int | None = None) -> ServiceProcess:
     """Spawn the amqtt broker (``amqtt_broker`` runner) in its own process; does not wait."""
+    host = check_bind_host(host)
     port = port or free_port(host)
     data_dir.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "aitbc_agent_sdk.devnet.amqtt_broker", "--host", host, "--port", str(port)]

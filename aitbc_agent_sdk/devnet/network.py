@@ -10,10 +10,11 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..chain import TransactionSender, WalletStore, connect_rpc
 from ..chain.deployment import deploy_contracts, fund_accounts
@@ -22,7 +23,7 @@ from ..profile import (
     BusSettings, ChainSettings, Profile, StoreSettings, devnet_password, load_profile, profile_path,
     remove_profile, save_profile,
 )
-from .service import ServiceProcess, free_port, spawn, stop
+from .service import LOCALHOST, ServiceError, ServiceProcess, check_bind_host, free_port, spawn, stop
 
 ETH = 10**18
 COORDINATOR_WALLET = "dev"
@@ -38,6 +39,15 @@ class DevnetOptions(BaseModel):
     coordinator_funding_wei: int = Field(default=1000 * ETH, ge=0)
     provider_funding_wei: int = Field(default=ETH, ge=0)
     provider_stake_wei: int = Field(default=ETH // 10, ge=0, description="bond each provider posts in the registry")
+    host: str = Field(default=LOCALHOST, description="the one local IPv4 address every server binds to (never 0.0.0.0)")
+
+    @field_validator("host")
+    @classmethod
+    def _one_local_address(cls, value: str) -> str:
+        try:
+            return check_bind_host(value)
+        except ServiceError as exc:
+            raise ValueError(str(exc)) from None
 
 
 def wallet_store(home: Path) -> WalletStore:
@@ -75,9 +85,9 @@ async def devnet_up(home: Path, options: DevnetOptions) -> Profile:
     data = home / "devnet"
     started: list[ServiceProcess] = []
     try:
-        broker = await start_best_broker(data / "broker")
+        broker = await start_best_broker(data / "broker", host=options.host)
         started.append(broker)
-        node = await start_chain_node(data / "anvil")
+        node = await start_chain_node(data / "anvil", host=options.host)
         started.append(node)
         store = StoreSettings(kind="local", root=home / "store")
         if options.ipfs_api:
@@ -85,7 +95,8 @@ async def devnet_up(home: Path, options: DevnetOptions) -> Profile:
         elif options.ipfs == "daemon":
             from .ipfs import start_ipfs_daemon
 
-            ipfs, api = await start_ipfs_daemon(data / "ipfs", api_port=free_port(), swarm_port=free_port())
+            ipfs, api = await start_ipfs_daemon(data / "ipfs", api_port=free_port(options.host),
+                                                swarm_port=free_port(options.host), host=options.host)
             started.append(ipfs)
             store = StoreSettings(kind="kubo", api=api)
 
@@ -217,3 +228,66 @@ async def _check_bus(profile: Profile) -> list[Health]:
         result.append(Health(part=f"heartbeat {offer.provider[:10]}", ok=seen is not None,
                              detail=f"{time.time() - seen:.1f}s ago" if seen else "no heartbeat in 2.5s"))
     return result
+
+
+async def devnet_join(home: Path, source: Path, wallets: Sequence[str] = ()) -> tuple[Profile, dict[str, str]]:
+    """Use another host's devnet from ``home``: its profile's addresses, none of its processes.
+
+    The profile at ``source`` (written by ``devnet up`` on the devnet's host) is checked against
+    the servers it names (the chain answers with its chain id and the escrow is deployed; the
+    broker and the IPFS API accept connections), then saved in ``home`` with no services, so
+    ``devnet down`` here stops nothing there. ``wallets`` are created here (if missing) with
+    this home's own devnet password; returns the saved profile and each wallet's address.
+    """
+    try:
+        theirs = Profile.model_validate_json(Path(source).read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read profile {source}: {exc.strerror}") from exc
+    except ValueError as exc:
+        raise ConfigError(f"unreadable profile {source}: {exc}") from exc
+    if theirs.store.kind != "kubo":
+        raise ConfigError(f"the profile {source} uses a content store local to its host;"
+                          " start that devnet with '--ipfs daemon' so other hosts can reach it")
+    if profile_path(home).exists():
+        running = [s.name for s in load_profile(home).services if s.alive()]
+        if running:
+            raise ConfigError(f"{home} runs a devnet of its own ({', '.join(running)}); run 'aitbc devnet down' first")
+    await _check_reachable(theirs)
+    profile = theirs.model_copy(update={"services": (), "providers": tuple(wallets)})
+    password = devnet_password(home, create=True)
+    assert password is not None
+    store = wallet_store(home)
+    addresses = {name: await _ensure_wallet(store, name, password) for name in wallets}
+    save_profile(home, profile)
+    return profile, addresses
+
+
+async def _check_reachable(profile: Profile, timeout: float = 5.0) -> None:
+    import httpx
+
+    try:
+        w3 = await connect_rpc(profile.chain.rpc_url, timeout=timeout)
+        try:
+            chain_id = int(await w3.eth.chain_id)
+            code = await w3.eth.get_code(profile.chain.escrow)
+        finally:
+            await w3.provider.disconnect()
+    except AitbcError as exc:
+        raise ConfigError(f"the profile's chain {profile.chain.rpc_url} is not reachable: {exc}") from exc
+    if chain_id != profile.chain.chain_id:
+        raise ConfigError(f"{profile.chain.rpc_url} reports chain id {chain_id}, the profile says {profile.chain.chain_id}")
+    if not code:
+        raise ConfigError(f"no escrow contract at {profile.chain.escrow} on {profile.chain.rpc_url}")
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(profile.bus.host, profile.bus.port), timeout)
+        writer.close()
+        await writer.wait_closed()
+    except (OSError, TimeoutError) as exc:
+        raise ConfigError(f"the profile's broker {profile.bus.host}:{profile.bus.port} is not reachable: {exc}") from exc
+    assert profile.store.api is not None
+    try:
+        async with httpx.AsyncClient(base_url=profile.store.api, timeout=timeout) as http:
+            reply = await http.post("/api/v0/id")
+        reply.raise_for_status()
+    except httpx.HTTPError as exc:
+        raise ConfigError(f"the profile's IPFS API {profile.store.api} is not reachable: {exc}") from exc

@@ -8,6 +8,7 @@ the command that started it; a ``ServiceProcess`` record (pid, port, log) is wha
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import os
 import signal
 import socket
@@ -38,6 +39,21 @@ class ServiceProcess(BaseModel):
 
     def alive(self) -> bool:
         return pid_alive(self.pid)
+
+
+def check_bind_host(host: str) -> str:
+    """``host`` if it is one IPv4 address a devnet server may bind to; never a wildcard.
+
+    The devnet's chain runs with publicly known keys, so 0.0.0.0 (every interface) is refused,
+    as are names (a hostname may resolve anywhere) and broadcast or multicast addresses.
+    """
+    try:
+        address = ipaddress.IPv4Address(host)
+    except ValueError:
+        raise ServiceError(f"bind address {host!r} must be an IPv4 address such as 127.0.0.1") from None
+    if address.is_unspecified or address.is_multicast or address == ipaddress.IPv4Address("255.255.255.255"):
+        raise ServiceError(f"refusing to bind devnet servers to {host}: give one local address, e.g. 127.0.0.1")
+    return str(address)
 
 
 def free_port(host: str = LOCALHOST) -> int:

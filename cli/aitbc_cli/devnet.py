@@ -1,9 +1,10 @@
-"""``aitbc devnet up|down|status``: every server on 127.0.0.1, for development and tests."""
+"""``aitbc devnet up|down|status|join``: every server on 127.0.0.1 (or ``--host``), for development and tests."""
 
 from __future__ import annotations
 
 import asyncio
 from decimal import Decimal
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -23,6 +24,8 @@ def up(
     ipfs: Annotated[str, typer.Option(help="'local' content store, or 'daemon' to start js-ipfs")] = "local",
     ipfs_api: Annotated[Optional[str], typer.Option(help="use a running Kubo RPC API instead")] = None,
     price_eth: Annotated[Decimal, typer.Option(help="first provider's price per round, in ETH")] = Decimal("0.01"),
+    host: Annotated[str, typer.Option(help="the one local IPv4 address every server binds to (never 0.0.0.0)")
+                    ] = "127.0.0.1",
     home: HomeOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -30,7 +33,7 @@ def up(
     from aitbc_agent_sdk.devnet.network import DevnetOptions, devnet_up
 
     options = DevnetOptions(providers=providers, ipfs=ipfs, ipfs_api=ipfs_api,  # type: ignore[arg-type]
-                            provider_price_wei=int(price_eth * 10**18))
+                            provider_price_wei=int(price_eth * 10**18), host=host)
     console = Console(stderr=True, quiet=as_json)
     with console.status("starting broker, chain, contracts and providers..."):
         profile = asyncio.run(devnet_up(resolve_home(home), options))
@@ -45,6 +48,29 @@ def up(
     Console().print(table)
     Console().print(f"chain {profile.chain.rpc_url} (id {profile.chain.chain_id}), escrow {profile.chain.escrow}; "
                     f"store {profile.store.kind}; coordinator wallet 'dev'")
+
+
+@app.command()
+def join(
+    profile: Annotated[Path, typer.Option("--profile", exists=True, dir_okay=False,
+                                          help="profile.json written by 'devnet up' on the devnet's host")],
+    wallet: Annotated[Optional[list[str]], typer.Option("--wallet", help="create this wallet here (repeatable)")] = None,
+    home: HomeOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Use a devnet running on another host: check its servers, save its profile here, create wallets."""
+    from aitbc_agent_sdk.devnet.network import devnet_join
+
+    joined, addresses = asyncio.run(devnet_join(resolve_home(home), profile, wallet or ()))
+    if as_json:
+        print_json({"bus": joined.bus.model_dump(mode="json"), "chain": joined.chain.model_dump(mode="json"),
+                    "store": joined.store.model_dump(mode="json"), "wallets": addresses})
+        return
+    console = Console()
+    console.print(f"joined the devnet: broker {joined.bus.host}:{joined.bus.port}, chain {joined.chain.rpc_url} "
+                  f"(id {joined.chain.chain_id}), escrow {joined.chain.escrow}, IPFS {joined.store.api}")
+    for name, address in addresses.items():
+        console.print(f"wallet {name}: {address}")
 
 
 @app.command()
