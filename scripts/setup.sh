@@ -39,10 +39,14 @@ if ! stamp_ok python pyproject.toml scripts/setup.sh; then
   stamp_done python
 fi
 
-# The devnet's servers: Debian's mosquitto (MQTT broker) and bubblewrap (job sandbox).
+# Debian packages: mosquitto (MQTT broker), bubblewrap (job sandbox), and for shared cluster
+# datasets s3fs (FUSE), the userspace NFS tools and the nfs-ganesha server the tests export from.
 missing=()
 [[ -x /usr/sbin/mosquitto ]] || command -v mosquitto >/dev/null 2>&1 || missing+=(mosquitto)
 command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
+command -v s3fs >/dev/null 2>&1 || missing+=(s3fs)
+command -v nfs-ls >/dev/null 2>&1 || missing+=(libnfs-utils)
+command -v ganesha.nfsd >/dev/null 2>&1 || missing+=(nfs-ganesha nfs-ganesha-vfs)
 if (( ${#missing[@]} )); then
   echo "setup: installing Debian packages: ${missing[*]}"
   SUDO=""

@@ -7,6 +7,11 @@
 - :mod:`.balance`: ``plan_batches`` / ``shrink_after_oom`` (pure) and
   ``weighted_allreduce_gradients`` (torch.distributed), so uneven batches train exactly.
 - :mod:`.sandbox`: ``run_sandboxed`` / ``start_sandboxed`` under bubblewrap (or unshare + setpriv).
+- :mod:`.launch`: ``plan_launch`` / ``torchrun_argv`` (pure) and ``TrainingCoordinator`` (torchrun on N hosts).
+- :mod:`.agent`: ``ClusterAgent``, the per-host daemon (inventory, preflight, torchrun, mounts).
+- :mod:`.recovery`: ``choose_spare`` and ``verify_step_log`` (crash recovery, pure).
+- :mod:`.mounts`: NFS / s3fs / IPFS datasets with access, hash-manifest and speed checks.
+- :mod:`.ddp`: helpers for training scripts (setup, ``Checkpointer``, ``BalancedStep``, metrics).
 
 Names are imported on first use, so reading a spec does not import torch or eth-account.
 """
@@ -29,14 +34,32 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
                 "weighted_allreduce_gradients"),
     "sandbox": ("SandboxLimits", "SandboxReport", "SandboxResult", "SandboxSpec", "available_backends",
                 "build_command", "run_sandboxed", "start_sandboxed", "verify_sandbox"),
+    "launch": ("LaunchPlan", "TorchrunSpec", "TrainRequest", "TrainResult", "TrainingCoordinator", "plan_launch",
+               "torchrun_argv", "torchrun_env"),
+    "agent": ("AgentConfig", "ClusterAgent"),
+    "recovery": ("ContinuityReport", "choose_spare", "verify_step_log"),
+    "mounts": ("ClusterMountReport", "Manifest", "MountCommand", "MountReport", "MountSettings", "compare_manifests",
+               "hash_manifest", "perform_mount", "summarize_mounts"),
+    "ddp": ("BalancedStep", "Checkpointer", "DistInfo", "emit", "global_batch_indices", "weights_digest"),
 }, globals())
 
 if TYPE_CHECKING:
+    from .agent import AgentConfig, ClusterAgent
     from .balance import (
         BatchPlan, RankBudget, budgets_from_inventory, plan_batches, shrink_after_oom, weighted_allreduce_gradients,
     )
+    from .ddp import BalancedStep, Checkpointer, DistInfo, emit, global_batch_indices, weights_digest
     from .errors import BatchPlanError, ClusterError, SandboxError
     from .inventory import ClusterInventory, GpuInventory, HostInventory, read_gpus, read_local_inventory
+    from .launch import (
+        LaunchPlan, TorchrunSpec, TrainingCoordinator, TrainRequest, TrainResult, plan_launch, torchrun_argv,
+        torchrun_env,
+    )
+    from .mounts import (
+        ClusterMountReport, Manifest, MountCommand, MountReport, MountSettings, compare_manifests, hash_manifest,
+        perform_mount, summarize_mounts,
+    )
+    from .recovery import ContinuityReport, choose_spare, verify_step_log
     from .report import inventory_html
     from .sandbox import (
         SandboxLimits, SandboxReport, SandboxResult, SandboxSpec, available_backends, build_command, run_sandboxed,

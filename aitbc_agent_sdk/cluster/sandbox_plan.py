@@ -187,7 +187,7 @@ exec setpriv --no-new-privs --bounding-set=-all --inh-caps=-all --ambient-caps=-
 
 def unshare_argv(spec: SandboxSpec, *, covers: tuple[Path, ...], map_root: bool = False,
                  unshare: str = "unshare") -> list[str]:
-    argv = [unshare, "--mount", "--pid", "--fork", "--mount-proc", "--ipc", "--uts", "--propagation", "private"]
+    argv = [unshare, "--mount", "--pid", "--fork", "--kill-child", "--mount-proc", "--ipc", "--uts", "--propagation", "private"]
     if map_root:  # not root: a user namespace gives the mount rights (and the caps setpriv then drops)
         argv.append("--map-root-user")
     if not spec.allow_network:

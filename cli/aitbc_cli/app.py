@@ -10,7 +10,7 @@ from rich.console import Console
 
 from aitbc_agent_sdk import AitbcError
 
-from . import cluster, devnet, distributed_training, ipfs, market, provider, wallet
+from . import chat, cluster, devnet, distributed_training, ipfs, market, mcp_server, provider, wallet
 
 app = typer.Typer(help="Federated training on rented GPUs, paid through an on-chain escrow.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -21,6 +21,8 @@ app.add_typer(wallet.app, name="wallet")
 app.add_typer(ipfs.app, name="ipfs")
 app.add_typer(market.app, name="market")
 app.add_typer(cluster.app, name="cluster")
+app.command("chat")(chat.chat)
+app.add_typer(mcp_server.app, name="mcp")
 
 EXIT_BAD_INPUT = 2
 

@@ -1,0 +1,115 @@
+"""Async helpers the marketplace tools share: a devnet agent, the training a step is about,
+the coordinator daemon's start. They call the SDK only; nothing here shells out to the CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from decimal import Decimal
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import AitbcError, ConfigError, NotFoundError
+
+if TYPE_CHECKING:
+    from eth_account.signers.local import LocalAccount
+
+    from ..agent import Agent
+    from ..coordinator.monitor import Snapshot
+    from ..models import TrainingRecord
+    from .base import ToolContext
+
+WEI_PER_ETH = 10**18
+
+
+def to_wei(eth: float) -> int:
+    return int(Decimal(str(eth)) * WEI_PER_ETH)
+
+
+def eth(wei: int) -> str:
+    whole, frac = divmod(int(wei), WEI_PER_ETH)
+    return f"{whole}.{frac:018d}".rstrip("0").rstrip(".")
+
+
+def db_path(home: Path) -> Path:
+    return home / "aitbc.db"
+
+
+async def unlock(ctx: ToolContext, wallet: str) -> LocalAccount:
+    from ..devnet.network import wallet_store
+
+    return await wallet_store(ctx.home).unlock(wallet, ctx.password(wallet))
+
+
+@asynccontextmanager
+async def devnet_agent(ctx: ToolContext, account: LocalAccount) -> AsyncIterator[Agent]:
+    from ..agent import Agent
+    from ..config import AgentConfig
+
+    agent = Agent(AgentConfig(name="aitbc-assistant", blockchain_network="devnet", home=ctx.home), account=account)
+    async with agent:
+        w3 = agent.stack.sender.w3
+        try:
+            yield agent
+        finally:
+            # The devnet stack leaves its JSON-RPC session open; one process here runs several agents.
+            await w3.provider.disconnect()
+
+
+async def training(home: Path, training_id: str) -> TrainingRecord:
+    from ..coordinator.store import TrainingStore
+
+    async with TrainingStore(db_path(home)) as db:
+        return await db.training(training_id)
+
+
+async def resolve_training(ctx: ToolContext, training_id: str | None) -> str:
+    """The id given, else the one an earlier step of this plan used, else the newest training."""
+    if training_id:
+        return training_id
+    if ctx.training_id:
+        return ctx.training_id
+    from ..coordinator.store import TrainingStore
+
+    if not db_path(ctx.home).exists():
+        raise NotFoundError(f"no trainings yet in {ctx.home}; start one first (for example: "
+                            "'find 3 workers and train an mlp on digits')")
+    async with TrainingStore(db_path(ctx.home)) as db:
+        records = await db.trainings()
+    if not records:
+        raise NotFoundError(f"no trainings yet in {ctx.home}")
+    return max(records, key=lambda r: r.created_at).training_id
+
+
+async def wallet_of(home: Path, training_id: str) -> str:
+    record = await training(home, training_id)
+    if record.wallet is None:
+        raise ConfigError(f"training {training_id} has no wallet recorded")
+    return record.wallet
+
+
+async def snapshot_of(home: Path, training_id: str) -> Snapshot:
+    from ..coordinator.monitor import snapshot
+    from ..coordinator.store import TrainingStore
+
+    async with TrainingStore(db_path(home)) as db:
+        return await snapshot(db, training_id, audit_dir=home / "trainings")
+
+
+async def wait_for_daemon(ready: Callable[[], Awaitable[bool]], home: Path, training_id: str, pid: int,
+                          what: str, timeout: float = 60.0) -> None:
+    """Return once ``ready()``; fail with the daemon's last log lines if it exited first."""
+    from ..devnet.service import pid_alive, tail
+    from ..profile import training_dir
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await ready():
+            return
+        if not pid_alive(pid):
+            log = training_dir(home, training_id) / "coordinator.log"
+            raise AitbcError(f"the coordinator daemon exited; last log lines:\n{tail(log)}")
+        await asyncio.sleep(0.2)
+    raise AitbcError(f"the coordinator daemon did not {what} within {timeout:.0f}s")
