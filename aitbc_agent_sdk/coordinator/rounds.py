@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..errors import AitbcError, TrainingError
+from ..errors import AitbcError, NotEnoughWorkersError, TrainingError
 from ..messaging import topics
 from ..models import (
     CheckpointRef, FaultPolicy, JobAssignment, ModelSpec, Progress, ResendRequest, Shard, TrainingPhase,
@@ -47,6 +47,7 @@ class ShardSlot:
     judged: bool = False  # the winner also passed the round's norm check
     straggling: bool = False  # a spare runs a speculative copy of the holder's job
     reported: bool = False  # the holder was reported as a straggler
+    market_tried: bool = False  # a spare for its copy was looked for on the market
 
     def job_of(self, worker: str) -> JobAssignment | None:
         return next((j for j in self.jobs.values() if j.worker_id == worker), None)
@@ -256,13 +257,15 @@ class RoundRunner:
             {i: self._progress(s) for i, s in self.slots.items()},
             {i: now - s.sent_at[j.job_id] for i, s in self.slots.items() if (j := s.job_of(s.holder))},
             [s.finished_s for s in self.slots.values() if s.finished_s is not None], self.policy))
+        overdue: set[int] = set()  # past the adaptive deadline, not just behind the others
         for index, slot in self.slots.items():
             job = slot.job_of(slot.holder)
             if job is None or slot.winner is not None:
                 continue
             deadline = adaptive_deadline(self.c.round_times.get(slot.holder, []), self.policy)
             if now - slot.sent_at[job.job_id] > deadline:
-                late.add(index)
+                overdue.add(index)
+        late |= overdue
         for index in sorted(late):
             slot = self.slots[index]
             if slot.straggling or slot.winner is not None:
@@ -273,6 +276,14 @@ class RoundRunner:
                                    progress=self._progress(slot),
                                    deadline_s=adaptive_deadline(self.c.round_times.get(slot.holder, []), self.policy))
             spare = await self._free_spare()
+            if spare is None and index in overdue and not slot.market_tried:
+                # Past its deadline and no spare free: look for one on the market rather than
+                # wait for the round to time out (once per slot and round: discovery takes seconds).
+                slot.market_tried = True
+                try:
+                    spare = await self._new_spare()
+                except NotEnoughWorkersError:
+                    spare = None
             if spare is None:
                 continue  # every spare is busy: try again on a later tick
             slot.straggling = True
