@@ -8,7 +8,6 @@ the cluster inventory with ``reachable=False``, so a missing host is visible, no
 from __future__ import annotations
 
 import os
-import platform
 import time
 from pathlib import Path
 from types import ModuleType
@@ -17,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
 from ..models import Address
+from ..provider.hardware import _cpu_model, _text  # one /proc and NVML string reader for both
 
 
 class GpuInventory(BaseModel):
@@ -117,20 +117,6 @@ class ClusterInventory(BaseModel):
 
 
 # --- reading the local host -------------------------------------------------------------------
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
-
 
 def _meminfo() -> tuple[int, int]:
     """(MemTotal, MemAvailable) in bytes; MemAvailable is what the kernel can give without swapping."""

@@ -47,6 +47,15 @@ async def unlock(home: Path, wallet: str) -> tuple[LocalAccount, str]:
 def print_json(value: Any) -> None:
     typer.echo(json.dumps(value, sort_keys=True, default=str))
 
+# Fault-tolerance and elastic-pool options, shared by `run` and `init`.
+SparesOption = Annotated[int, typer.Option(min=0, help="spare providers hired to replace failed workers")]
+AggregationOption = Annotated[str, typer.Option(help="fedavg, median, trimmed-mean, krum, multi-krum or norm-clip")]
+HeartbeatOption = Annotated[float, typer.Option(min=0.1, help="seconds of silence before a worker is pinged")]
+TargetThroughputOption = Annotated[Optional[float], typer.Option(min=0.0, help="elastic pool: samples/s to keep (hire below 70%, release above 130%)")]
+MinWorkersOption = Annotated[int, typer.Option(min=1, help="elastic pool: never fewer workers")]
+MaxWorkersOption = Annotated[int, typer.Option(min=1, help="elastic pool: never more workers")]
+ScaleWindowOption = Annotated[int, typer.Option(min=1, help="elastic pool: rounds a throughput must last before acting")]
+
 
 def elastic_policy(target: float | None, min_workers: int, max_workers: int, window: int) -> ElasticPolicy | None:
     """The elastic pool options, or None when no target throughput was given."""

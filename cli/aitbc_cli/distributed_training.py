@@ -16,7 +16,10 @@ from aitbc_agent_sdk.models import FaultPolicy, JobConfig, TrainingReport, Train
 from aitbc_agent_sdk.errors import ConfigError
 
 from . import steps
-from .common import elastic_policy
+from .common import (
+    AggregationOption, HeartbeatOption, MaxWorkersOption, MinWorkersOption, ScaleWindowOption, SparesOption,
+    TargetThroughputOption, elastic_policy,
+)
 from .plot import plot_report
 from .render import LiveTraining, report_tables
 
@@ -40,13 +43,13 @@ def run(
     partition: Annotated[str, typer.Option(help="iid or dirichlet")] = "iid",
     alpha: Annotated[float, typer.Option(help="Dirichlet concentration (non-IID skew)")] = 0.5,
     seed: Annotated[int, typer.Option()] = 0,
-    spares: Annotated[int, typer.Option(min=0, help="spare providers hired to replace failed workers")] = 0,
-    aggregation: Annotated[str, typer.Option(help="fedavg, median, trimmed-mean, krum, multi-krum or norm-clip")] = "fedavg",
-    heartbeat_timeout: Annotated[float, typer.Option(min=0.1, help="seconds of silence before a worker is pinged")] = 10.0,
-    target_throughput: Annotated[Optional[float], typer.Option(min=0.0, help="elastic pool: samples/s to keep (hire below 70%, release above 130%)")] = None,
-    min_workers: Annotated[int, typer.Option(min=1, help="elastic pool: never fewer workers")] = 1,
-    max_workers: Annotated[int, typer.Option(min=1, help="elastic pool: never more workers")] = 64,
-    scale_window: Annotated[int, typer.Option(min=1, help="elastic pool: rounds a throughput must last before acting")] = 2,
+    spares: SparesOption = 0,
+    aggregation: AggregationOption = "fedavg",
+    heartbeat_timeout: HeartbeatOption = 10.0,
+    target_throughput: TargetThroughputOption = None,
+    min_workers: MinWorkersOption = 1,
+    max_workers: MaxWorkersOption = 64,
+    scale_window: ScaleWindowOption = 2,
     providers: Annotated[Optional[int], typer.Option(min=0, help="local provider agents on the embedded stack (default: workers + spares)")] = None,
     wallet_funds_eth: Annotated[Decimal, typer.Option(help="embedded wallet funding, in ETH")] = Decimal(100),
     home: Annotated[Optional[Path], typer.Option(help="state directory (default $AITBC_HOME or ~/.aitbc)")] = None,

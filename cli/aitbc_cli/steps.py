@@ -29,7 +29,11 @@ from aitbc_agent_sdk.devnet.service import pid_alive, tail
 from aitbc_agent_sdk.errors import AitbcError, ConfigError, NotEnoughWorkersError
 from aitbc_agent_sdk.models import TrainingRecord, new_id
 
-from .common import HomeOption, JsonOption, elastic_policy, print_json, resolve_home, unlock, wallet_store
+from .common import (
+    AggregationOption, HeartbeatOption, HomeOption, JsonOption, MaxWorkersOption, MinWorkersOption,
+    ScaleWindowOption, SparesOption, TargetThroughputOption, elastic_policy, print_json, resolve_home, unlock,
+    wallet_store,
+)
 from .render import eth, short
 
 T = TypeVar("T")
@@ -75,13 +79,13 @@ def register(app: typer.Typer) -> None:
         lr: Annotated[float, typer.Option(min=0.0)] = 1e-2,
         partition: Annotated[str, typer.Option(help="iid or dirichlet")] = "iid",
         seed: Annotated[int, typer.Option()] = 0,
-        spares: Annotated[int, typer.Option(min=0, help="spare providers to hire for replacing failed workers")] = 0,
-        aggregation: Annotated[str, typer.Option(help="fedavg, median, trimmed-mean, krum, multi-krum or norm-clip")] = "fedavg",
-        heartbeat_timeout: Annotated[float, typer.Option(min=0.1, help="seconds of silence before a worker is pinged")] = 10.0,
-        target_throughput: Annotated[Optional[float], typer.Option(min=0.0, help="elastic pool: samples/s to keep (hire below 70%, release above 130%)")] = None,
-        min_workers: Annotated[int, typer.Option(min=1, help="elastic pool: never fewer workers")] = 1,
-        max_workers: Annotated[int, typer.Option(min=1, help="elastic pool: never more workers")] = 64,
-        scale_window: Annotated[int, typer.Option(min=1, help="elastic pool: rounds a throughput must last before acting")] = 2,
+        spares: SparesOption = 0,
+        aggregation: AggregationOption = "fedavg",
+        heartbeat_timeout: HeartbeatOption = 10.0,
+        target_throughput: TargetThroughputOption = None,
+        min_workers: MinWorkersOption = 1,
+        max_workers: MaxWorkersOption = 64,
+        scale_window: ScaleWindowOption = 2,
         home: HomeOption = None,
         as_json: JsonOption = False,
     ) -> None:
