@@ -19,7 +19,6 @@ from .coordinator import (
     Coordinator, CoordinatorSettings, EscrowAccount, RunRequest, TrainingStore, is_terminal, resume_training,
     run_training,
 )
-from .chain import training_key
 from .coordinator.liveness import ping
 from .coordinator.daemon import training_lock
 from .errors import AitbcError, ConfigError, NotEnoughWorkersError
@@ -129,7 +128,7 @@ class Agent:
             tid = record.training_id
             if (is_terminal(record.phase) or record.coordinator != self.address
                     or await self.coordinator.db.escrow(tid) is None
-                    or not (await self.coordinator.escrow.escrow.training(training_key(tid))).exists):
+                    or not (await self.coordinator.escrow.escrow.training(self.coordinator.escrow.key(tid))).exists):
                 continue
             lock = ExitStack()
             try:  # taken here, before the task starts, so no second driver can slip in between

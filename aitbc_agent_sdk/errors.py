@@ -15,6 +15,10 @@ class DatasetError(ConfigError):
     """A dataset file is missing, unreadable or lacks the expected columns."""
 
 
+class UnsafeNameError(AitbcError, ValueError):
+    """An id or topic level that could reach outside its directory or topic (``..``, ``/``, ``#``...)."""
+
+
 class UnknownModelError(ConfigError):
     """The requested model type is not in the registry."""
 
@@ -45,6 +49,10 @@ class ContentNotFoundError(StorageError):
 
 class IntegrityError(StorageError):
     """Content read back does not hash to the CID it was requested by."""
+
+
+class FetchLimitError(IntegrityError):
+    """Content read by CID breaks a limit of the read: size, links, depth, blocks or time."""
 
 
 class MessagingError(AitbcError):

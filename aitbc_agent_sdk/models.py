@@ -6,14 +6,19 @@ access keeps working; attribute access is the primary API.
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from functools import lru_cache
 from enum import StrEnum
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from eth_utils import is_address, to_checksum_address
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from . import limits
+from .errors import UnsafeNameError
 
 
 @lru_cache(maxsize=4096)
@@ -29,7 +34,7 @@ def _cid(value: str) -> str:
     # CIDv0 is base58btc "Qm..." (46 chars); CIDv1 here is base32 lower-case "b...".
     if value.startswith("Qm") and len(value) == 46:
         return value
-    if value.startswith("b") and len(value) > 10 and value[1:].isalnum() and value == value.lower():
+    if value.startswith("b") and 10 < len(value) <= limits.CID_MAX_LENGTH and value[1:].isalnum() and value == value.lower():
         return value
     raise ValueError(f"not a CID: {value!r}")
 
@@ -38,10 +43,32 @@ Address = Annotated[str, AfterValidator(_checksum)]
 Cid = Annotated[str, AfterValidator(_cid)]
 Wei = Annotated[int, Field(ge=0)]
 Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
+Finite = Annotated[float, Field(allow_inf_nan=False)]  # NaN is stored as null and would not read back
+Text = Annotated[str, Field(max_length=limits.TEXT_MAX_LENGTH)]
+Name = Annotated[str, Field(max_length=limits.NAME_MAX_LENGTH)]
+
+# Every id that names a directory or a topic level: no '/', '.', wildcard, space or NUL can get in.
+ID_PATTERN = rf"^[A-Za-z0-9_-]{{1,{limits.ID_MAX_LENGTH}}}$"
+Id = Annotated[str, Field(pattern=ID_PATTERN)]
+_ID = re.compile(ID_PATTERN)
 
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:16]}"
+
+
+def id_path(parent: Path, name: str) -> Path:
+    """``parent / name`` for an id; UnsafeNameError unless it is an :data:`Id` that resolves inside ``parent``.
+
+    Resolving catches a symlink planted under ``parent`` that points elsewhere.
+    """
+    if not isinstance(name, str) or not _ID.fullmatch(name):
+        raise UnsafeNameError(f"{name!r} is not a safe id: 1-{limits.ID_MAX_LENGTH} letters, digits, '_' or '-'")
+    path = parent / name
+    resolved, root = path.resolve(), parent.resolve()
+    if resolved == root or not resolved.is_relative_to(root):
+        raise UnsafeNameError(f"{path} resolves to {resolved}, outside {root}")
+    return path
 
 
 class Record(BaseModel):
@@ -64,21 +91,21 @@ class TrainingPhase(StrEnum):
 
 
 class GpuInfo(Record):
-    name: str
+    name: Name
     memory_total_bytes: int = Field(ge=0)
     memory_free_bytes: int | None = Field(default=None, ge=0)
-    driver_version: str | None = None
-    cuda_version: str | None = None
+    driver_version: Name | None = None
+    cuda_version: Name | None = None
     utilization_percent: float | None = Field(default=None, ge=0, le=100)
 
 
 class Hardware(Record):
     """What a provider really has, detected on its host."""
 
-    cpu_model: str
+    cpu_model: Name
     cpu_cores: int = Field(ge=1)
     ram_bytes: int = Field(ge=0)
-    gpus: tuple[GpuInfo, ...] = ()
+    gpus: tuple[GpuInfo, ...] = Field(default=(), max_length=limits.MAX_GPUS)
 
     @property
     def gpu_type(self) -> str:
@@ -93,7 +120,7 @@ class Offer(Record):
     hardware: Hardware
     slots: int = Field(default=1, ge=1)
     free_slots: int = Field(default=1, ge=0)
-    issued_at: float = Field(default_factory=time.time)
+    issued_at: Finite = Field(default_factory=time.time)
 
     @model_validator(mode="after")
     def _free_within_slots(self) -> Offer:
@@ -116,6 +143,7 @@ class Worker(Record):
     jobs_failed: int = Field(default=0, ge=0)
     slashes: int = Field(default=0, ge=0)
     stake_wei: Wei = Field(default=0, description="bond held by the provider registry")
+    earned_wei: Wei = Field(default=0, description="ETH paid to it through the escrow: what reputation weighs")
 
     @property
     def gpu_type(self) -> str:
@@ -131,10 +159,25 @@ class Worker(Record):
 
 
 class ModelSpec(Record):
-    name: str
-    input_shape: tuple[int, ...]
-    num_classes: int = Field(ge=2)
-    hidden: int = Field(default=128, ge=1)
+    """A model a stranger asks a provider to build: bounded field by field, then by its estimated size."""
+
+    name: str = Field(max_length=64)
+    input_shape: tuple[Annotated[int, Field(ge=1, le=limits.MAX_FEATURES)], ...] = Field(
+        min_length=1, max_length=limits.MAX_INPUT_RANK)
+    num_classes: int = Field(ge=2, le=limits.MAX_CLASSES)
+    hidden: int = Field(default=128, ge=1, le=limits.MAX_HIDDEN)
+
+    @model_validator(mode="after")
+    def _buildable(self) -> ModelSpec:
+        features = 1
+        for dim in self.input_shape:
+            features *= dim
+        if features > limits.MAX_FEATURES:
+            raise ValueError(f"input_shape {self.input_shape} has {features} features, above {limits.MAX_FEATURES}")
+        if (problem := limits.model_size_problem(self.name, self.input_shape, self.num_classes,
+                                                 self.hidden)) is not None:
+            raise ValueError(problem)
+        return self
 
 
 class JobConfig(Record):
@@ -205,7 +248,7 @@ class SampleRange(Record):
 
 
 class TrainingSpec(Record):
-    model_type: str
+    model_type: str = Field(max_length=64)
     target_workers: int = Field(ge=1, le=1024)
     rounds: int = Field(default=5, ge=1, le=10_000)
     job: JobConfig = JobConfig()
@@ -222,7 +265,7 @@ class TrainingSpec(Record):
 
 
 class TrainingRecord(Record):
-    training_id: str
+    training_id: Id
     spec: TrainingSpec
     phase: TrainingPhase = TrainingPhase.INITIALIZING
     round: int = Field(default=0, ge=0)
@@ -240,11 +283,11 @@ class TrainingRecord(Record):
 
 
 class Shard(Record):
-    shard_id: str
+    shard_id: Id
     index: int = Field(ge=0)
     cid: Cid
     samples: int = Field(ge=1)
-    label_counts: tuple[int, ...]
+    label_counts: tuple[int, ...] = Field(max_length=limits.MAX_CLASSES)
 
 
 class ShardManifest(Record):
@@ -252,9 +295,9 @@ class ShardManifest(Record):
     test_cid: Cid
     partition: Partition
     seed: int
-    num_classes: int = Field(ge=2)
-    feature_shape: tuple[int, ...]
-    shards: tuple[Shard, ...]
+    num_classes: int = Field(ge=2, le=limits.MAX_CLASSES)
+    feature_shape: tuple[int, ...] = Field(max_length=limits.MAX_INPUT_RANK)
+    shards: tuple[Shard, ...] = Field(max_length=limits.MAX_SHARDS)
 
     @property
     def total_samples(self) -> int:
@@ -262,8 +305,8 @@ class ShardManifest(Record):
 
 
 class WorkerContract(Record):
-    contract_id: str
-    training_id: str
+    contract_id: Id
+    training_id: Id
     worker_id: Address
     coordinator: Address
     price_wei: Wei = Field(description="per round")
@@ -271,8 +314,11 @@ class WorkerContract(Record):
     accepted_at: float
     role: Literal["worker", "spare", "replaced", "released"] = "worker"
     shard_index: int | None = Field(default=None, ge=0, description="the worker's slot: the shard it trains on")
-    ranges: tuple[SampleRange, ...] = Field(default=(), description="elastic pools: the samples it trains on")
-    shard_id: str | None = Field(default=None, description="elastic pools: the shard built from its ranges")
+    ranges: tuple[SampleRange, ...] = Field(default=(), max_length=limits.MAX_RANGES,
+                                            description="elastic pools: the samples it trains on")
+    shard_id: Id | None = Field(default=None, description="elastic pools: the shard built from its ranges")
+    consent: str | None = Field(default=None, pattern=r"^0x[0-9a-fA-F]{130}$",
+                                description="the worker's sign_consent to its escrow slot, passed on open/add/replace")
 
     @property
     def price(self) -> int:
@@ -280,14 +326,21 @@ class WorkerContract(Record):
         return self.price_wei * self.rounds
 
 
+MAX_SHARD_BYTES = 1 << 34  # 16 GiB: the most one job may ask a provider to fetch for its shard
+MAX_WEIGHTS_BYTES = 8 * limits.MAX_PARAMETERS + (1 << 20)  # float64 at most, plus the safetensors header
+
+
 class JobAssignment(Record):
-    job_id: str
-    training_id: str
+    job_id: Id
+    training_id: Id
     round: int = Field(ge=1)
     worker_id: Address
-    contract_id: str
+    contract_id: Id
     shard_cid: Cid
+    shard_bytes: int = Field(ge=1, le=MAX_SHARD_BYTES,
+                             description="the shard's exact size: the provider fetches no more than this")
     weights_cid: Cid
+    weights_bytes: int = Field(ge=1, le=MAX_WEIGHTS_BYTES, description="the global weights' exact size")
     model: ModelSpec
     config: JobConfig
     seed: int = Field(default=0, ge=0, description="shuffling seed for the worker's local epochs")
@@ -297,70 +350,71 @@ JobStatus = Literal["assigned", "running", "complete", "failed", "cancelled"]
 
 
 class Progress(Record):
-    job_id: str
-    training_id: str
+    job_id: Id
+    training_id: Id
     worker_id: Address
     round: int = Field(ge=1)
     status: JobStatus
     epoch: int = Field(ge=0)
     epochs: int = Field(ge=1)
     progress: float = Field(ge=0.0, le=100.0)
-    loss: float | None = None
-    samples_per_s: float | None = Field(default=None, ge=0.0)
-    error: str | None = None
+    loss: Finite | None = None
+    samples_per_s: Finite | None = Field(default=None, ge=0.0)
+    error: Text | None = None
 
 
 class JobResult(Record):
-    job_id: str
-    training_id: str
+    job_id: Id
+    training_id: Id
     worker_id: Address
     round: int = Field(ge=1)
     checkpoint_cid: Cid
     samples: int = Field(ge=1)
-    loss: float
-    train_seconds: float = Field(ge=0.0)
+    loss: Finite
+    train_seconds: Finite = Field(ge=0.0)
     signature: str = Field(pattern=r"^0x[0-9a-fA-F]{130}$",
-                           description="the worker's sign_result over (training, checkpoint CID): slashing evidence")
+                           description="the worker's sign_result over (chain, registry, training, round, checkpoint "
+                                       "CID): slashing evidence")
 
 
 class JobCancel(Record):
     """The coordinator no longer wants a job's result (a speculative duplicate won, or it was reassigned)."""
 
-    job_id: str
-    training_id: str
-    reason: str
+    job_id: Id
+    training_id: Id
+    reason: Text
 
 
 class ResendRequest(Record):
     """The coordinator could not fetch (or verify) a result's checkpoint: upload it again and re-publish."""
 
-    job_id: str
-    training_id: str
+    job_id: Id
+    training_id: Id
     cid: Cid
-    reason: str
-    deadline_s: float = Field(gt=0.0)
+    reason: Text
+    deadline_s: Finite = Field(gt=0.0)
 
 
 class Ping(Record):
-    nonce: str
-    sent_at: float
+    nonce: Id  # names the pong's topic level
+    sent_at: Finite
 
 
 class Pong(Record):
-    nonce: str
+    nonce: Id
     busy_jobs: int = Field(ge=0)
 
 
 class CheckpointRef(Record):
-    checkpoint_id: str
+    checkpoint_id: str = Field(max_length=limits.CID_MAX_LENGTH)
     cid: Cid
-    job_id: str
+    job_id: Id
     worker_id: Address
-    training_id: str
+    training_id: Id
     round: int = Field(ge=1)
     samples: int = Field(ge=1)
-    loss: float
-    train_seconds: float = Field(default=0.0, ge=0.0)
+    loss: Finite
+    train_seconds: Finite = Field(default=0.0, ge=0.0)
     signature: str | None = None
 
 
@@ -370,7 +424,7 @@ class AggregateResult(Record):
     round: int = Field(ge=0)
     samples: int = Field(ge=0)
     loss: float | None
-    contributors: tuple[Address, ...]
+    contributors: tuple[Address, ...] = Field(max_length=limits.MAX_WORKERS)
 
 
 class RoundMetrics(Record):
@@ -384,9 +438,9 @@ class RoundMetrics(Record):
 
 
 class Payment(Record):
-    training_id: str
+    training_id: Id
     worker_id: Address
-    contract_id: str
+    contract_id: Id
     amount_wei: Wei
     tx_hash: str
     result_hash: str
@@ -400,27 +454,29 @@ class EscrowSummary(Record):
 
 
 class ContractProposal(Record):
-    contract_id: str
-    training_id: str
+    contract_id: Id
+    training_id: Id
     coordinator: Address
     price_wei: Wei
     rounds: int = Field(ge=1)
 
 
 class ContractReply(Record):
-    contract_id: str
+    contract_id: Id
     accepted: bool
-    reason: str | None = None
+    reason: Text | None = None
+    consent: str | None = Field(default=None, pattern=r"^0x[0-9a-fA-F]{130}$",
+                                description="with an acceptance: the provider's sign_consent to its escrow slot")
 
 
 class Heartbeat(Record):
     provider: Address
-    sent_at: float
+    sent_at: Finite
     busy_jobs: int = Field(ge=0)
 
 
 class TrainingStatus(Record):
-    training_id: str
+    training_id: Id
     phase: TrainingPhase
     round: int = Field(ge=0, description="rounds completed")
     rounds: int = Field(ge=1)
@@ -430,8 +486,8 @@ class TrainingStatus(Record):
 
 
 class Settlement(Record):
-    training_id: str
-    payments: tuple[Payment, ...]
+    training_id: Id
+    payments: tuple[Payment, ...] = Field(max_length=limits.MAX_WORKERS)
     refund_wei: Wei
     refund_tx: str | None
     escrow: EscrowSummary
@@ -460,14 +516,32 @@ class RoundReport(Record):
 
 
 class TrainingReport(Record):
-    training_id: str
+    training_id: Id
     status: TrainingPhase
     final_accuracy: Fraction
     model_cid: Cid
     manifest_cid: Cid
-    rounds: tuple[RoundReport, ...]
-    workers: tuple[WorkerReport, ...]
+    rounds: tuple[RoundReport, ...] = Field(max_length=limits.MAX_ROUNDS)
+    workers: tuple[WorkerReport, ...] = Field(max_length=limits.MAX_WORKERS)
     escrow: EscrowSummary
     refund_tx: str | None
     wall_seconds: float
     compute_seconds: float = Field(description="sum over rounds of the slowest worker's training time")
+
+
+class ChainIntent(Record):
+    """A chain write the coordinator is about to make, saved before it is sent.
+
+    A crash between the transaction and the database writes that follow it leaves the intent
+    ``pending``; on resume it is settled from the chain's events (done, or failed when the
+    transaction never landed), so the database again says what the escrow says.
+    """
+
+    intent_id: str
+    training_id: str
+    kind: Literal["replace"]
+    status: Literal["pending", "done", "failed"] = "pending"
+    old_contract_id: str
+    new_contract_id: str
+    reason: str = ""
+    created_at: float = Field(default_factory=time.time)

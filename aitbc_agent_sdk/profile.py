@@ -16,17 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .devnet.service import ServiceProcess
 from .errors import ConfigError
-from .models import Address
+from .messaging.settings import BusSettings  # noqa: F401 - the broker's settings, re-exported here
+from .models import Address, id_path
 
 PROFILE_FILE = "profile.json"
-
-
-class BusSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    kind: Literal["mqtt"] = "mqtt"
-    host: str = "127.0.0.1"
-    port: int = Field(default=1883, ge=1, le=65535)
 
 
 class StoreSettings(BaseModel):
@@ -44,6 +37,10 @@ class ChainSettings(BaseModel):
     chain_id: int
     escrow: Address
     deployed_block: int = 0
+    confirmations: int | None = Field(
+        default=None, ge=1, le=1000,
+        description="blocks (counting its own) a transaction needs before it counts as done; default 1 on a "
+                    "local devnet (chain id 31337/1337), 12 on any other chain (tx.PUBLIC_CONFIRMATIONS)")
 
 
 class Profile(BaseModel):
@@ -58,8 +55,8 @@ class Profile(BaseModel):
 
 
 def training_dir(home: Path, training_id: str) -> Path:
-    """Where a training's daemon keeps its log and pid file."""
-    return home / "trainings" / training_id
+    """Where a training's daemon keeps its log and pid file (UnsafeNameError for an id that is a path)."""
+    return id_path(home / "trainings", training_id)
 
 
 def profile_path(home: Path) -> Path:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
@@ -15,14 +16,16 @@ from eth_account.signers.local import LocalAccount
 from .chain import EscrowClient, TransactionSender, connect_rpc, deploy, load_artifact, start_embedded_chain
 from .chain.registry import RegistryClient
 from .config import AgentConfig
-from .errors import ConfigError
+from .errors import ConfigError, MessagingError
 from .messaging import Bus, InMemoryBus
 from .profile import Profile, load_profile
 from .provider.agent import ProviderAgent, ProviderConfig
 from .provider.hardware import detect_hardware
+from .provider.onchain import ProviderChain
 from .storage import ContentStore, LocalContentStore
 
 ETH = 10**18
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -68,7 +71,7 @@ async def build_embedded(config: AgentConfig, account: LocalAccount | None, exit
         await chain.fund(provider_account.address, ETH // 10, source=1 + i % 9)  # gas and a bond
         provider = ProviderAgent(provider_account, bus, store, ProviderConfig(
             price_wei=prices[i % len(prices)], work_dir=config.home / "providers" / provider_account.address),
-            hardware=hardware)
+            hardware=hardware, chain=await ProviderChain.connect(chain.w3, escrow_address))
         await register_provider(registry, TransactionSender(chain.w3, provider_account), provider, EMBEDDED_STAKE)
         stack.providers.append(await exits.enter_async_context(provider))
     return stack
@@ -88,7 +91,7 @@ async def join_embedded_market(stack: Stack, home: Path, price_wei: int, *,
     hardware = stack.providers[0].hardware if stack.providers else await asyncio.to_thread(detect_hardware)
     provider = factory(account, stack.bus, stack.store,
                        ProviderConfig(price_wei=price_wei, work_dir=home / "providers" / account.address),
-                       hardware=hardware)
+                       hardware=hardware, chain=await ProviderChain.connect(stack.sender.w3, stack.escrow.address))
     await register_provider(stack.registry, TransactionSender(stack.sender.w3, account), provider, EMBEDDED_STAKE)
     return provider
 
@@ -101,10 +104,48 @@ async def register_provider(registry: RegistryClient, sender: TransactionSender,
     await registry.register(sender, stake_wei, keccak(text=provider.offer_metadata()))
 
 
-async def open_bus(profile: Profile, client_id: str, exits: AsyncExitStack) -> Bus:
-    from .messaging.mqtt import MqttBus  # aiomqtt is only needed off the embedded stack
+async def open_bus(profile: Profile, client_id: str, exits: AsyncExitStack, *, identity: str | None = None,
+                   home: Path | None = None, persist_seen: bool = True) -> Bus:
+    """The profile's broker, logged in as ``identity``'s account; ``client_id`` names a persistent session.
 
-    return await exits.enter_async_context(MqttBus(profile.bus.host, profile.bus.port, client_id=client_id))
+    With ``home`` and ``persist_seen``, the session's accepted nonces persist there, so a restart
+    still refuses replays. On the devnet's own host a wallet without a broker account gets one.
+    """
+    from .messaging.settings import connect_bus
+
+    issued = home is not None and identity is not None and await asyncio.to_thread(
+        _issue_local_account, profile, home, identity)
+    seen_home = home if persist_seen else None
+    for attempt in range(20 if issued else 1):
+        try:
+            return await exits.enter_async_context(connect_bus(profile.bus, client_id, identity=identity,
+                                                               home=seen_home))
+        except MessagingError as exc:  # the broker may not have re-read its password file yet
+            if "refused" not in str(exc) or attempt == 19 or not issued:
+                raise
+            await asyncio.sleep(0.25)
+    raise AssertionError("unreachable")
+
+
+def _issue_local_account(profile: Profile, home: Path, identity: str) -> bool:
+    """Make ``identity``'s broker account if this home runs the devnet's broker and it has none."""
+    from .devnet.network import add_broker_accounts, broker_auth_dir
+    from .messaging.settings import account_file
+
+    accounts = profile.bus.accounts_dir
+    if accounts is None or account_file(accounts, identity).is_file():
+        return False
+    if accounts != broker_auth_dir(home) / "accounts":
+        log.warning("no broker account for %s in %s: it may read and coordinate, not advertise;"
+                    " the devnet's host gives one with 'aitbc devnet accounts %s --export DIR'",
+                    identity, accounts, identity)
+        return False
+    try:
+        add_broker_accounts(home, [identity])
+    except ConfigError as exc:  # the broker is not running (yet): connecting will say so
+        log.warning("%s", exc)
+        return False
+    return True
 
 
 async def _local_store(profile: Profile, config: AgentConfig, exits: AsyncExitStack) -> ContentStore:
@@ -132,11 +173,14 @@ async def build_devnet(config: AgentConfig, account: LocalAccount | None, exits:
         raise ConfigError("a devnet agent needs a wallet: unlock one and pass it as Agent(config, account=...)")
     profile = load_profile(config.home)
     client_id = config.client_id or f"{config.name}-{account.address[2:10]}-{os.getpid()}"
-    bus = await open_bus(profile, client_id, exits)
+    # Only a chosen client id names a session that a later process resumes: persist its nonces.
+    bus = await open_bus(profile, client_id, exits, identity=account.address, home=config.home,
+                         persist_seen=config.client_id is not None)
     store = await open_store(profile, config, exits)
     w3 = await connect_rpc(profile.chain.rpc_url)
     escrow = EscrowClient(w3, profile.chain.escrow)
-    return Stack(bus=bus, store=store, account=account, sender=TransactionSender(w3, account), escrow=escrow,
+    sender = TransactionSender(w3, account, confirmations=profile.chain.confirmations)
+    return Stack(bus=bus, store=store, account=account, sender=sender, escrow=escrow,
                  registry=RegistryClient(w3, await escrow.registry()))
 
 

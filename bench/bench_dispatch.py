@@ -47,7 +47,7 @@ CID = "QmYwAPJzv5CZsnA625s3Xf2nemtYgPpHdWEz79ojWnPbdG"
 def assignment(i: int, worker: str) -> JobAssignment:
     return JobAssignment(
         job_id=f"job_{i:08d}", training_id=TRAINING, round=1, worker_id=worker, contract_id=f"ct_{i % 97:06d}",
-        shard_cid=CID, weights_cid=CID, model=ModelSpec(name="mlp", input_shape=(64,), num_classes=10),
+        shard_cid=CID, shard_bytes=1 << 20, weights_cid=CID, weights_bytes=1 << 20, model=ModelSpec(name="mlp", input_shape=(64,), num_classes=10),
         config=JobConfig(batch_size=32, learning_rate=0.01, epochs=2), seed=i,
     )
 

@@ -33,8 +33,10 @@ from aitbc_agent_sdk.chain import (
     deploy,
     load_artifact,
     result_hash,
+    sign_consent,
     start_embedded_chain,
     training_key,
+    training_salt,
 )
 
 ETH = 10**18
@@ -69,24 +71,26 @@ async def _measure(n: int, asset: str) -> dict[str, Any]:
         for fn, args in (("mint", [account.address, 1000 * ETH]), ("approve", [escrow.address, 2**256 - 1])):
             await sender.send({"to": token_address, "data": token.encode_abi(fn, args=args)})
 
-    async def open_training(name: str, payees: list[str]) -> bytes:
-        tid = training_key(name)
-        await escrow.open(sender, tid, payees, [3 * UNIT] * n, token=token_address)
-        return tid
+    async def open_training(name: str, accounts: list[Any]) -> tuple[bytes, list[str]]:
+        tid, chain_id = training_key(sender.address, name), await escrow.chain_id()
+        consents = [sign_consent(a, chain_id, escrow.address, tid) for a in accounts]  # each payee agrees
+        payees = [a.address for a in accounts]
+        await escrow.open(sender, training_salt(name), payees, [3 * UNIT] * n, consents, token=token_address)
+        return tid, payees
 
     async def release(tid: bytes, payees: list[str]) -> int:
         hashes = [result_hash(f"bafy-{i}") for i in range(n)]
         return int((await escrow.release(sender, tid, payees, [UNIT] * n, hashes))["gasUsed"])
 
-    existing = [Account.create().address for _ in range(n)]
+    existing_accounts = [Account.create() for _ in range(n)]
+    existing = [a.address for a in existing_accounts]
     await _plain(sender, existing, token)  # untimed: the payees now exist and hold a balance
     plain_steady = await _plain(sender, existing, token)
-    tid = await open_training("steady", existing)
+    tid, _ = await open_training("steady", existing_accounts)
     first_existing = await release(tid, existing)
     steady = await release(tid, existing)
 
-    fresh = [Account.create().address for _ in range(n)]
-    tid = await open_training("fresh", fresh)
+    tid, fresh = await open_training("fresh", [Account.create() for _ in range(n)])
     fresh_batch = await release(tid, fresh)
     plain_fresh = await _plain(sender, [Account.create().address for _ in range(n)], token)
     return {

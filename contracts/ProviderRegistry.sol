@@ -10,6 +10,43 @@ interface IEscrowView {
     function isWorker(bytes32 trainingId, address account) external view returns (bool);
 }
 
+/// @notice Canonical signature checks shared by the escrow (consent) and the registry (evidence).
+library Signatures {
+    uint256 internal constant HALF_ORDER = 0x7fffffffffffffffffffffffffffffff5d576e7357a4501ddfe92f46681b20a0;
+    /// @dev EIP-1271 `isValidSignature` magic value, for workers that are contract wallets.
+    bytes4 internal constant ERC1271_MAGIC = 0x1626ba7e;
+    uint256 internal constant ERC1271_GAS = 50_000;
+
+    error InvalidSignature();
+
+    function ethSignedMessageHash(bytes32 digest) internal pure returns (bytes32) {
+        return keccak256(abi.encodePacked("\x19Ethereum Signed Message:\n32", digest));
+    }
+
+    /// @dev The signer of a 65-byte `r || s || v` signature with v in {27, 28} and a low s;
+    ///      anything else (and an unrecoverable signature) reverts, so no signature has two forms.
+    function recover(bytes32 hash, bytes calldata signature) internal pure returns (address signer) {
+        if (signature.length != 65) revert InvalidSignature();
+        bytes32 r = bytes32(signature[0:32]);
+        bytes32 s = bytes32(signature[32:64]);
+        uint8 v = uint8(signature[64]);
+        if (uint256(s) > HALF_ORDER || (v != 27 && v != 28)) revert InvalidSignature();
+        signer = ecrecover(hash, v, r, s);
+        if (signer == address(0)) revert InvalidSignature();
+    }
+
+    /// @dev Revert unless `account` signed `hash`: ECDSA for a key, EIP-1271 for a contract wallet.
+    function check(bytes32 hash, bytes calldata signature, address account) internal view {
+        if (account.code.length == 0) {
+            if (recover(hash, signature) != account) revert InvalidSignature();
+            return;
+        }
+        (bool ok, bytes memory ret) =
+            account.staticcall{gas: ERC1271_GAS}(abi.encodeWithSelector(ERC1271_MAGIC, hash, signature));
+        if (!ok || ret.length < 32 || bytes4(abi.decode(ret, (bytes32))) != ERC1271_MAGIC) revert InvalidSignature();
+    }
+}
+
 /// @title ProviderRegistry
 /// @notice Providers bond native ETH and publish the hash of their offer metadata. The
 ///         registry keeps reputation counters that only its escrow can move, lets a
@@ -19,9 +56,16 @@ interface IEscrowView {
 ///      only address allowed to call the assignment hooks. There is no owner.
 ///
 ///      Slashing evidence: the provider signs, with EIP-191 `personal_sign`, the 32-byte digest
-///      `keccak256(abi.encode(trainingId, keccak256(bytes(cid))))` where `cid` is the result's
-///      CID string (utf-8). `resultDigest` returns that digest; the signature is 65 bytes
+///      `keccak256(abi.encode(RESULT_TAG, block.chainid, address(registry), trainingId, round,
+///      keccak256(bytes(cid))))` where `cid` is the result's CID string (utf-8). Binding the
+///      chain, the registry and the round keeps evidence from replaying across deployments,
+///      chains and rounds. `resultDigest` returns that digest; the signature is 65 bytes
 ///      `r || s || v` with v in {27, 28} and a low-s value.
+///
+///      Reputation is value, not a count: `earned` adds up the wei of native ETH each provider
+///      was paid through the escrow (ERC-20 payments add nothing: a worthless token would
+///      forge any amount). `completed` and `failed` count consented assignments only, since
+///      the escrow assigns nobody without the provider's signature.
 contract ProviderRegistry {
     struct Provider {
         uint128 stake;
@@ -32,6 +76,7 @@ contract ProviderRegistry {
         uint32 completed;
         uint32 failed;
         uint32 slashes;
+        uint128 earned; // wei of native ETH paid to the provider through the escrow
         bytes32 metadataHash;
     }
 
@@ -40,11 +85,14 @@ contract ProviderRegistry {
     /// @notice Share of the current bond that one slash takes, in basis points.
     uint256 public constant SLASH_BPS = 5_000;
 
-    uint256 private constant HALF_ORDER = 0x7fffffffffffffffffffffffffffffff5d576e7357a4501ddfe92f46681b20a0;
+    /// @notice Domain tag of the result digest (see `resultDigest`).
+    bytes32 public constant RESULT_TAG = keccak256("aitbc.result.v1");
 
     address public escrow;
     mapping(address => Provider) private _providers;
     address[] private _providerList;
+    /// @notice Wei slashed from bonds so far: it stays locked in this contract for good (burned).
+    uint256 public burned;
     /// @notice Whether a provider was already slashed for a training (at most once per training).
     mapping(bytes32 => mapping(address => bool)) public slashed;
 
@@ -55,9 +103,15 @@ contract ProviderRegistry {
     event UnbondingStarted(address indexed provider, uint256 unbondingAt);
     event StakeWithdrawn(address indexed provider, uint256 amount);
     event Assigned(bytes32 indexed trainingId, address indexed provider);
-    event JobRecorded(bytes32 indexed trainingId, address indexed provider, bool completed);
+    event Unassigned(bytes32 indexed trainingId, address indexed provider);
+    event JobRecorded(bytes32 indexed trainingId, address indexed provider, bool completed, uint256 earned);
     event Slashed(
-        bytes32 indexed trainingId, address indexed provider, address indexed coordinator, uint256 amount, bytes32 cidHash
+        bytes32 indexed trainingId,
+        address indexed provider,
+        address indexed coordinator,
+        uint256 amount,
+        uint64 round,
+        bytes32 cidHash
     );
 
     error NotEscrow(address caller);
@@ -70,7 +124,6 @@ contract ProviderRegistry {
     error UnbondingPending(uint256 unbondingAt);
     error ProviderAssigned(address provider, uint256 trainings);
     error NotCoordinator(bytes32 trainingId, address caller);
-    error InvalidSignature();
     error NotAWorker(bytes32 trainingId, address provider);
     error AlreadySlashed(bytes32 trainingId, address provider);
     error NothingToSlash(address provider);
@@ -154,21 +207,26 @@ contract ProviderRegistry {
     // --- slashing -------------------------------------------------------------------------
 
     /// @notice The digest a provider signs (EIP-191 personal_sign) over a result it submits.
-    function resultDigest(bytes32 trainingId, string calldata cid) public pure returns (bytes32) {
-        return keccak256(abi.encode(trainingId, keccak256(bytes(cid))));
+    function resultDigest(bytes32 trainingId, uint64 round, string calldata cid) public view returns (bytes32) {
+        return keccak256(abi.encode(RESULT_TAG, block.chainid, address(this), trainingId, round, keccak256(bytes(cid))));
     }
 
-    /// @notice Slash `provider` for a result it signed that failed verification. Only the
-    ///         training's coordinator may call; it receives SLASH_BPS of the provider's bond.
-    function slash(bytes32 trainingId, address provider, string calldata cid, bytes calldata signature)
+    /// @notice Slash `provider` for a result it signed in `round` that failed verification. Only
+    ///         the training's coordinator may call, once per (training, provider), and only for a
+    ///         provider that holds or held a slot there (so it consented). SLASH_BPS of the bond is
+    ///         burned, not paid to the caller: the chain cannot re-check the fault, so a slash must
+    ///         never be worth money to whoever calls it.
+    function slash(bytes32 trainingId, uint64 round, address provider, string calldata cid, bytes calldata signature)
         external
         nonReentrant
         returns (uint256 amount)
     {
         (address coordinator,,,,,,) = IEscrowView(escrow).trainings(trainingId);
         if (coordinator == address(0) || coordinator != msg.sender) revert NotCoordinator(trainingId, msg.sender);
-        bytes32 digest = resultDigest(trainingId, cid);
-        if (_recover(_ethSignedMessageHash(digest), signature) != provider) revert InvalidSignature();
+        bytes32 digest = resultDigest(trainingId, round, cid);
+        if (Signatures.recover(Signatures.ethSignedMessageHash(digest), signature) != provider) {
+            revert Signatures.InvalidSignature();
+        }
         if (!IEscrowView(escrow).isWorker(trainingId, provider)) revert NotAWorker(trainingId, provider);
         if (slashed[trainingId][provider]) revert AlreadySlashed(trainingId, provider);
         Provider storage p = _providers[provider];
@@ -179,10 +237,8 @@ contract ProviderRegistry {
         slashed[trainingId][provider] = true;
         p.stake -= uint128(amount);
         p.slashes += 1;
-        emit Slashed(trainingId, provider, msg.sender, amount, keccak256(bytes(cid)));
-        // The caller is the payee and chose to call, so a failed transfer reverts the slash.
-        (bool ok,) = payable(msg.sender).call{value: amount}("");
-        if (!ok) revert TransferFailed(msg.sender, amount);
+        burned += amount;
+        emit Slashed(trainingId, provider, msg.sender, amount, round, keccak256(bytes(cid)));
     }
 
     // --- escrow hooks -----------------------------------------------------------------------
@@ -196,23 +252,34 @@ contract ProviderRegistry {
     }
 
     /// @notice The providers left the training (closed, or replaced): record each job's outcome.
-    function unassign(bytes32 trainingId, address[] calldata providers, bool[] calldata completed)
+    ///         `paid[i]` is what the escrow paid provider i in this training (0: the job failed);
+    ///         it adds to `earned` only for native-ETH trainings (`native`).
+    function unassign(bytes32 trainingId, address[] calldata providers, uint256[] calldata paid, bool native)
         external
         onlyEscrow
     {
-        if (providers.length != completed.length) revert LengthMismatch();
+        if (providers.length != paid.length) revert LengthMismatch();
         for (uint256 i; i < providers.length; ++i) {
             Provider storage p = _providers[providers[i]];
             p.assigned -= 1;
-            if (completed[i]) p.completed += 1;
+            bool completed = paid[i] != 0;
+            uint256 earned = native ? paid[i] : 0;
+            if (completed) p.completed += 1;
             else p.failed += 1;
-            emit JobRecorded(trainingId, providers[i], completed[i]);
+            if (earned != 0) p.earned += uint128(earned);
+            emit JobRecorded(trainingId, providers[i], completed, earned);
         }
+    }
+
+    /// @notice The provider's slot was taken back unused (its work was not wanted): no outcome.
+    function release(bytes32 trainingId, address provider) external onlyEscrow {
+        _providers[provider].assigned -= 1;
+        emit Unassigned(trainingId, provider);
     }
 
     // --- views ------------------------------------------------------------------------------
 
-    /// @notice Bond, metadata, unbonding time and reputation counters of `account`.
+    /// @notice Bond, metadata, unbonding time and reputation (counters, and wei of ETH earned) of `account`.
     function providerInfo(address account)
         external
         view
@@ -224,29 +291,18 @@ contract ProviderRegistry {
             uint256 assigned,
             uint256 completed,
             uint256 failed,
-            uint256 slashes
+            uint256 slashes,
+            uint256 earned
         )
     {
         Provider storage p = _providers[account];
-        return (p.stake, p.metadataHash, p.registered, p.unbondingAt, p.assigned, p.completed, p.failed, p.slashes);
+        return (
+            p.stake, p.metadataHash, p.registered, p.unbondingAt, p.assigned, p.completed, p.failed, p.slashes, p.earned
+        );
     }
 
     /// @notice Every address that ever registered (check `registered` in `providerInfo`).
     function allProviders() external view returns (address[] memory) {
         return _providerList;
-    }
-
-    function _ethSignedMessageHash(bytes32 digest) private pure returns (bytes32) {
-        return keccak256(abi.encodePacked("\x19Ethereum Signed Message:\n32", digest));
-    }
-
-    function _recover(bytes32 hash, bytes calldata signature) private pure returns (address signer) {
-        if (signature.length != 65) revert InvalidSignature();
-        bytes32 r = bytes32(signature[0:32]);
-        bytes32 s = bytes32(signature[32:64]);
-        uint8 v = uint8(signature[64]);
-        if (uint256(s) > HALF_ORDER || (v != 27 && v != 28)) revert InvalidSignature();
-        signer = ecrecover(hash, v, r, s);
-        if (signer == address(0)) revert InvalidSignature();
     }
 }

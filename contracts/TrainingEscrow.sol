@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 pragma solidity 0.8.30;
 
-import {ProviderRegistry} from "./ProviderRegistry.sol";
+import {ProviderRegistry, Signatures} from "./ProviderRegistry.sol";
 
 /// @title TrainingEscrow
 /// @notice Holds a coordinator's budget (native ETH or one ERC-20) for federated trainings
@@ -11,6 +11,13 @@ import {ProviderRegistry} from "./ProviderRegistry.sol";
 ///      exactly one escrow and neither contract has an owner. Payments are pushed with a
 ///      gas-capped call; a payee whose transfer fails is credited in `owed` and pulls later,
 ///      so one bad worker cannot block a batch.
+///
+///      Nobody is given a slot without consent: each worker signs (EIP-191 personal_sign) the
+///      digest `keccak256(abi.encode(CONSENT_TAG, block.chainid, address(escrow), trainingId,
+///      worker))` (`consentDigest`), or approves it through EIP-1271 when it is a contract. A
+///      training's id is `keccak256(abi.encode(coordinator, salt))` (`trainingIdOf`), so an id
+///      seen in a pending transaction cannot be taken by anybody else, and a consent is good
+///      only for the one coordinator it names through the id.
 contract TrainingEscrow {
     struct Training {
         address coordinator; // also the depositor: refunds go here
@@ -40,6 +47,10 @@ contract TrainingEscrow {
     uint256 public constant TOKEN_PUSH_GAS = 100_000;
     /// @notice After `deadline + GRACE_PERIOD` anyone may close a training and refund the depositor.
     uint256 public constant GRACE_PERIOD = 1 days;
+    /// @notice The longest a training may run: no deadline can hold a provider's bond longer.
+    uint256 public constant MAX_DURATION = 30 days;
+    /// @notice Domain tag of the consent digest (see `consentDigest`).
+    bytes32 public constant CONSENT_TAG = keccak256("aitbc.consent.v1");
 
     /// @dev Plain storage, not immutable: the runtime code stays equal to the artifact's, which
     ///      is how the SDK recognises a deployment.
@@ -53,11 +64,18 @@ contract TrainingEscrow {
 
     uint256 private _lock = 1;
 
+    /// @dev `salt` is indexed so that tools knowing only a training's name find its id (any coordinator's).
     event TrainingOpened(
-        bytes32 indexed trainingId, address indexed coordinator, address token, uint256 deposit, uint64 deadline
+        bytes32 indexed trainingId,
+        address indexed coordinator,
+        bytes32 indexed salt,
+        address token,
+        uint256 deposit,
+        uint64 deadline
     );
     event SlotOpened(bytes32 indexed trainingId, address indexed worker, uint256 amount);
     event WorkerReplaced(bytes32 indexed trainingId, address indexed oldWorker, address indexed newWorker, uint256 amount);
+    event SlotDropped(bytes32 indexed trainingId, address indexed worker);
     event Released(bytes32 indexed trainingId, address indexed worker, uint256 amount, bytes32 resultHash);
     event PaymentDeferred(bytes32 indexed trainingId, address indexed to, uint256 amount);
     event Refunded(bytes32 indexed trainingId, address indexed to, uint256 amount);
@@ -75,6 +93,8 @@ contract TrainingEscrow {
     error DuplicateWorker(address worker);
     error DepositMismatch(uint256 expected, uint256 sent);
     error DeadlineInPast(uint64 deadline);
+    error DeadlineTooFar(uint64 deadline, uint256 latest);
+    error NoConsent(address worker);
     error NotAWorker(bytes32 trainingId, address worker);
     error SlotAlreadyPaid(address worker);
     error OverRelease(address worker, uint256 remaining, uint256 requested);
@@ -107,19 +127,34 @@ contract TrainingEscrow {
         return address(registryRef);
     }
 
-    /// @notice Open a training with one capped slot per worker, funded with exactly `sum(amounts)`
+    /// @notice The id of the training `coordinator` opens with `salt`.
+    function trainingIdOf(address coordinator, bytes32 salt) public pure returns (bytes32) {
+        return keccak256(abi.encode(coordinator, salt));
+    }
+
+    /// @notice What `worker` signs to accept a slot in `trainingId` (EIP-191 personal_sign).
+    function consentDigest(bytes32 trainingId, address worker) public view returns (bytes32) {
+        return keccak256(abi.encode(CONSENT_TAG, block.chainid, address(this), trainingId, worker));
+    }
+
+    /// @notice Open the training `trainingIdOf(msg.sender, salt)` with one capped slot per worker,
+    ///         each worker's consent signature in `consents`, funded with exactly `sum(amounts)`
     ///         of `token` (msg.value for ETH, else pulled with `transferFrom`, approve first).
+    ///         The deadline is at most MAX_DURATION away.
     function open(
-        bytes32 trainingId,
+        bytes32 salt,
         address token,
         address[] calldata workers,
         uint256[] calldata amounts,
+        bytes[] calldata consents,
         uint64 deadline
-    ) external payable nonReentrant {
+    ) external payable nonReentrant returns (bytes32 trainingId) {
+        trainingId = trainingIdOf(msg.sender, salt);
         if (_trainings[trainingId].coordinator != address(0)) revert TrainingExists(trainingId);
-        if (workers.length != amounts.length) revert LengthMismatch();
+        if (workers.length != amounts.length || workers.length != consents.length) revert LengthMismatch();
         if (workers.length == 0) revert NoWorkers();
         if (deadline <= block.timestamp) revert DeadlineInPast(deadline);
+        if (deadline > block.timestamp + MAX_DURATION) revert DeadlineTooFar(deadline, block.timestamp + MAX_DURATION);
 
         uint256 total;
         address[] storage list = _workers[trainingId];
@@ -131,6 +166,7 @@ contract TrainingEscrow {
             if (amount > type(uint120).max) revert AmountTooLarge(worker);
             Slot storage s = _slots[trainingId][worker];
             if (s.status != SLOT_NONE) revert DuplicateWorker(worker);
+            _checkConsent(trainingId, worker, consents[i]);
             s.amount = uint120(amount);
             s.status = SLOT_ACTIVE;
             list.push(worker);
@@ -147,7 +183,7 @@ contract TrainingEscrow {
             paid: 0,
             refunded: 0
         });
-        emit TrainingOpened(trainingId, msg.sender, token, total, deadline);
+        emit TrainingOpened(trainingId, msg.sender, salt, token, total, deadline);
 
         if (token == address(0)) {
             if (msg.value != total) revert DepositMismatch(total, msg.value);
@@ -158,9 +194,11 @@ contract TrainingEscrow {
         registryRef.assign(trainingId, workers);
     }
 
-    /// @notice Move a worker's slot, which must not have been paid yet, to another provider.
-    ///         The old worker is recorded as a failed job in the registry.
-    function replaceWorker(bytes32 trainingId, address oldWorker, address newWorker)
+    /// @notice Move a worker's slot, which must not have been paid yet, to another provider that
+    ///         consents with `consent`. The old worker is recorded as a failed job in the registry.
+    ///         When the new worker already holds its own funded slot (a speculative copy it was
+    ///         given with `addWorker`), the old slot is only retired and `consent` is not needed.
+    function replaceWorker(bytes32 trainingId, address oldWorker, address newWorker, bytes calldata consent)
         external
         nonReentrant
         onlyCoordinator(trainingId)
@@ -170,28 +208,52 @@ contract TrainingEscrow {
         if (old.status != SLOT_ACTIVE) revert NotAWorker(trainingId, oldWorker);
         if (old.paid != 0) revert SlotAlreadyPaid(oldWorker);
         Slot storage fresh = _slots[trainingId][newWorker];
-        if (fresh.status != SLOT_NONE) revert DuplicateWorker(newWorker);
-
         uint120 amount = old.amount;
         old.amount = 0;
         old.status = SLOT_REPLACED;
+        if (fresh.status == SLOT_ACTIVE && newWorker != oldWorker) {
+            emit WorkerReplaced(trainingId, oldWorker, newWorker, 0);
+            _swapAssignment(trainingId, oldWorker, address(0));
+            return;
+        }
+        if (fresh.status != SLOT_NONE) revert DuplicateWorker(newWorker);
+        _checkConsent(trainingId, newWorker, consent);
+
         fresh.amount = amount;
         fresh.status = SLOT_ACTIVE;
         _workers[trainingId].push(newWorker);
         emit WorkerReplaced(trainingId, oldWorker, newWorker, amount);
+        _swapAssignment(trainingId, oldWorker, newWorker);
+    }
 
+    /// @dev The registry records the replaced worker's job as failed and assigns the new one.
+    function _swapAssignment(bytes32 trainingId, address oldWorker, address newWorker) private {
         address[] memory one = new address[](1);
-        bool[] memory failed = new bool[](1);
+        uint256[] memory unpaid = new uint256[](1);
         one[0] = oldWorker;
-        registryRef.unassign(trainingId, one, failed);
+        registryRef.unassign(trainingId, one, unpaid, _trainings[trainingId].token == address(0));
+        if (newWorker == address(0)) return;
         one[0] = newWorker;
         registryRef.assign(trainingId, one);
     }
 
-    /// @notice Give one more worker a slot in an open training (an elastic pool growing), funded
-    ///         now with exactly `amount` of the training's token: msg.value for ETH, else pulled
-    ///         with `transferFrom` (approve first).
-    function addWorker(bytes32 trainingId, address worker, uint256 amount)
+    /// @notice Take back an unpaid worker's slot without recording a failure: the coordinator no
+    ///         longer wants its work (a speculative copy that lost the race). Its amount goes back
+    ///         to the depositor on close.
+    function dropWorker(bytes32 trainingId, address worker) external nonReentrant onlyCoordinator(trainingId) {
+        Slot storage s = _slots[trainingId][worker];
+        if (s.status != SLOT_ACTIVE) revert NotAWorker(trainingId, worker);
+        if (s.paid != 0) revert SlotAlreadyPaid(worker);
+        s.amount = 0;
+        s.status = SLOT_REPLACED;
+        emit SlotDropped(trainingId, worker);
+        registryRef.release(trainingId, worker);
+    }
+
+    /// @notice Give one more worker, which consents with `consent`, a slot in an open training
+    ///         (an elastic pool growing), funded now with exactly `amount` of the training's token:
+    ///         msg.value for ETH, else pulled with `transferFrom` (approve first).
+    function addWorker(bytes32 trainingId, address worker, uint256 amount, bytes calldata consent)
         external
         payable
         nonReentrant
@@ -202,6 +264,7 @@ contract TrainingEscrow {
         if (amount > type(uint120).max) revert AmountTooLarge(worker);
         Slot storage s = _slots[trainingId][worker];
         if (s.status != SLOT_NONE) revert DuplicateWorker(worker);
+        _checkConsent(trainingId, worker, consent);
         s.amount = uint120(amount);
         s.status = SLOT_ACTIVE;
         _workers[trainingId].push(worker);
@@ -265,23 +328,24 @@ contract TrainingEscrow {
         t.refunded = amount;
         emit Refunded(trainingId, coordinator, amount);
 
-        // Every still-assigned worker is released in the registry: paid at all = completed.
+        // Every still-assigned worker is released in the registry with what it was paid
+        // (paid at all = completed); reputation adds up the value, not the number of trainings.
         address[] storage list = _workers[trainingId];
         address[] memory active = new address[](list.length);
-        bool[] memory completed = new bool[](list.length);
+        uint256[] memory paid = new uint256[](list.length);
         uint256 n;
         for (uint256 i; i < list.length; ++i) {
             Slot storage s = _slots[trainingId][list[i]];
             if (s.status != SLOT_ACTIVE) continue;
             active[n] = list[i];
-            completed[n] = s.paid != 0;
+            paid[n] = s.paid;
             ++n;
         }
         assembly {
             mstore(active, n)
-            mstore(completed, n)
+            mstore(paid, n)
         }
-        registryRef.unassign(trainingId, active, completed);
+        registryRef.unassign(trainingId, active, paid, t.token == address(0));
 
         if (amount != 0) _pay(trainingId, t.token, coordinator, amount);
     }
@@ -335,6 +399,13 @@ contract TrainingEscrow {
     /// @notice Every address that was given a slot, in order (replacements appended).
     function trainingWorkers(bytes32 trainingId) external view returns (address[] memory) {
         return _workers[trainingId];
+    }
+
+    /// @dev Revert unless `worker` signed its consent to a slot in `trainingId` (canonical form only).
+    function _checkConsent(bytes32 trainingId, address worker, bytes calldata consent) private view {
+        bytes32 hash = Signatures.ethSignedMessageHash(consentDigest(trainingId, worker));
+        if (consent.length == 0) revert NoConsent(worker);
+        Signatures.check(hash, consent, worker);
     }
 
     /// @dev Check one payment against the worker's slot and record it.

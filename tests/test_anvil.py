@@ -22,11 +22,13 @@ from aitbc_agent_sdk.chain import (
     load_artifact,
     result_hash,
     training_key,
+    training_salt,
 )
 from aitbc_agent_sdk.chain.deployment import Deployment, deploy_contracts, fund_accounts, verify_deployment
 from aitbc_agent_sdk.devnet.anvil import anvil_path, dev_accounts, rpc_url, start_chain_node
 from aitbc_agent_sdk.devnet.service import ServiceError, free_port, stop
 from aitbc_agent_sdk.errors import ChainError, ContractRevertError, InsufficientFundsError
+from test_escrow import ConsentingEscrow, worker_account
 
 ETH = 10**18
 TEST_ARTIFACTS = Path(__file__).parent / "artifacts"
@@ -83,17 +85,17 @@ async def test_gas_is_estimated_with_margin_and_eip1559_fees(anvil_w3: AsyncWeb3
     assert tx["gas"] == math.ceil(21_000 * 1.2)
     assert tx["type"] == 2 and tx["maxFeePerGas"] >= receipt["effectiveGasPrice"]
 
-    escrow = EscrowClient(anvil_w3, await deploy(sender, _escrow_artifact()))
-    opened = await escrow.open(sender, training_key("gas"), [Account.create().address], [ETH])
+    escrow = ConsentingEscrow(anvil_w3, await deploy(sender, _escrow_artifact()))
+    opened = await escrow.open(sender, training_salt("gas"), [worker_account().address], [ETH])
     tx = await anvil_w3.eth.get_transaction(opened["transactionHash"])
     assert opened["gasUsed"] <= tx["gas"] <= math.ceil(opened["gasUsed"] * 1.2) + 50_000
 
 
 async def test_revert_is_decoded_over_json_rpc(anvil_w3: AsyncWeb3, funder: TransactionSender) -> None:
     sender = await _fresh_sender(anvil_w3, funder, 10 * ETH)
-    escrow = EscrowClient(anvil_w3, await deploy(sender, _escrow_artifact()))
-    tid, worker = training_key("revert"), Account.create().address
-    await escrow.open(sender, tid, [worker], [ETH])
+    escrow = ConsentingEscrow(anvil_w3, await deploy(sender, _escrow_artifact()))
+    tid, worker = training_key(sender.address, "revert"), worker_account().address
+    await escrow.open(sender, training_salt("revert"), [worker], [ETH])
 
     # Caught at gas estimation (anvil answers code 3 with the revert bytes in `data`).
     with pytest.raises(ContractRevertError) as info:
@@ -119,9 +121,9 @@ async def test_insufficient_funds(anvil_w3: AsyncWeb3, funder: TransactionSender
     poor = await _fresh_sender(anvil_w3, funder, ETH // 100)
     with pytest.raises(InsufficientFundsError):
         await fund_accounts(poor, [Account.create().address], ETH)
-    escrow = EscrowClient(anvil_w3, await deploy(funder, _escrow_artifact()))
+    escrow = ConsentingEscrow(anvil_w3, await deploy(funder, _escrow_artifact()))
     with pytest.raises(InsufficientFundsError):
-        await escrow.open(poor, training_key("poor"), [Account.create().address], [ETH])
+        await escrow.open(poor, training_salt("poor"), [worker_account().address], [ETH])
     empty = await _fresh_sender(anvil_w3, funder, 0)
     with pytest.raises(InsufficientFundsError):
         await fund_accounts(empty, [Account.create().address], 1)
@@ -154,7 +156,7 @@ async def test_deploy_and_verify(anvil_w3: AsyncWeb3, funder: TransactionSender)
     # The deployment round-trips through JSON (a devnet profile stores it).
     assert Deployment.model_validate_json(deployment.model_dump_json()) == deployment
     escrow = EscrowClient(anvil_w3, deployment.escrow)
-    assert not (await escrow.training(training_key("none"))).exists
+    assert not (await escrow.training(training_key(sender.address, "none"))).exists
 
     # Another contract at the recorded address is refused too.
     other = await deploy(sender, ContractArtifact.from_file(TEST_ARTIFACTS / "RevertingReceiver.json"))

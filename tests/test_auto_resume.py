@@ -68,11 +68,11 @@ def test_an_agent_with_auto_resume_finishes_a_training_whose_coordinator_died(ai
                 settlement = await asyncio.wait_for(agent.resumed[tid], 180)
                 record = await agent.coordinator.db.training(tid)
                 assert record.phase == TrainingPhase.COMPLETE and record.round == 6
-                state = await agent.stack.escrow.training(training_key(tid))
+                state = await agent.stack.escrow.training(training_key(agent.stack.account.address, tid))
                 assert state.closed and state.deposited == state.paid + state.refunded
                 assert settlement.escrow.paid_wei == state.paid > 0
                 # three workers, each paid once: nothing paid twice across the two coordinators
-                released = [e for e in await agent.stack.escrow.events(training_key(tid)) if e.name == "Released"]
+                released = [e for e in await agent.stack.escrow.events(training_key(agent.stack.account.address, tid)) if e.name == "Released"]
                 assert len({e.args["worker"] for e in released}) == len(released) == 3
 
         asyncio.run(restart())

@@ -56,7 +56,7 @@ async def test_nan_provider_announces_a_checkpoint_full_of_nan(tmp_path):
         state = await announced_state(market, result)
     assert set(state) == set(market.initial_weights())
     assert all(t.isnan().all() for t in state.values() if t.is_floating_point())
-    assert signer_of(result) == provider.address  # a signed bad result: slashable
+    assert signer_of(market, result) == provider.address  # a signed bad result: slashable
 
 
 async def test_scaled_provider_boosts_its_update_a_hundredfold(tmp_path):
@@ -101,7 +101,7 @@ async def test_forged_provider_signs_with_a_key_that_is_not_its_own(tmp_path):
         provider, _, result = await run_one_job(market, ForgedProvider)
         state = await announced_state(market, result)  # the checkpoint itself is honest and stored
     assert all(t.isfinite().all() for t in state.values())
-    assert signer_of(result) != provider.address
+    assert signer_of(market, result) != provider.address
 
 
 async def test_cid_mismatch_provider_announces_a_cid_it_never_stored(tmp_path):

@@ -27,7 +27,7 @@ from aitbc_agent_sdk.cluster.launch import (
     RendezvousParser, TorchrunSpec, parse_metric_line, plan_launch, torchrun_argv, torchrun_env,
 )
 from aitbc_agent_sdk.cluster.recovery import choose_spare, verify_step_log
-from aitbc_agent_sdk.coordinator.audit import read_log, verify_log
+from aitbc_agent_sdk.coordinator.audit import AuditLogError, read_log, verify_log
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -687,6 +687,25 @@ def _gone(hosts: NetnsHosts, names: list[str], needle: str, within: float) -> fl
     return None
 
 
+def _recorded(tmp_path: Path, names: list[str], event: str, job: str, within: float) -> float | None:
+    """Seconds until every agent of ``names`` has ``event`` for ``job`` in its audit log, None if one has not.
+
+    A process that has exited is a zombie with an empty command line, so :func:`_gone` sees it
+    go before its agent has reaped it and written ``torchrun-exited``; on a busy host that takes
+    seconds (the child watcher, the output pump, an fsync), so the test waits for the record itself.
+    """
+    began = time.monotonic()
+    while time.monotonic() - began < within:
+        try:
+            if all(any(e.event == event and e.fields.get("job") == job
+                       for e in read_log(tmp_path / "agents" / n / "agent-audit.jsonl")) for n in names):
+                return time.monotonic() - began
+        except AuditLogError:
+            pass  # a line being written as we read: read again
+        time.sleep(0.2)
+    return None
+
+
 @pytest.mark.slow
 def test_agents_stop_their_job_when_the_coordinator_is_interrupted_or_disappears(netns_ok, tmp_path):
     """Ctrl-C on ``aitbc cluster train`` stops the job on every host at once; a coordinator killed
@@ -710,19 +729,22 @@ def test_agents_stop_their_job_when_the_coordinator_is_interrupted_or_disappears
                                      "--home", str(harness.home), "--json", "--", str(data), "1000", "0.2",
                                      stdout=out, stderr=err)
             try:
-                _wait_step(harness.home, harness.home / "clusters" / "jobs", 2, proc, timeout=120)
+                job = _wait_step(harness.home, harness.home / "clusters" / "jobs", 2, proc, timeout=120)
             finally:
                 proc.send_signal(how)
                 proc.wait(timeout=60)
-            outcomes.append((proc.returncode, _gone(hosts, members, str(script), within=40)))
+            gone = _gone(hosts, members, str(script), within=40)
+            outcomes.append((proc.returncode, gone, _recorded(tmp_path, members, "torchrun-exited", job, within=30)))
             for old in (harness.home / "clusters" / "jobs").glob("*/events.jsonl"):
                 old.rename(old.with_suffix(".done"))  # the next round waits for its own job's steps
         audits = {n: _agent_audit(tmp_path, n) for n in members}
-    (interrupted_rc, after_interrupt), (_, after_kill) = outcomes
+    (interrupted_rc, after_interrupt, recorded), (_, after_kill, lag) = outcomes
     assert interrupted_rc == 130
     assert after_interrupt is not None and after_interrupt < 10, f"job still running {after_interrupt}s after Ctrl-C"
     # the agents wait coordinator_timeout_s (10 s) of silence, then stop the job
     assert after_kill is not None and after_kill < 30, f"job outlived its coordinator: {after_kill}"
+    assert recorded is not None and lag is not None, f"an agent never recorded its job's end: {audits}"
+    print(f"processes gone {after_kill:.2f}s after the coordinator's kill; exit recorded {lag:.2f}s after that")
     for name, events in audits.items():
         assert events.count("launch-accepted") == 2 and "stop-requested" in events, (name, events)
         assert events.index("stop-requested") < events.index("coordinator-lost"), (name, events)

@@ -1,11 +1,13 @@
 """Coordinator steps on real ports (SQLite, the local content store): checking and averaging checkpoints."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from eth_account import Account
 
-from aitbc_agent_sdk.chain import sign_result, training_key
-from aitbc_agent_sdk.coordinator import Coordinator, TrainingStore
+from aitbc_agent_sdk.chain import EvidenceDomain, sign_result, training_key
+from aitbc_agent_sdk.coordinator import Coordinator, EscrowAccount, TrainingStore
 from aitbc_agent_sdk.errors import TrainingError
 from aitbc_agent_sdk.market import WeightedScore
 from aitbc_agent_sdk.models import CheckpointRef, TrainingRecord, TrainingSpec
@@ -16,14 +18,17 @@ WORKER_KEY = Account.from_key("0x" + "11" * 32)
 WORKER = WORKER_KEY.address
 OTHER = "0x" + "2" * 40
 COORD = "0x" + "9" * 40
+# Where result evidence counts; these steps read it, and send nothing to a chain.
+DOMAIN = EvidenceDomain(31337, "0x" + "5" * 40)
 
 
 @pytest.fixture
 async def coordinator(tmp_path):
     async with TrainingStore(tmp_path / "db.sqlite") as db:
         store = LocalContentStore(tmp_path / "store")
-        # channel and escrow are not used by these steps
-        yield Coordinator(channel=None, store=store, db=db, escrow=None, scoring=WeightedScore())  # type: ignore[arg-type]
+        # The channel is not used by these steps; of the escrow only the evidence domain and the key.
+        escrow = EscrowAccount(SimpleNamespace(address=COORD), None, DOMAIN)  # type: ignore[arg-type]
+        yield Coordinator(channel=None, store=store, db=db, escrow=escrow, scoring=WeightedScore())  # type: ignore[arg-type]
 
 
 async def stored(coordinator, state) -> str:
@@ -32,7 +37,7 @@ async def stored(coordinator, state) -> str:
 
 def ref(cid: str, worker: str, samples: int, loss: float = 0.5, job: str = "job-1",
         signer=WORKER_KEY) -> CheckpointRef:
-    signature = "0x" + sign_result(signer, training_key("t"), cid).hex()
+    signature = "0x" + sign_result(signer, DOMAIN, training_key(COORD, "t"), 1, cid).hex()
     return CheckpointRef(checkpoint_id=cid, cid=cid, job_id=job, worker_id=worker, training_id="t", round=1,
                          samples=samples, loss=loss, signature=signature)
 

@@ -8,7 +8,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from aitbc_agent_sdk.chain import EscrowClient, connect_rpc, training_key
+from aitbc_agent_sdk.chain import EscrowClient, connect_rpc
 from aitbc_agent_sdk.models import ShardManifest
 from aitbc_agent_sdk.profile import load_profile
 from aitbc_agent_sdk.storage.kubo import KuboClient, KuboContentStore
@@ -66,9 +66,10 @@ def test_five_commands_across_processes(aitbc_cmd, cli_env, aitbc_home, tmp_path
         profile = load_profile(aitbc_home)
         w3 = await connect_rpc(profile.chain.rpc_url)
         escrow = EscrowClient(w3, profile.chain.escrow)
-        state = await escrow.training(training_key(tid))
+        (key, _), = await escrow.trainings_named(tid)  # the id derives from the coordinator
+        state = await escrow.training(key)
         assert state.closed and state.deposited == state.paid + state.refunded
-        released = [e for e in await escrow.events(training_key(tid)) if e.name == "Released"]
+        released = [e for e in await escrow.events(key) if e.name == "Released"]
         paid = {e.args["worker"]: e.args["amount"] for e in released}
         assert set(paid) == {w["worker_id"] for w in hired["workers"]}
         for worker in hired["workers"]:

@@ -121,9 +121,9 @@ async def test_a_slow_pool_hires_and_moves_data_off_the_throttled_worker(aitbc_h
         assert [r.workers for r in rounds] == [2, 3, 4]
         sizes = await assert_round_is_the_sample_weighted_average(agent, report.training_id, 2)  # one joined
         assert len(sizes) == 3 and len(set(sizes)) > 1 and sum(sizes) == total
-        state = await agent.stack.escrow.training(training_key(report.training_id))
+        state = await agent.stack.escrow.training(training_key(agent.stack.account.address, report.training_id))
         assert state.deposited == state.paid + state.refunded
-        slots = [e for e in await agent.stack.escrow.events(training_key(report.training_id)) if e.name == "SlotOpened"]
+        slots = [e for e in await agent.stack.escrow.events(training_key(agent.stack.account.address, report.training_id)) if e.name == "SlotOpened"]
         assert len(slots) == 4
 
 
@@ -144,5 +144,5 @@ async def test_a_fast_pool_releases_its_slowest_worker_after_paying_it(aitbc_hom
         assert len(sizes) == 2 and sum(sizes) == sum(s.samples for s in manifest.shards)
         by_address = {w.address: w for w in report.workers}
         assert by_address[slow.address].role == "released" and by_address[slow.address].paid_wei == 9 * 10**15
-        state = await agent.stack.escrow.training(training_key(report.training_id))
+        state = await agent.stack.escrow.training(training_key(agent.stack.account.address, report.training_id))
         assert state.deposited == state.paid + state.refunded and state.refunded == 2 * 9 * 10**15

@@ -41,12 +41,12 @@ async def test_four_workers_five_rounds_train_and_get_paid(aitbc_home):
 
         # the chain agrees with the report, to the wei
         escrow = agent.stack.escrow
-        state = await escrow.training(training_key(report.training_id))
+        state = await escrow.training(training_key(agent.stack.account.address, report.training_id))
         assert state.closed
         assert state.deposited == report.escrow.deposited_wei == sum(w.price_wei * 5 for w in report.workers)
         assert state.deposited == state.paid + state.refunded
         assert state.paid == sum(w.paid_wei for w in report.workers)
-        released = [e for e in await escrow.events(training_key(report.training_id)) if e.name == "Released"]
+        released = [e for e in await escrow.events(training_key(agent.stack.account.address, report.training_id)) if e.name == "Released"]
         assert len(released) == 4
         accepted = await agent.coordinator.db.checkpoints(report.training_id, "accepted")
         last_cids = {c.worker_id: c.cid for c in accepted if c.round == 5}

@@ -25,13 +25,58 @@ from aitbc_agent_sdk.chain import (
     ETH_TOKEN,
     load_artifact,
     result_hash,
+    sign_consent,
     start_embedded_chain,
-    training_key,
+    training_salt,
 )
+from aitbc_agent_sdk.chain.escrow import key_of
 from aitbc_agent_sdk.errors import ChainError, ContractRevertError, InsufficientFundsError
 
 ETH = 10**18
 TEST_ARTIFACTS = Path(__file__).parent / "artifacts"
+
+
+# Test workers that sign their consent to a slot; any other worker is a contract wallet whose
+# EIP-1271 hook (RevertingReceiver, ReentrantAttacker) approves any signature.
+KEYS: dict[str, LocalAccount] = {}
+
+
+def worker_account() -> LocalAccount:
+    account: LocalAccount = Account.create()
+    KEYS[account.address] = account
+    return account
+
+
+class ConsentingEscrow(EscrowClient):
+    """The escrow client with each worker's real consent filled in, so tests read like the old API."""
+
+    async def consent(self, tid: bytes, worker: str) -> bytes:
+        account = KEYS.get(worker)
+        if account is None:
+            return b"\x01"  # a contract wallet approves through isValidSignature
+        return sign_consent(account, await self.chain_id(), self.address, tid)
+
+    async def open(self, sender: TransactionSender, salt: bytes, workers: Sequence[str],  # type: ignore[override]
+                   amounts: Sequence[int], consents: Sequence[bytes] | None = None, **kwargs: Any) -> Any:
+        if consents is None:
+            tid = key_of(sender.address, salt)
+            consents = [await self.consent(tid, w) for w in workers]
+        return await super().open(sender, salt, workers, amounts, consents, **kwargs)
+
+    async def add_worker(self, sender: TransactionSender, training_id: bytes, worker: str,  # type: ignore[override]
+                         amount: int, consent: bytes | None = None, **kwargs: Any) -> Any:
+        consent = await self.consent(training_id, worker) if consent is None else consent
+        return await super().add_worker(sender, training_id, worker, amount, consent, **kwargs)
+
+    async def replace_worker(self, sender: TransactionSender, training_id: bytes, old_worker: str,  # type: ignore[override]
+                             new_worker: str, consent: bytes | None = None) -> Any:
+        consent = await self.consent(training_id, new_worker) if consent is None else consent
+        return await super().replace_worker(sender, training_id, old_worker, new_worker, consent)
+
+
+def tkey(sender: TransactionSender, name: str) -> bytes:
+    """The id the escrow gives ``sender``'s training ``name``."""
+    return key_of(sender.address, training_salt(name))
 
 
 @dataclass
@@ -56,7 +101,7 @@ async def advance_time(chain: DevChain, seconds: int) -> None:
 
 
 async def _new_sender(chain: DevChain, wei: int) -> TransactionSender:
-    account = Account.create()
+    account = worker_account()  # may be given a slot: it signs its consent
     await chain.fund(account.address, wei)
     return TransactionSender(chain.w3, account)
 
@@ -89,16 +134,16 @@ async def chain(chain_url: str | None) -> AsyncIterator[DevChain]:
 async def env(chain: DevChain) -> Env:
     coordinator = await _new_sender(chain, 100 * ETH)
     address = await deploy(coordinator, load_artifact("TrainingEscrow"))
-    workers = [Account.create() for _ in range(4)]
-    escrow = EscrowClient(chain.w3, address)
+    workers = [worker_account() for _ in range(4)]
+    escrow = ConsentingEscrow(chain.w3, address)
     registry = RegistryClient(chain.w3, await escrow.registry())
     return Env(chain, escrow, coordinator, workers, [], registry)
 
 
 async def _open(env: Env, name: str, amounts: list[int], workers: Sequence[str] | None = None) -> bytes:
-    tid = training_key(name)
+    tid = tkey(env.coordinator, name)
     addrs = workers or [w.address for w in env.workers[: len(amounts)]]
-    await env.escrow.open(env.coordinator, tid, addrs, amounts)
+    await env.escrow.open(env.coordinator, training_salt(name), addrs, amounts)
     env.trainings.append(tid)
     return tid
 
@@ -216,7 +261,7 @@ async def test_double_refund_and_release_after_refund_revert(env: Env) -> None:
 
 
 async def test_open_rejects_bad_deposits_and_workers(env: Env) -> None:
-    tid = training_key("t")
+    salt, tid = training_salt("t"), tkey(env.coordinator, "t")
     w = [a.address for a in env.workers[:3]]
     cases: list[tuple[dict[str, Any], str]] = [
         ({"workers": w, "amounts": [ETH] * 3, "value": 3 * ETH - 1}, "DepositMismatch"),
@@ -225,16 +270,18 @@ async def test_open_rejects_bad_deposits_and_workers(env: Env) -> None:
         ({"workers": w, "amounts": [ETH, 0, ETH]}, "ZeroAmount"),
         ({"workers": [], "amounts": []}, "NoWorkers"),
         ({"workers": w, "amounts": [ETH] * 3, "deadline": 1}, "DeadlineInPast"),
+        ({"workers": w, "amounts": [ETH] * 3, "deadline": 2**64 - 1}, "DeadlineTooFar"),
+        ({"workers": w, "amounts": [ETH] * 3, "consents": [b""] * 3}, "NoConsent"),
     ]
     for kwargs, reason in cases:
         with pytest.raises(ContractRevertError) as info:
-            await env.escrow.open(env.coordinator, tid, **kwargs)
+            await env.escrow.open(env.coordinator, salt, **kwargs)
         assert info.value.reason == reason, kwargs
     assert not (await env.escrow.training(tid)).exists
 
     await _open(env, "t", [ETH])
     with pytest.raises(ContractRevertError) as info:
-        await env.escrow.open(env.coordinator, tid, [w[1]], [ETH])
+        await env.escrow.open(env.coordinator, salt, [w[1]], [ETH])
     assert info.value.reason == "TrainingExists"
     await assert_conserved(env)
 
@@ -273,9 +320,11 @@ async def test_reverting_receiver_does_not_block_others_and_cannot_withdraw(env:
 
 
 async def test_concurrent_sends_share_one_nonce_sequence(env: Env) -> None:
-    tids = [training_key(f"c{i}") for i in range(6)]
+    names = [f"c{i}" for i in range(6)]
+    tids = [tkey(env.coordinator, n) for n in names]
     worker = env.workers[0].address
-    receipts = await asyncio.gather(*(env.escrow.open(env.coordinator, t, [worker], [ETH]) for t in tids))
+    receipts = await asyncio.gather(*(env.escrow.open(env.coordinator, training_salt(n), [worker], [ETH])
+                                      for n in names))
     assert all(r["status"] == 1 for r in receipts)
     env.trainings.extend(tids)
     await assert_conserved(env)
@@ -284,7 +333,7 @@ async def test_concurrent_sends_share_one_nonce_sequence(env: Env) -> None:
 async def test_insufficient_funds(env: Env) -> None:
     poor = await _new_sender(env.chain, ETH // 100)
     with pytest.raises(InsufficientFundsError):
-        await env.escrow.open(poor, training_key("p"), [env.workers[0].address], [ETH])
+        await env.escrow.open(poor, training_salt("p"), [env.workers[0].address], [ETH])
 
 
 async def test_dead_rpc_gives_chain_error() -> None:
@@ -337,9 +386,6 @@ async def test_replace_worker_moves_an_unpaid_slot_and_records_outcomes(env: Env
         await env.escrow.replace_worker(env.coordinator, tid, w0, w3)
     assert info.value.reason == "SlotAlreadyPaid"
     with pytest.raises(ContractRevertError) as info:
-        await env.escrow.replace_worker(env.coordinator, tid, w1, w2)
-    assert info.value.reason == "DuplicateWorker"
-    with pytest.raises(ContractRevertError) as info:
         await env.escrow.replace_worker(env.coordinator, tid, w3, w1)
     assert info.value.reason == "NotAWorker"
 
@@ -364,15 +410,41 @@ async def test_replace_worker_moves_an_unpaid_slot_and_records_outcomes(env: Env
     assert {w: (p.assigned, p.completed, p.failed) for w, p in states.items()} == {
         w0: (0, 1, 0), w1: (0, 0, 1), w2: (0, 0, 1), w3: (0, 1, 0),
     }
+    # Reputation is the value paid, not the number of trainings.
+    assert {w: p.earned for w, p in states.items()} == {w0: ETH // 2, w1: 0, w2: 0, w3: 2 * ETH}
     assert [await env.chain.balance(w) for w in (w0, w1, w2, w3)] == [ETH // 2, 0, 0, 2 * ETH]
+    await assert_conserved(env)
+
+
+async def test_replace_into_a_funded_slot_only_retires_the_old_one(env: Env) -> None:
+    """A spare given its own slot for a speculative copy keeps it; the straggler's slot is retired."""
+    w0, w1, w2, _ = (w.address for w in env.workers)
+    tid = await _open(env, "spec", [ETH, ETH])
+    await env.escrow.add_worker(env.coordinator, tid, w2, 2 * ETH)
+    await env.escrow.replace_worker(env.coordinator, tid, w0, w2, b"")  # no consent needed: it has its slot
+    assert await env.escrow.slot(tid, w0) == (0, 0)
+    assert await env.escrow.slot(tid, w2) == (2 * ETH, 0)
+    # An unused slot is taken back without counting a failure.
+    await env.escrow.drop_worker(env.coordinator, tid, w1)
+    with pytest.raises(ContractRevertError) as info:
+        await env.escrow.drop_worker(env.coordinator, tid, w1)
+    assert info.value.reason == "NotAWorker"
+    await env.escrow.release(env.coordinator, tid, [w2], [ETH], [result_hash("s")])
+    await env.escrow.refund(env.coordinator, tid)
+    states = {w: await env.registry.provider(w) for w in (w0, w1, w2)}
+    assert {w: (p.assigned, p.completed, p.failed, p.earned) for w, p in states.items()} == {
+        w0: (0, 0, 1, 0), w1: (0, 0, 0, 0), w2: (0, 1, 0, ETH)}
+    state = await env.escrow.training(tid)
+    assert (state.deposited, state.paid, state.refunded) == (4 * ETH, ETH, 3 * ETH)
     await assert_conserved(env)
 
 
 async def test_refund_by_anyone_only_after_deadline_and_grace(env: Env) -> None:
     stranger = await _new_sender(env.chain, ETH)
     now = int((await env.chain.w3.eth.get_block("latest"))["timestamp"])
-    tid = training_key("deadline")
-    await env.escrow.open(env.coordinator, tid, [env.workers[0].address], [2 * ETH], deadline=now + 3600)
+    tid = tkey(env.coordinator, "deadline")
+    await env.escrow.open(env.coordinator, training_salt("deadline"), [env.workers[0].address], [2 * ETH],
+                          deadline=now + 3600)
     env.trainings.append(tid)
     await env.escrow.release(env.coordinator, tid, [env.workers[0].address], [ETH], [result_hash("d")])
 
@@ -439,19 +511,19 @@ async def test_erc20_budget_pays_defers_and_refunds(env: Env) -> None:
     token = await deploy_token(env)
     await token.send(env.coordinator, "mint", env.coordinator.address, 100 * ETH)
     w0, w1, w2 = (w.address for w in env.workers[:3])
-    tid = training_key("erc20")
+    salt, tid = training_salt("erc20"), tkey(env.coordinator, "erc20")
 
     # Without approval the pull fails; ETH sent along with a token budget is refused.
     with pytest.raises(ContractRevertError) as info:
-        await env.escrow.open(env.coordinator, tid, [w0], [ETH], token=token.address)
+        await env.escrow.open(env.coordinator, salt, [w0], [ETH], token=token.address)
     assert info.value.reason == "TransferFailed"
     await token.send(env.coordinator, "approve", env.escrow.address, 6 * ETH)
     with pytest.raises(ContractRevertError) as info:
-        await env.escrow.open(env.coordinator, tid, [w0], [ETH], token=token.address, value=1)
+        await env.escrow.open(env.coordinator, salt, [w0], [ETH], token=token.address, value=1)
     assert info.value.reason == "DepositMismatch"
 
     eth_before = await env.chain.balance(env.escrow.address)
-    await env.escrow.open(env.coordinator, tid, [w0, w1, w2], [ETH, 2 * ETH, 3 * ETH], token=token.address)
+    await env.escrow.open(env.coordinator, salt, [w0, w1, w2], [ETH, 2 * ETH, 3 * ETH], token=token.address)
     assert await token.balance(env.escrow.address) == 6 * ETH
     assert await env.chain.balance(env.escrow.address) == eth_before
     assert (await env.escrow.training(tid)).token == token.address
@@ -477,6 +549,8 @@ async def test_erc20_budget_pays_defers_and_refunds(env: Env) -> None:
     assert await token.balance(env.escrow.address) == 0
     await assert_token_conserved(env, token, [tid], owed=[w1])
     await assert_conserved(env)  # no ETH moved through the escrow for this training
+    # A token's amounts are not comparable to ETH (a worthless token would forge any value): no reputation.
+    assert [(await env.registry.provider(w)).earned for w in (w0, w1, w2)] == [0, 0, 0]
 
 
 @dataclass
@@ -524,9 +598,12 @@ async def test_reentrant_worker_is_paid_exactly_once(env: Env) -> None:
 
 async def test_reentrant_coordinator_cannot_refund_twice(env: Env) -> None:
     attacker = await deploy_attacker(env)
-    tid = training_key("reenter-coordinator")
+    salt = training_salt("reenter-coordinator")
+    tid = key_of(attacker.address, salt)
     w0 = env.workers[0].address
-    open_data = env.escrow.build("open", tid, ETH_TOKEN, [w0], [2 * ETH], 2**40)["data"]
+    deadline = int((await env.chain.w3.eth.get_block("latest"))["timestamp"]) + 3600
+    consent = await env.escrow.consent(tid, w0)
+    open_data = env.escrow.build("open", salt, ETH_TOKEN, [w0], [2 * ETH], [consent], deadline)["data"]
     await attacker.exec(env.escrow.address, open_data, value=2 * ETH, abi=env.escrow.abi)
     env.trainings.append(tid)
     assert (await env.escrow.training(tid)).coordinator == attacker.address

@@ -21,16 +21,16 @@ from hypothesis import strategies as st
 
 from aitbc_agent_sdk.chain import (
     ContractArtifact,
-    EscrowClient,
     TransactionSender,
     deploy,
     load_artifact,
     result_hash,
     start_embedded_chain,
-    training_key,
+    training_salt,
 )
+from aitbc_agent_sdk.chain.escrow import key_of
 from aitbc_agent_sdk.errors import ContractRevertError
-from test_escrow import ETH, TEST_ARTIFACTS, _gas_cost, advance_time
+from test_escrow import ETH, TEST_ARTIFACTS, ConsentingEscrow, _gas_cost, advance_time, worker_account
 
 SLOTS = [ETH, 2 * ETH, 3 * ETH]
 DEADLINE_S = 3600
@@ -41,9 +41,10 @@ release_op = st.tuples(
     st.lists(st.tuples(st.integers(0, 4), st.integers(1, 4 * ETH // 3)), min_size=1, max_size=3),
 )
 replace_op = st.tuples(st.just("replace"), st.tuples(st.integers(0, 4), st.integers(0, 4)))
+drop_op = st.tuples(st.just("drop"), st.integers(0, 4))
 refund_op = st.tuples(st.just("refund"), st.booleans())  # True: a stranger calls
 advance_op = st.tuples(st.just("advance"), st.sampled_from([60, DEADLINE_S, GRACE_S]))
-operations = st.lists(st.one_of(release_op, release_op, replace_op, refund_op, advance_op), max_size=10)
+operations = st.lists(st.one_of(release_op, release_op, replace_op, drop_op, refund_op, advance_op), max_size=10)
 
 
 @dataclass
@@ -62,15 +63,15 @@ async def _scenario(ops: list[tuple]) -> None:
     stranger_account = Account.create()
     await chain.fund(stranger_account.address, ETH)
     stranger = TransactionSender(chain.w3, stranger_account)
-    escrow = EscrowClient(chain.w3, await deploy(coordinator, load_artifact("TrainingEscrow")))
+    escrow = ConsentingEscrow(chain.w3, await deploy(coordinator, load_artifact("TrainingEscrow")))
     receiver = await deploy(coordinator, ContractArtifact.from_file(TEST_ARTIFACTS / "RevertingReceiver.json"))
-    people = [receiver] + [Account.create().address for _ in range(4)]  # 0-2 open with slots, 3-4 spare
+    people = [receiver] + [worker_account().address for _ in range(4)]  # 0-2 open with slots, 3-4 spare
 
     start = await chain.balance(coordinator.address)
     gas = 0
-    tid = training_key("prop")
+    tid = key_of(coordinator.address, training_salt("prop"))
     now = int((await chain.w3.eth.get_block("latest"))["timestamp"])
-    receipt = await escrow.open(coordinator, tid, people[:3], SLOTS, deadline=now + DEADLINE_S)
+    receipt = await escrow.open(coordinator, training_salt("prop"), people[:3], SLOTS, deadline=now + DEADLINE_S)
     gas += _gas_cost(receipt)
     model = Model({w: [a, 0] for w, a in zip(people[:3], SLOTS)}, deadline=now + DEADLINE_S)
 
@@ -107,8 +108,10 @@ async def _scenario(ops: list[tuple]) -> None:
                     model.slots[worker][1] += amount
         elif op == "replace":
             old, new = people[arg[0]], people[arg[1]]
+            # Into a worker that holds a funded slot of its own, the old slot is only retired.
+            into_own = new in model.slots and new not in model.replaced and new != old
             ok = (not model.closed and old in model.slots and old not in model.replaced
-                  and model.slots[old][1] == 0 and new not in model.slots)
+                  and model.slots[old][1] == 0 and (new not in model.slots or into_own))
             try:
                 receipt = await escrow.replace_worker(coordinator, tid, old, new)
             except ContractRevertError:
@@ -116,9 +119,23 @@ async def _scenario(ops: list[tuple]) -> None:
             else:
                 assert ok, (old, new)
                 gas += _gas_cost(receipt)
-                model.slots[new] = [model.slots[old][0], 0]
+                if not into_own:
+                    model.slots[new] = [model.slots[old][0], 0]
                 model.slots[old] = [0, 0]
                 model.replaced.add(old)
+        elif op == "drop":
+            worker = people[arg]
+            ok = (not model.closed and worker in model.slots and worker not in model.replaced
+                  and model.slots[worker][1] == 0)
+            try:
+                receipt = await escrow.drop_worker(coordinator, tid, worker)
+            except ContractRevertError:
+                assert not ok, worker
+            else:
+                assert ok, worker
+                gas += _gas_cost(receipt)
+                model.slots[worker] = [0, 0]
+                model.replaced.add(worker)
         elif op == "refund":
             by_stranger = arg
             block_time = int((await chain.w3.eth.get_block("pending"))["timestamp"])

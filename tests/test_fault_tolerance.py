@@ -41,14 +41,14 @@ def events(agent: Agent, training_id: str) -> list[dict]:
 async def check_settled(agent: Agent, report: TrainingReport, faulty: str) -> None:
     """Complete, the faulty worker replaced and unpaid, every wei accounted for on chain."""
     assert report.status == TrainingPhase.COMPLETE
-    state = await agent.stack.escrow.training(training_key(report.training_id))
+    state = await agent.stack.escrow.training(training_key(agent.stack.account.address, report.training_id))
     assert state.closed and state.deposited == state.paid + state.refunded
-    released = [e for e in await agent.stack.escrow.events(training_key(report.training_id)) if e.name == "Released"]
+    released = [e for e in await agent.stack.escrow.events(training_key(agent.stack.account.address, report.training_id)) if e.name == "Released"]
     assert faulty not in {e.args["worker"] for e in released}
     assert {e.args["worker"] for e in released} == {w.address for w in report.workers if w.role == "worker"}
     by_address = {w.address: w for w in report.workers}
     assert by_address[faulty].role == "replaced" and by_address[faulty].paid_wei == 0
-    replaced = [e for e in await agent.stack.escrow.events(training_key(report.training_id))
+    replaced = [e for e in await agent.stack.escrow.events(training_key(agent.stack.account.address, report.training_id))
                 if e.name == "WorkerReplaced"]
     assert [e.args["oldWorker"] for e in replaced] == [faulty]
 
@@ -62,11 +62,13 @@ def clean_accuracy(tmp_path_factory) -> float:
     return asyncio.run(clean())
 
 
+# Only what the signed checkpoint proves by itself is slashable (issue #13, item 11); a loss, a norm
+# or a replay costs the worker its pay and its reputation, not its bond.
 EXPECTED = {
     "nan": ("non-finite", True),
-    "scaled": ("validation loss|update norm", True),
-    "random": ("validation loss|update norm", True),
-    "stale": ("replay", True),
+    "scaled": ("validation loss|update norm", False),
+    "random": ("validation loss|update norm", False),
+    "stale": ("replay", False),
     "forged": ("not signed by the worker", False),
     "cid-mismatch": ("checkpoint .* is not .*and not re-sent|checkpoint .* is not", False),
 }
@@ -197,8 +199,8 @@ async def test_a_second_straggler_gets_a_copy_when_the_only_spare_is_taken(aitbc
         assert stalled.address in copies and len(copies) == len(set(copies))
         replaced = [e["worker"] for e in log if e["event"] == "worker_replaced"]
         assert stalled.address in replaced and set(replaced) <= {stalled.address, brief.address}
-        state = await agent.stack.escrow.training(training_key(report.training_id))
+        state = await agent.stack.escrow.training(training_key(agent.stack.account.address, report.training_id))
         assert state.closed and state.deposited == state.paid + state.refunded
-        released = [e for e in await agent.stack.escrow.events(training_key(report.training_id))
+        released = [e for e in await agent.stack.escrow.events(training_key(agent.stack.account.address, report.training_id))
                     if e.name == "Released"]
         assert stalled.address not in {e.args["worker"] for e in released}

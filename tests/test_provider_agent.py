@@ -20,7 +20,10 @@ import torch
 from eth_account import Account
 from eth_account.messages import encode_defunct
 
-from aitbc_agent_sdk.chain.escrow import training_key
+from aitbc_agent_sdk.chain import (
+    DevChain, EscrowClient, TransactionSender, deploy, load_artifact, start_embedded_chain, training_key,
+    training_salt,
+)
 from aitbc_agent_sdk.chain.registry import result_digest
 from aitbc_agent_sdk.messaging import InMemoryBus, SignedChannel, topics
 from aitbc_agent_sdk.models import (
@@ -28,6 +31,7 @@ from aitbc_agent_sdk.models import (
     Pong, Progress, new_id,
 )
 from aitbc_agent_sdk.provider.agent import ProviderAgent, ProviderConfig
+from aitbc_agent_sdk.provider.onchain import ProviderChain
 from aitbc_agent_sdk.storage import LocalContentStore
 from aitbc_agent_sdk.training import LabeledData, build_model, encode_data, encode_state, load_dataset, model_spec_for
 
@@ -58,7 +62,8 @@ class Feed:
 
 @dataclass
 class Market:
-    """A test coordinator on an in-memory bus and a local content store."""
+    """A test coordinator on an in-memory bus, a local content store and an embedded chain, where it
+    funds each provider's slot (a provider works only for a slot funded on chain)."""
 
     bus: InMemoryBus
     store: LocalContentStore
@@ -66,6 +71,9 @@ class Market:
     data: LabeledData
     spec: ModelSpec
     work_root: Path
+    escrow: EscrowClient
+    sender: TransactionSender  # the coordinator's account on chain
+    provider_chain: ProviderChain
     results: Feed = field(default_factory=Feed)
     progress: Feed = field(default_factory=Feed)
 
@@ -76,12 +84,13 @@ class Market:
     async def provider(self, agent_class: type[ProviderAgent] = ProviderAgent,
                        **config: Any) -> AsyncIterator[ProviderAgent]:
         agent = agent_class(Account.create(), self.bus, self.store, ProviderConfig(
-            price_wei=PRICE, work_dir=self.work_root / new_id("provider"), **config), hardware=HARDWARE)
+            price_wei=PRICE, work_dir=self.work_root / new_id("provider"), **config), hardware=HARDWARE,
+            chain=self.provider_chain)
         async with agent:
             yield agent
 
     async def hire(self, provider: ProviderAgent, coordinator: SignedChannel | None = None) -> str:
-        """Agree a contract; returns its id."""
+        """Agree a contract and (for the market's own coordinator) fund the provider's slot; returns its id."""
         coordinator = coordinator or self.coordinator
         proposal = ContractProposal(contract_id=new_id("contract"), training_id=TRAINING,
                                     coordinator=coordinator.address, price_wei=PRICE, rounds=5)
@@ -89,16 +98,30 @@ class Market:
             topics.negotiate(provider.address), proposal,
             topics.negotiate_reply(coordinator.address, proposal.contract_id), ContractReply,
             timeout=WAIT_S, expected_sender=provider.address)
-        assert reply.accepted
+        assert reply.accepted and reply.consent
+        if coordinator is self.coordinator:
+            key, consent = training_key(self.sender.address, TRAINING), bytes.fromhex(reply.consent[2:])
+            if not (await self.escrow.training(key)).exists:
+                await self.escrow.open(self.sender, training_salt(TRAINING), [provider.address], [PRICE * 5],
+                                       [consent])
+            elif (await self.escrow.slot(key, provider.address)).amount == 0:
+                await self.escrow.add_worker(self.sender, key, provider.address, PRICE * 5, consent)
         return proposal.contract_id
+
+    def signer_of(self, result: JobResult) -> str:
+        """Who signed the result's evidence for this market's chain, registry, training and round."""
+        key = training_key(self.coordinator.address, result.training_id)
+        digest = result_digest(self.provider_chain.domain, key, result.round, result.checkpoint_cid)
+        return Account.recover_message(encode_defunct(primitive=digest), signature=result.signature)
 
     async def assign(self, provider: ProviderAgent, contract_id: str, *, round: int = 1,
                      config: JobConfig = JobConfig(epochs=1), weights: dict[str, torch.Tensor] | None = None,
                      seed: int = 7) -> JobAssignment:
         weights = self.initial_weights() if weights is None else weights
+        shard, blob = encode_data(self.data), encode_state(weights)
         job = JobAssignment(job_id=new_id("job"), training_id=TRAINING, round=round, worker_id=provider.address,
-                            contract_id=contract_id, shard_cid=await self.store.add(encode_data(self.data)),
-                            weights_cid=await self.store.add(encode_state(weights)), model=self.spec,
+                            contract_id=contract_id, shard_cid=await self.store.add(shard), shard_bytes=len(shard),
+                            weights_cid=await self.store.add(blob), weights_bytes=len(blob), model=self.spec,
                             config=config, seed=seed)
         await self.coordinator.publish(topics.jobs(provider.address), job)
         return job
@@ -118,9 +141,15 @@ class Market:
 async def open_market(tmp_path: Path, samples: int = 200) -> AsyncIterator[Market]:
     data = load_dataset("digits").subset(list(range(samples)))
     bus = InMemoryBus()
+    chain: DevChain = await start_embedded_chain()
+    account = Account.create()
+    await chain.fund(account.address, 10**20)
+    sender = TransactionSender(chain.w3, account)
+    escrow = EscrowClient(chain.w3, await deploy(sender, load_artifact("TrainingEscrow")))
     market = Market(bus=bus, store=LocalContentStore(tmp_path / "store"),
-                    coordinator=SignedChannel(bus, Account.create()), data=data,
-                    spec=model_spec_for("mlp", data), work_root=tmp_path / "providers")
+                    coordinator=SignedChannel(bus, account), data=data,
+                    spec=model_spec_for("mlp", data), work_root=tmp_path / "providers", escrow=escrow,
+                    sender=sender, provider_chain=await ProviderChain.connect(chain.w3, escrow.address))
     async with AsyncExitStack() as exits:
         exits.push_async_callback(bus.close)
         feeds = []
@@ -136,9 +165,8 @@ async def open_market(tmp_path: Path, samples: int = 200) -> AsyncIterator[Marke
             await asyncio.gather(*feeds, return_exceptions=True)
 
 
-def signer_of(result: JobResult) -> str:
-    digest = result_digest(training_key(result.training_id), result.checkpoint_cid)
-    return Account.recover_message(encode_defunct(primitive=digest), signature=result.signature)
+def signer_of(market: Market, result: JobResult) -> str:
+    return market.signer_of(result)
 
 
 async def until(condition: Callable[[], bool], timeout: float = WAIT_S) -> None:
@@ -165,10 +193,10 @@ async def test_results_are_signed_by_the_provider_over_training_and_checkpoint(t
         job = await market.assign(provider, await market.hire(provider))
         result = await market.result(job)
         await market.status(job, "complete")
-    assert signer_of(result) == provider.address
+    assert signer_of(market, result) == provider.address
     # the signature is bound to the CID: another CID does not recover to the provider
     other = result.model_copy(update={"checkpoint_cid": job.weights_cid})
-    assert signer_of(other) != provider.address
+    assert signer_of(market, other) != provider.address
     assert provider.completed_jobs == 1 and provider.jobs[job.job_id].status == "complete"
 
 
@@ -192,7 +220,7 @@ async def test_cancel_kills_a_running_job_and_the_next_job_still_completes(tmp_p
         next_job = await market.assign(provider, contract)
         result = await market.result(next_job)
         assert provider.process.pid not in (None, training_pid)
-    assert signer_of(result) == provider.address
+    assert signer_of(market, result) == provider.address
     assert all(r.job_id != long_job.job_id for r in market.results.items)
     assert provider.completed_jobs == 1
 

@@ -14,18 +14,20 @@ from aitbc_agent_sdk.chain import (
     result_digest,
     result_hash,
     sign_result,
-    training_key,
 )
+from aitbc_agent_sdk.chain.registry import EvidenceDomain
 from aitbc_agent_sdk.chain.deployment import deploy_contracts, verify_deployment
 from aitbc_agent_sdk.errors import ChainError, ContractRevertError
 from test_escrow import (  # noqa: F401  (chain, chain_url and env are fixtures)
     ETH,
+    KEYS,
     TEST_ARTIFACTS,
     Env,
     _gas_cost,
     _new_sender,
     _open,
     advance_time,
+    tkey,
     assert_conserved,
     chain,
     chain_url,
@@ -44,10 +46,10 @@ async def _provider(env: Env, stake: int | None = ETH) -> TransactionSender:
 
 
 async def assert_bonds_conserved(env: Env, providers: list[str]) -> None:
-    """Every bonded wei is still in the registry: its balance is the sum of the stakes."""
+    """Every bonded wei is still in the registry: its balance is the sum of the stakes and what was burned."""
     assert set(await env.registry.providers()) <= set(providers)
     stakes = [(await env.registry.provider(p)).stake for p in providers]
-    assert await env.chain.balance(env.registry.address) == sum(stakes)
+    assert await env.chain.balance(env.registry.address) == sum(stakes) + await env.registry.burned()
 
 
 async def test_register_update_and_views(env: Env) -> None:
@@ -118,8 +120,9 @@ async def test_withdraw_needs_unbonding_delay_and_no_open_training(env: Env) -> 
 
 async def test_only_the_escrow_moves_assignments(env: Env) -> None:
     p = await _provider(env)
-    tid = training_key("fake")
-    for fn, args in [("assign", [tid, [p.address]]), ("unassign", [tid, [p.address], [True]])]:
+    tid = tkey(p, "fake")
+    for fn, args in [("assign", [tid, [p.address]]), ("unassign", [tid, [p.address], [1], True]),
+                     ("release", [tid, p.address])]:
         with pytest.raises(ContractRevertError) as info:
             await p.send(env.registry.build(fn, *args), abi=env.registry.abi)
         assert info.value.reason == "NotEscrow"
@@ -127,6 +130,7 @@ async def test_only_the_escrow_moves_assignments(env: Env) -> None:
 
 async def test_slash_needs_the_coordinator_and_the_providers_signature(env: Env) -> None:
     provider_account = Account.create()
+    KEYS[provider_account.address] = provider_account
     await env.chain.fund(provider_account.address, 10 * ETH)
     p = TransactionSender(env.chain.w3, provider_account)
     await env.registry.register(p, 2 * ETH, META)
@@ -136,35 +140,42 @@ async def test_slash_needs_the_coordinator_and_the_providers_signature(env: Env)
     await env.registry.register(outsider, ETH, META)
     tid = await _open(env, "slash", [ETH], workers=[p.address])
     cid = "bafy-bad-result"
-    good = SlashEvidence(tid, p.address, cid, sign_result(provider_account, tid, cid))
-    digest = await env.registry._call("resultDigest", tid, cid)
-    assert digest == result_digest(tid, cid)
+    domain = await env.registry.domain()
+    good = SlashEvidence(tid, p.address, cid, sign_result(provider_account, domain, tid, 3, cid), 3)
+    digest = await env.registry._call("resultDigest", tid, 3, cid)
+    assert digest == result_digest(domain, tid, 3, cid)
+    other_chain = EvidenceDomain(domain.chain_id + 1, domain.registry)
+    other_registry = EvidenceDomain(domain.chain_id, env.escrow.address)
 
     stranger = await _new_sender(env.chain, ETH)
     with pytest.raises(ContractRevertError) as info:
         await env.registry.slash(stranger, good)
     assert info.value.reason == "NotCoordinator"
     bad_cases = [
-        good.__class__(tid, p.address, "bafy-other", good.signature),  # signed another result
-        good.__class__(tid, p.address, cid, sign_result(Account.create(), tid, cid)),  # someone else's key
-        good.__class__(tid, p.address, cid, sign_result(provider_account, training_key("x"), cid)),  # other training
-        good.__class__(tid, p.address, cid, good.signature[:64]),  # truncated
-        good.__class__(tid, p.address, cid, b"\0" * 65),  # garbage
+        SlashEvidence(tid, p.address, "bafy-other", good.signature, 3),  # signed another result
+        SlashEvidence(tid, p.address, cid, sign_result(Account.create(), domain, tid, 3, cid), 3),  # another key
+        SlashEvidence(tid, p.address, cid, sign_result(provider_account, domain, tkey(p, "x"), 3, cid), 3),
+        SlashEvidence(tid, p.address, cid, good.signature, 2),  # another round
+        SlashEvidence(tid, p.address, cid, sign_result(provider_account, other_chain, tid, 3, cid), 3),
+        SlashEvidence(tid, p.address, cid, sign_result(provider_account, other_registry, tid, 3, cid), 3),
+        SlashEvidence(tid, p.address, cid, good.signature[:64], 3),  # truncated
+        SlashEvidence(tid, p.address, cid, b"\0" * 65, 3),  # garbage
     ]
     for evidence in bad_cases:
         with pytest.raises(ContractRevertError) as info:
             await env.registry.slash(env.coordinator, evidence)
         assert info.value.reason == "InvalidSignature", evidence
     # A provider that signed for this training id but holds no slot in it.
-    outsider_sig = SlashEvidence(tid, outsider.address, cid, sign_result(outsider_account, tid, cid))
+    outsider_sig = SlashEvidence(tid, outsider.address, cid, sign_result(outsider_account, domain, tid, 3, cid), 3)
     with pytest.raises(ContractRevertError) as info:
         await env.registry.slash(env.coordinator, outsider_sig)
     assert info.value.reason == "NotAWorker"
 
     before = await env.chain.balance(env.coordinator.address)
     receipt = await env.registry.slash(env.coordinator, good)
-    # Half the bond goes to the coordinator as compensation.
-    assert await env.chain.balance(env.coordinator.address) == before + ETH - _gas_cost(receipt)
+    # Half the bond is burned: a slash is worth nothing to whoever calls it.
+    assert await env.chain.balance(env.coordinator.address) == before - _gas_cost(receipt)
+    assert await env.registry.burned() == ETH
     state = await env.registry.provider(p.address)
     assert (state.stake, state.slashes) == (ETH, 1)
     assert await env.registry.was_slashed(tid, p.address)

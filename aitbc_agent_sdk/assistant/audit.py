@@ -13,6 +13,8 @@ and, in what the person typed (request, arguments), anything shaped like a priva
 
 from __future__ import annotations
 
+import functools
+import json
 import re
 from collections.abc import Mapping
 from decimal import Decimal
@@ -27,8 +29,57 @@ _ALWAYS = (
     re.compile(r"\bsk-[A-Za-z0-9_\-]{16,}\b"),                        # an OpenAI-style API key
     re.compile(r"(?i)\bbearer\s+[A-Za-z0-9._\-~+/]{8,}=*"),           # an Authorization header value
 )
-_NAMED = re.compile(r"(?i)\b(password|passphrase|secret|private[ _-]?key|api[ _-]?key|token|mnemonic)"
-                    r"(\s*(?:is|=|:)\s*)\S+")
+# A secret's name, then "is", "=" or ":" (or a quote), then its value: a quoted string, or every
+# word up to the end of the line or sentence, a comma or "&", or the next "name=" / "name:".
+# A secret phrase is many words ("correct horse battery staple"); blanking only the first
+# word would keep the rest of it.
+_KEYWORD = (r"(?:password|passphrase|passwd|secret|private[ _-]?key|api[ _-]?key|token|mnemonic"
+            r"|seed(?:[ _-]?phrase)?|recovery[ _-]?phrase)")
+_NAMED = re.compile(
+    rf"(?im)(?P<key>(?<![A-Za-z0-9]){_KEYWORD}[\w-]*[\"']?)"
+    r"(?P<sep>\s*(?:\b(?:is|was)\b|[=:])[ \t]*|[ \t]*(?=[\"']))"
+    r"(?P<value>\"[^\"\n]*\"?|'[^'\n]*'?|[^\n]+?)"
+    r"(?=$|[.;!?](?:\s|$)|,|&|\s+[\"']?[\w.-]+[\"']?\s*[=:])")
+_WORD = re.compile(r"[A-Za-z]+")
+BIP39_RUN = 12  # the shortest BIP-39 mnemonic; prose rarely strings 12 of its 2048 words in a row
+
+
+@functools.cache  # a constant table, read once
+def _bip39_words() -> frozenset[str]:
+    from importlib import resources
+
+    text = resources.files("eth_account.hdaccount").joinpath("wordlist/english.txt").read_text()
+    return frozenset(text.split())
+
+
+def _blank_value(match: re.Match[str]) -> str:
+    value = match.group("value")
+    quote = value[0] if value[:1] in ("'", '"') else ""
+    return f"{match.group('key')}{match.group('sep')}{quote}{REDACTED}{quote if value.endswith(quote) else ''}"
+
+
+def blank_mnemonics(text: str, words: frozenset[str]) -> str:
+    """Blank every run of ``BIP39_RUN`` or more BIP-39 words separated only by spaces."""
+    runs: list[tuple[int, int]] = []
+    start = end = count = 0
+    for match in _WORD.finditer(text):
+        joined = count and not text[end:match.start()].strip()
+        if match.group().lower() in words:
+            if joined:
+                end, count = match.end(), count + 1
+                continue
+            if count >= BIP39_RUN:
+                runs.append((start, end))
+            start, end, count = match.start(), match.end(), 1
+        else:
+            if count >= BIP39_RUN:
+                runs.append((start, end))
+            count = 0
+    if count >= BIP39_RUN:
+        runs.append((start, end))
+    for a, b in reversed(runs):
+        text = text[:a] + REDACTED + text[b:]
+    return text
 INPUT_FIELDS = frozenset({"request", "arguments", "plan", "steps"})
 
 
@@ -38,6 +89,7 @@ class Secrets:
 
     def __init__(self, *known: str | None) -> None:
         self.known: set[str] = {k for k in known if k and len(k) >= 4}
+        self._mnemonic_words = _bip39_words()
 
     def add(self, value: str | None) -> None:
         if value and len(value) >= 4:
@@ -53,7 +105,8 @@ class Secrets:
             text = text.replace(secret, REDACTED)
         for pattern in _ALWAYS:
             text = pattern.sub(REDACTED, text)
-        text = _NAMED.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", text)
+        text = _NAMED.sub(_blank_value, text)
+        text = blank_mnemonics(text, self._mnemonic_words)
         return PRIVATE_KEY.sub(REDACTED, text) if keys else text
 
     def value(self, value: Any, *, keys: bool = False) -> Any:
@@ -106,6 +159,8 @@ class AssistantAudit:
     def clean(self, fields: Mapping[str, Any]) -> dict[str, Any]:
         """What the person asked for is scrubbed for keys too; results keep their (public) tx hashes."""
         kept = {k: v for k, v in fields.items() if not is_secret_name(k)}
+        for key in INPUT_FIELDS & kept.keys():  # a key the person typed is blanked in the replies too
+            self.secrets.add_keys_in(json.dumps(kept[key], default=str))
         return {k: self.secrets.value(v, keys=k in INPUT_FIELDS) for k, v in kept.items()}
 
     async def record(self, event: str, **fields: Any) -> None:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field
 
 from ..cluster.errors import ClusterError
+from ..models import id_path
 from .base import Tool, ToolArgs, ToolContext, ToolResult
 from .cluster_tools import CLUSTER_HELP, WALLET_HELP, cluster_channel, pick_cluster
 
@@ -51,7 +52,7 @@ class MountArgs(ToolArgs):
 
 
 def job_dir(home: Path, job_id: str) -> Path:
-    return home / "clusters" / "jobs" / job_id
+    return id_path(home / "clusters" / "jobs", job_id)
 
 
 async def run_job(ctx: ToolContext, spec: ClusterSpec, wallet: str | None, request: TrainRequest,

@@ -76,15 +76,15 @@ async def cluster_channel(ctx: ToolContext, spec: ClusterSpec, prefix: str, *,
     from eth_account import Account
 
     from ..messaging.channel import SignedChannel
-    from ..messaging.mqtt import MqttBus
+    from ..messaging.settings import connect_bus
     from ..profile import load_profile
     from .sdk import unlock
 
     account = await unlock(ctx, await coordinator_wallet(ctx, spec, wallet)) if spec.coordinators \
         else Account.create()
     settings = spec.bus or load_profile(ctx.home).bus
-    async with MqttBus(settings.host, settings.port, client_id=f"{prefix}-{time.time_ns()}",
-                       persistent=False) as bus:
+    async with connect_bus(settings, f"{prefix}-{time.time_ns()}", identity=account.address,
+                           persistent=False) as bus:
         yield SignedChannel(bus, account)
 
 

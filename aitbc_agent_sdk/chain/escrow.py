@@ -10,6 +10,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
+from eth_abi import encode as abi_encode
+from eth_account.messages import encode_defunct
+from eth_account.signers.local import LocalAccount
 from eth_typing import ChecksumAddress
 from eth_utils import keccak
 from hexbytes import HexBytes
@@ -19,6 +22,7 @@ from web3.types import BlockIdentifier, TxReceipt
 from aitbc_agent_sdk.errors import ConfigError
 
 from .contract import ContractClient
+from .registry import is_canonical_signature, signature_signer
 from .tx import CHAIN_EXCEPTIONS, TransactionSender, map_chain_error
 
 __all__ = [
@@ -27,30 +31,73 @@ __all__ = [
     "EscrowEvent",
     "EscrowState",
     "SlotState",
+    "consent_digest",
+    "consent_signer",
+    "key_of",
     "result_hash",
+    "sign_consent",
     "training_key",
+    "training_salt",
 ]
 
 ZERO_ADDRESS = "0x0000000000000000000000000000000000000000"
 ETH_TOKEN = ZERO_ADDRESS  # the escrow's token address for native ETH
+CONSENT_TAG = keccak(text="aitbc.consent.v1")
+# The contract's MAX_DURATION: no training's deadline may be further away than this.
+MAX_DURATION_S = 30 * 24 * 3600
 # Without an explicit deadline a training may run this long (from the chain's latest block)
 # before anyone may force the refund (after the contract's grace period on top).
 DEFAULT_DEADLINE_S = 24 * 3600
-EventName = Literal["TrainingOpened", "SlotOpened", "WorkerReplaced", "Released", "PaymentDeferred", "Refunded"]
+EventName = Literal["TrainingOpened", "SlotOpened", "WorkerReplaced", "SlotDropped", "Released", "PaymentDeferred",
+                    "Refunded"]
 # Every per-training event has trainingId as its first indexed topic.
 TRAINING_EVENTS: tuple[EventName, ...] = (
     "TrainingOpened",
     "SlotOpened",
     "WorkerReplaced",
+    "SlotDropped",
     "Released",
     "PaymentDeferred",
     "Refunded",
 )
 
 
-def training_key(training_id: str) -> bytes:
-    """The on-chain bytes32 id of a training: keccak256 of its string id (utf-8)."""
+def training_salt(training_id: str) -> bytes:
+    """The salt a coordinator opens its training with: keccak256 of the string id (utf-8)."""
     return keccak(text=training_id)
+
+
+def key_of(coordinator: str, salt: bytes) -> bytes:
+    """The contract's ``trainingIdOf(coordinator, salt)``: ``keccak256(abi.encode(coordinator, salt))``."""
+    return keccak(abi_encode(["address", "bytes32"], [_address(coordinator, "coordinator"), _bytes32(salt, "salt")]))
+
+
+def training_key(coordinator: str, training_id: str) -> bytes:
+    """The on-chain bytes32 id of a coordinator's training (:func:`key_of` its salt).
+
+    The contract derives it from the sender, so nobody else can open (squat) the same id.
+    """
+    return key_of(coordinator, training_salt(training_id))
+
+
+def consent_digest(chain_id: int, escrow: str, key: bytes, worker: str) -> bytes:
+    """What a worker signs to accept a slot: the contract's ``consentDigest(trainingId, worker)``."""
+    return keccak(abi_encode(["bytes32", "uint256", "address", "bytes32", "address"],
+                             [CONSENT_TAG, chain_id, _address(escrow, "escrow"), _bytes32(key, "training_id"),
+                              _address(worker, "worker")]))
+
+
+def sign_consent(account: LocalAccount, chain_id: int, escrow: str, key: bytes) -> bytes:
+    """The worker's EIP-191 signature over :func:`consent_digest` (canonical: low s, v in {27, 28})."""
+    digest = consent_digest(chain_id, escrow, key, account.address)
+    return bytes(account.sign_message(encode_defunct(primitive=digest)).signature)
+
+
+def consent_signer(chain_id: int, escrow: str, key: bytes, worker: str, signature: bytes) -> str | None:
+    """The address a consent recovers to, or None unless it is canonical (the contract's rule)."""
+    if not is_canonical_signature(signature):
+        return None
+    return signature_signer(consent_digest(chain_id, escrow, key, worker), signature)
 
 
 def result_hash(cid: str) -> bytes:
@@ -106,36 +153,39 @@ class EscrowClient(ContractClient):
     async def open(
         self,
         sender: TransactionSender,
-        training_id: bytes,
+        salt: bytes,
         workers: Sequence[str],
         amounts: Sequence[int],
+        consents: Sequence[bytes],
         *,
         value: int | None = None,
         token: str = ETH_TOKEN,
         deadline: int | None = None,
     ) -> TxReceipt:
-        """Open a training funded with ``sum(amounts)`` of ``token`` (native ETH by default).
+        """Open the training ``trainingIdOf(sender, salt)`` funded with ``sum(amounts)`` of ``token``.
 
-        For ETH the deposit is sent as the tx value (``value`` overrides, for tests); for an
+        ``consents`` holds each worker's :func:`sign_consent` for that id. For ETH the deposit is sent as the tx value (``value`` overrides, for tests); for an
         ERC-20 the sender must have approved the escrow for the sum first. ``deadline``
         (unix time) defaults to the latest block's time plus :data:`DEFAULT_DEADLINE_S`.
         """
-        tid = _bytes32(training_id, "training_id")
+        tid = _bytes32(salt, "salt")
         addrs = _addresses(workers)
-        _same_length(addrs, amounts)
+        _same_length(addrs, amounts, consents)
         token_address = _address(token, "token")
         if value is None:
             value = sum(amounts) if token_address == ETH_TOKEN else 0
         if deadline is None:
             deadline = await self._latest_timestamp() + DEFAULT_DEADLINE_S
         return await self._transact(
-            sender, "open", [tid, token_address, addrs, list(amounts), deadline], value=value
+            sender, "open", [tid, token_address, addrs, list(amounts), [bytes(c) for c in consents], deadline],
+            value=value,
         )
 
     async def add_worker(
-        self, sender: TransactionSender, training_id: bytes, worker: str, amount: int, *, value: int | None = None
+        self, sender: TransactionSender, training_id: bytes, worker: str, amount: int, consent: bytes, *,
+        value: int | None = None,
     ) -> TxReceipt:
-        """Fund a slot for one more worker in an open training (coordinator only).
+        """Fund a slot for one more worker, which signed ``consent``, in an open training (coordinator only).
 
         Trainings in ETH send ``amount`` as the tx value (``value`` overrides, for tests); for an
         ERC-20 training the sender must have approved the escrow for ``amount`` first.
@@ -143,17 +193,24 @@ class EscrowClient(ContractClient):
         tid = _bytes32(training_id, "training_id")
         if value is None:
             value = amount if (await self.training(tid)).token == ETH_TOKEN else 0
-        return await self._transact(sender, "addWorker", [tid, _address(worker, "worker"), amount], value=value)
+        return await self._transact(sender, "addWorker", [tid, _address(worker, "worker"), amount, bytes(consent)],
+                                    value=value)
 
     async def replace_worker(
-        self, sender: TransactionSender, training_id: bytes, old_worker: str, new_worker: str
+        self, sender: TransactionSender, training_id: bytes, old_worker: str, new_worker: str, consent: bytes
     ) -> TxReceipt:
-        """Move an unpaid worker's slot to another provider (coordinator only)."""
+        """Move an unpaid worker's slot to another provider, which signed ``consent`` (coordinator only)."""
         return await self._transact(
             sender,
             "replaceWorker",
-            [_bytes32(training_id, "training_id"), _address(old_worker, "worker"), _address(new_worker, "worker")],
+            [_bytes32(training_id, "training_id"), _address(old_worker, "worker"), _address(new_worker, "worker"),
+             bytes(consent)],
         )
+
+    async def drop_worker(self, sender: TransactionSender, training_id: bytes, worker: str) -> TxReceipt:
+        """Take back an unpaid worker's slot without recording a failure (coordinator only)."""
+        return await self._transact(sender, "dropWorker", [_bytes32(training_id, "training_id"),
+                                                           _address(worker, "worker")])
 
     async def release(
         self,
@@ -207,6 +264,12 @@ class EscrowClient(ContractClient):
         found = await self._call("trainingWorkers", _bytes32(training_id, "training_id"))
         return [AsyncWeb3.to_checksum_address(a) for a in found]
 
+    async def chain_id(self) -> int:
+        try:
+            return int(await self._w3.eth.chain_id)
+        except CHAIN_EXCEPTIONS as exc:
+            raise map_chain_error(exc, action="read the chain id") from exc
+
     async def registry(self) -> ChecksumAddress:
         """The ProviderRegistry this escrow deployed and reports assignments to."""
         return AsyncWeb3.to_checksum_address(await self._call("registry"))
@@ -223,6 +286,16 @@ class EscrowClient(ContractClient):
         """Decoded events of one training, oldest first, read with ``eth_getLogs``."""
         tid = _bytes32(training_id, "training_id")
         return await self._logs(names, [HexBytes(tid).to_0x_hex()], from_block, to_block, chunk_size)
+
+    async def trainings_named(self, training_id: str, *, from_block: int = 0) -> list[tuple[bytes, ChecksumAddress]]:
+        """(on-chain id, coordinator) of every training opened with ``training_id``'s salt, oldest first.
+
+        For tools that know a training by name only; anybody may open one with the same salt,
+        so pick by coordinator.
+        """
+        salt = HexBytes(training_salt(training_id)).to_0x_hex()
+        found = await self._logs(("TrainingOpened",), [None, None, salt], from_block, "latest", 10_000)
+        return [(bytes(e.args["trainingId"]), AsyncWeb3.to_checksum_address(e.args["coordinator"])) for e in found]
 
     async def worker_payments(self, worker: str, *, from_block: int = 0,
                               to_block: BlockIdentifier = "latest") -> list[EscrowEvent]:
@@ -298,4 +371,4 @@ def _addresses(workers: Sequence[str]) -> list[ChecksumAddress]:
 
 def _same_length(*columns: Sequence[Any]) -> None:
     if len({len(c) for c in columns}) != 1:
-        raise ConfigError("workers, amounts (and result hashes) must have the same length")
+        raise ConfigError("workers, amounts (and consents or result hashes) must have the same length")

@@ -407,6 +407,9 @@ class ClusterAgent:
         from .sandbox import SandboxLimits, SandboxSpec, start_sandboxed
 
         read_only = [Path(spec.script).parent, *(Path(p) for p in spec.datasets if Path(p).exists())]
+        # The rendezvous and gloo/NCCL use ports picked at run time on every host, and bwrap cannot
+        # filter by address: the network is shared (README, "What a sandboxed rank can still reach").
+        # The private root still hides the host's path-based UNIX sockets.
         sandbox = SandboxSpec(command=tuple(argv), work_dir=work_dir, env=env, threads=1, allow_network=True,
                               read_only_paths=tuple(dict.fromkeys(read_only)), gpus=self._gpus,
                               limits=SandboxLimits(open_files=65536))

@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..errors import MessagingError
 from ..messaging.topics import PREFIX
+from ..models import ID_PATTERN
 from .errors import ClusterError
 from .inventory import ClusterInventory, HostInventory
 from .mounts import MountCommand
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-JOB_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+JOB_ID_PATTERN = ID_PATTERN  # the market's one id pattern: job ids name directories and topic levels
 METRIC_PREFIX = "AITBC_METRIC "  # a rank's metric line: this prefix, then one JSON object
 DEFAULT_LAST_CALL_TIMEOUT_S = 5
 DEFAULT_JOIN_TIMEOUT_S = 300

@@ -646,7 +646,8 @@ async def _fetch_ipfs(command: MountCommand, host: str, settings: MountSettings)
         async with KuboClient(api, timeout=60.0, find_timeout=10.0) as client:
             store = KuboContentStore(client)
             with tmp.open("wb") as out:
-                async for chunk in store.stream(command.target):  # every block checked against its CID
+                # Every block checked against its CID; to disk, so any declared size (the DAG shape limits hold).
+                async for chunk in store.stream(command.target, max_bytes=None, timeout_s=None):
                     out.write(chunk)
                     size += len(chunk)
                 out.flush()

@@ -37,7 +37,7 @@ from ..config import default_home
 from ..provider.process import scrubbed_env
 from .errors import SandboxError
 from .sandbox_plan import (
-    GPU_DEVICE_PATTERN, Backend, SandboxLimits, SandboxSpec, bwrap_argv, cover_paths, mount_plan, unshare_argv,
+    GPU_DEVICE_PATTERN, NOBODY, Backend, SandboxLimits, SandboxSpec, bwrap_argv, cover_paths, mount_plan, unshare_argv,
 )
 
 __all__ = ["Backend", "SandboxLimits", "SandboxReport", "SandboxResult", "SandboxSpec", "available_backends",
@@ -45,7 +45,8 @@ __all__ = ["Backend", "SandboxLimits", "SandboxReport", "SandboxResult", "Sandbo
 
 _RLIMITS = {"cpu_seconds": resource.RLIMIT_CPU, "address_space_bytes": resource.RLIMIT_AS,
             "open_files": resource.RLIMIT_NOFILE, "processes": resource.RLIMIT_NPROC,
-            "file_size_bytes": resource.RLIMIT_FSIZE, "core_bytes": resource.RLIMIT_CORE}
+            "file_size_bytes": resource.RLIMIT_FSIZE, "core_bytes": resource.RLIMIT_CORE,
+            "data_bytes": resource.RLIMIT_DATA}
 
 
 class SandboxReport(BaseModel):
@@ -146,7 +147,8 @@ def build_command(spec: SandboxSpec, backend: Backend) -> list[str]:
     if backend == "bwrap":
         plan = mount_plan(spec, hidden=hidden, python_paths=python_paths() if spec.bind_python else (),
                           gpu_devices=gpu_devices() if spec.gpus else ())
-        return bwrap_argv(spec, plan, bwrap=shutil.which("bwrap") or "bwrap")
+        return bwrap_argv(spec, plan, bwrap=shutil.which("bwrap") or "bwrap", as_root=os.geteuid() == 0,
+                          setpriv=shutil.which("setpriv") or "/usr/bin/setpriv")
     keep = (*(python_paths() if spec.bind_python else ()), spec.work_dir, *spec.read_only_paths)
     if spec.work_dir in hidden:
         raise SandboxError(f"the working directory {spec.work_dir} is also a path to hide")
@@ -182,7 +184,7 @@ def describe(spec: SandboxSpec, backend: Backend) -> SandboxReport:
     notes = []
     if backend == "unshare":
         notes.append("no private root: the host filesystem is visible read-only, apart from the hidden paths")
-    if os.geteuid() == 0:
+    if os.geteuid() == 0 and not (spec.drop_root and backend == "bwrap"):
         notes.append("the process keeps real uid 0 without capabilities: files it can see are readable by owner bits")
     return SandboxReport(
         backend=backend, verified=False, filesystem="private-root" if backend == "bwrap" else "host-read-only",
@@ -200,6 +202,8 @@ async def start_sandboxed(spec: SandboxSpec, *, backend: Backend | None = None, 
     """
     chosen = _choose(backend)
     spec.work_dir.mkdir(parents=True, exist_ok=True)
+    if spec.drop_root and chosen == "bwrap" and os.geteuid() == 0:
+        os.chown(spec.work_dir, NOBODY, NOBODY)  # the one directory nobody may write
     argv = build_command(spec, chosen)
     limits = _rlimit_values(spec.limits)
     proc = await asyncio.create_subprocess_exec(

@@ -49,6 +49,8 @@ class SandboxLimits(BaseModel):
     processes: int | None = Field(default=None, ge=1)
     file_size_bytes: int | None = Field(default=None, ge=0)
     core_bytes: int | None = Field(default=0, ge=0, description="0: no core dumps of the training process")
+    data_bytes: int | None = Field(default=None, ge=1 << 20, description="RLIMIT_DATA: heap and private mappings; "
+                                   "a memory cap that, unlike RLIMIT_AS, leaves CUDA's address reservations alone")
 
 
 class SandboxSpec(BaseModel):
@@ -66,6 +68,9 @@ class SandboxSpec(BaseModel):
     bind_python: bool = Field(default=True, description="bind this interpreter, its venv and the SDK read-only")
     gpus: bool = Field(default=False, description="pass /dev/nvidia* (and /sys read-only) through")
     limits: SandboxLimits = SandboxLimits()
+    drop_root: bool = Field(default=False, description=(
+        "bwrap only: when started as root, run the command as nobody (65534), so files only root may read stay "
+        "unreadable and RLIMIT_NPROC is enforced (the kernel never enforces it for uid 0); work_dir is chowned"))
 
     @field_validator("env")
     @classmethod
@@ -114,25 +119,63 @@ def mount_plan(spec: SandboxSpec, *, hidden: tuple[Path, ...], python_paths: tup
     return [*system, *ordered]
 
 
-def bwrap_argv(spec: SandboxSpec, plan: list[Mount], *, bwrap: str = "bwrap") -> list[str]:
+NOBODY = 65534
+
+
+def _parents_to_make(plan: list[Mount]) -> dict[Path, list[Path]]:
+    """For each bind, the directories bwrap would create on the way to it with mode 0700.
+
+    Those are the ones inside the sandbox's own root or inside a hiding tmpfs; a path under
+    a host bind exists already. Made 0755 first, so a process that is not root can walk them.
+    """
+    made: set[Path] = set()
+    need: dict[Path, list[Path]] = {}
+    for m in plan:
+        if m.kind in ("ro", "rw", "dev"):
+            dirs = []
+            for parent in reversed(m.dest.parents[:-1]):  # outermost first, "/" excluded
+                enclosing = [o for o in plan if o is not m and parent.is_relative_to(o.dest) and o.dest != Path("/")]
+                inner = max(enclosing, key=lambda o: _depth(o.dest), default=None)
+                if parent in made or (inner is not None and (inner.dest == parent or inner.kind != "hide")):
+                    continue
+                made.add(parent)
+                dirs.append(parent)
+            need[m.dest] = dirs
+        made.add(m.dest)
+    return need
+
+
+def bwrap_argv(spec: SandboxSpec, plan: list[Mount], *, bwrap: str = "bwrap", as_root: bool = False,
+               setpriv: str = "/usr/bin/setpriv") -> list[str]:
+    """bwrap's command line; ``as_root``: the caller is uid 0 (matters only with ``spec.drop_root``)."""
+    drop = spec.drop_root and as_root
+    # Only setuid/setgid survive, and only until setpriv (inside) becomes nobody: that clears them all.
+    caps = ["--cap-drop", "ALL", *(["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"] if drop else [])]
     argv = [bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-            "--unshare-cgroup-try", "--cap-drop", "ALL", "--proc", "/proc", "--dev", "/dev"]
+            "--unshare-cgroup-try", *caps, "--proc", "/proc", "--dev", "/dev"]
     if not spec.allow_network:
         argv.append("--unshare-net")
     flag = {"ro": "--ro-bind", "rw": "--bind", "dev": "--dev-bind"}
+    parents = _parents_to_make(plan)
     for m in plan:
         if m.kind == "symlink":
             argv += ["--symlink", m.src, str(m.dest)]
         elif m.kind == "hide":
             argv += ["--tmpfs", str(m.dest)]
         else:
+            for d in parents.get(m.dest, ()):
+                argv += ["--perms", "0755", "--dir", str(d)]
             argv += [flag[m.kind], m.src, str(m.dest)]
     # Read-only last, once everything is mounted: the sandbox root and every hiding tmpfs.
     argv += ["--remount-ro", "/"]
     for m in plan:
         if m.kind == "hide":
             argv += ["--remount-ro", str(m.dest)]
-    return [*argv, "--chdir", str(spec.work_dir), "--", *spec.command]
+    command = list(spec.command)
+    if drop:
+        command = [setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--bounding-set=-all",
+                   "--inh-caps=-all", "--ambient-caps=-all", "--no-new-privs", "--", *command]
+    return [*argv, "--chdir", str(spec.work_dir), "--", *command]
 
 
 def cover_paths(hidden: tuple[Path, ...], keep: tuple[Path, ...]) -> tuple[Path, ...]:

@@ -15,6 +15,10 @@ middle of a write leaves a last line without its newline. What a chain alone can
 is the *tail* being cut off at a line boundary: anchor :attr:`VerifyResult.head`
 somewhere else (the chain, the store) to catch that too.
 
+A partial last line, and only that, is repaired on the next append (:func:`repair_log`):
+the good prefix is kept, the fragment is cut off, and a ``repaired`` entry recording its
+length and sha256 is chained on, so the repair itself is part of the verified record.
+
 The hashing and encoding are plain functions; :class:`AuditLog` only does the I/O. One
 :class:`AuditLog` per file and process: writers inside a process are serialised by an
 ``asyncio.Lock``, but nothing guards against two processes appending to the same file.
@@ -25,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import math
 import os
 import re
@@ -37,6 +42,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ..errors import AitbcError
 
+log = logging.getLogger(__name__)
 GENESIS_PREV = "0" * 64
 # Substrings that mark a field name as secret, compared after lower-casing and dropping
 # everything but letters and digits, so "privateKey", "PRIVATE-KEY" and "private_key" match.
@@ -49,6 +55,13 @@ _TAIL_BLOCK = 8192
 class AuditLogError(AitbcError):
     """The audit log on disk is broken (tampered with, or cut by a crash) and cannot be
     read or extended."""
+
+
+class PartialLineError(AuditLogError):
+    """The log ends in a line without its newline: what a crash in the middle of a write leaves."""
+
+
+REPAIRED_EVENT = "repaired"
 
 
 class AuditEntry(BaseModel):
@@ -244,13 +257,42 @@ def _read_tail(path: Path) -> tuple[int, str]:
             handle.seek(pos)
             buf = handle.read(step) + buf
     if not buf.endswith(b"\n"):
-        raise AuditLogError(f"audit log {path} ends in a partial line; repair it before appending")
+        raise PartialLineError(f"audit log {path} ends in a partial line (an interrupted write)")
     raw = buf[:-1].rsplit(b"\n", 1)[-1]
     try:
         entry = parse_line(raw)
     except ValueError as exc:
         raise AuditLogError(f"audit log {path} has a bad last line: {exc}") from exc
     return entry["seq"], sha256_hex(raw)
+
+
+def repair_log(path: Path, *, clock: Callable[[], float] = time.time) -> AuditEntry | None:
+    """Cut off a partial last line and chain on a ``repaired`` entry saying what was cut.
+
+    Returns that entry, or None when the log needed no repair. Anything else wrong (an
+    edited, dropped or inserted line) is tampering, not a crash, and is refused with
+    :class:`AuditLogError`: the log is left as it is, for someone to look at. Blocking.
+    """
+    path = Path(path)
+    result = verify_log(path)
+    if result.ok:
+        return None
+    data = path.read_bytes()
+    good_end = data.rfind(b"\n") + 1
+    if result.first_bad_line != result.entries + 1 or data.count(b"\n") != result.entries:
+        raise AuditLogError(f"audit log {path} is broken at line {result.first_bad_line}: {result.reason}; "
+                            "only a partial last line is repaired, this needs a person to look at it")
+    dropped = data[good_end:]
+    entry = build_entry(result.entries + 1, float(clock()), REPAIRED_EVENT, {
+        "reason": "partial last line (interrupted write)", "dropped_bytes": len(dropped),
+        "dropped_sha256": sha256_hex(dropped), "after_seq": result.entries}, result.head)
+    with path.open("r+b") as handle:
+        handle.truncate(good_end)
+        handle.seek(good_end)
+        handle.write(canonical_json(entry) + b"\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    return AuditEntry.model_validate(entry)
 
 
 # --- writing ----------------------------------------------------------------------------
@@ -279,7 +321,7 @@ class AuditLog:
         check_fields(fields)
         async with self._lock:
             if self._seq is None:
-                self._seq, self._head = await asyncio.to_thread(_read_tail, self.path)
+                self._seq, self._head = await asyncio.to_thread(self._open_tail)
             entry = build_entry(self._seq + 1, float(self._clock()), event, fields, self._head)
             line = canonical_json(entry)
             try:
@@ -297,6 +339,16 @@ class AuditLog:
     async def read(self) -> list[AuditEntry]:
         async with self._lock:
             return await asyncio.to_thread(read_log, self.path)
+
+    def _open_tail(self) -> tuple[int, str]:
+        """The tail to chain onto; a crash's partial last line is repaired first (and logged)."""
+        try:
+            return _read_tail(self.path)
+        except PartialLineError:
+            repaired = repair_log(self.path, clock=self._clock)
+            log.warning("audit log %s: repaired a partial last line (%s)", self.path,
+                        repaired.fields if repaired else "already whole")
+            return _read_tail(self.path)
 
     def _write_line(self, line: bytes) -> None:
         created = not self.path.exists()

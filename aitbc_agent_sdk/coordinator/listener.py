@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from ..errors import NotFoundError
-from ..messaging import SignedChannel, topics
+from ..messaging import SignedChannel, Verified, topics
 from ..models import CheckpointRef, JobResult, Progress
 from .store import TrainingStore
 
@@ -29,6 +31,7 @@ class TrainingListener:
         self.latest: dict[str, Progress] = {}  # job id -> its latest progress
         self.last_heard: dict[str, float] = {}  # worker -> monotonic time of its latest message here
         self._tasks: list[asyncio.Task[None]] = []
+        self.dropped: Counter[str] = Counter()  # messages that failed while handled, by "stream: error"
 
     async def start(self) -> None:
         ready = [asyncio.Event(), asyncio.Event()]
@@ -44,42 +47,61 @@ class TrainingListener:
         if self._observer is not None:
             self._observer(event)
 
-    async def _sender_owns_job(self, sender: str, job_id: str, worker_id: str) -> bool:
+    async def _sender_owns_job(self, sender: str, message: Progress | JobResult) -> bool:
         try:
-            job = await self._db.job(job_id)
+            job = await self._db.job(message.job_id)
         except NotFoundError:
             return False
-        return sender == worker_id == job.worker_id and job.training_id == self.training_id
+        return (sender == message.worker_id == job.worker_id and job.training_id == message.training_id
+                == self.training_id and job.round == message.round)
+
+    async def _each(self, stream: str, handle: Callable[[Verified[Any]], Awaitable[None]],
+                    verified: Verified[Any]) -> None:
+        """One message's failure is logged, counted and dropped: the listener keeps listening."""
+        try:
+            await handle(verified)
+        except Exception as exc:
+            self.dropped[f"{stream}: {type(exc).__name__}"] += 1
+            log.warning("%s from %s dropped: %s", stream, verified.sender, exc)
 
     async def _progress(self, ready: asyncio.Event) -> None:
         async with self._channel.subscribe(topics.all_progress(self.training_id), Progress) as stream:
             ready.set()
             async for verified in stream:
-                progress = verified.message
-                if not await self._sender_owns_job(verified.sender, progress.job_id, progress.worker_id):
-                    log.warning("progress for %s from %s ignored", progress.job_id, verified.sender)
-                    continue
-                self.latest[progress.job_id] = progress
-                self.last_heard[progress.worker_id] = time.monotonic()
-                await self._db.save_progress(progress)
-                self._notify(progress)
-                if progress.status == "failed":
-                    await self.results.put(progress)
+                await self._each("progress", self._on_progress, verified)
+
+    async def _on_progress(self, verified: Verified[Progress]) -> None:
+        progress = verified.message
+        if not await self._sender_owns_job(verified.sender, progress):
+            log.warning("progress for %s from %s ignored", progress.job_id, verified.sender)
+            return
+        self.latest[progress.job_id] = progress
+        self.last_heard[progress.worker_id] = time.monotonic()
+        await self._db.save_progress(progress)
+        self._notify(progress)
+        if progress.status == "failed":
+            await self.results.put(progress)
 
     async def _results(self, ready: asyncio.Event) -> None:
         async with self._channel.subscribe(topics.results(self.training_id), JobResult) as stream:
             ready.set()
             async for verified in stream:
-                result = verified.message
-                if not await self._sender_owns_job(verified.sender, result.job_id, result.worker_id):
-                    log.warning("result for %s from %s ignored", result.job_id, verified.sender)
-                    continue
-                ref = CheckpointRef(
-                    checkpoint_id=result.checkpoint_cid, cid=result.checkpoint_cid, job_id=result.job_id,
-                    worker_id=result.worker_id, training_id=result.training_id, round=result.round,
-                    samples=result.samples, loss=result.loss, train_seconds=result.train_seconds,
-                    signature=result.signature)
-                self.last_heard[result.worker_id] = time.monotonic()
-                self._notify(result)
-                await self._db.save_checkpoint(ref, "received")
-                await self.results.put(ref)
+                await self._each("results", self._on_result, verified)
+
+    async def _on_result(self, verified: Verified[JobResult]) -> None:
+        result = verified.message
+        if not await self._sender_owns_job(verified.sender, result):
+            log.warning("result for %s from %s ignored", result.job_id, verified.sender)
+            return
+        if (found := await self._db.checkpoint(result.job_id)) is not None and found[1] != "received":
+            log.warning("result for %s, already %s, ignored", result.job_id, found[1])
+            return  # a verdict stands: a re-sent result must not reopen it
+        ref = CheckpointRef(
+            checkpoint_id=result.checkpoint_cid, cid=result.checkpoint_cid, job_id=result.job_id,
+            worker_id=result.worker_id, training_id=result.training_id, round=result.round,
+            samples=result.samples, loss=result.loss, train_seconds=result.train_seconds,
+            signature=result.signature)
+        self.last_heard[result.worker_id] = time.monotonic()
+        self._notify(result)
+        await self._db.save_checkpoint(ref, "received")
+        await self.results.put(ref)

@@ -5,6 +5,7 @@ A mixin of ``Coordinator`` (service.py), kept apart so each file reads in one si
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -52,13 +53,47 @@ class MoneySteps:
         await self.db.save_escrow(training_id, await self.escrow.summary(training_id))
         return tx
 
+    async def fund_spare(self, training_id: str, worker_id: str) -> None:
+        """Give a spare its own slot, funded at its price, before it runs a speculative copy: a
+        provider works only in a slot funded on chain. The slot stays for later copies; unused, it
+        is dropped before the refund (:meth:`drop_unused_spares`), so the registry counts no failure."""
+        contract = next((c for c in await self.db.contracts(training_id, "spare") if c.worker_id == worker_id), None)
+        if contract is None:
+            return  # not a spare (already promoted): it holds a slot
+        amount, _ = (await self.escrow.slots_on_chain(training_id, [worker_id]))[worker_id]
+        if amount:
+            return
+        await self.ensure_funds(contract.price, f"a slot for spare {worker_id}")
+        tx = await self.escrow.add_slot(training_id, contract, contract.price)
+        await self.audit(training_id, "spare_funded", worker=worker_id, slot_wei=contract.price, tx=tx)
+
+    async def drop_unused_spares(self, training_id: str) -> None:
+        """Take back the funded slots of spares that never took over a shard: their copies were not
+        wanted, which is no failure of theirs."""
+        spares = [c.worker_id for c in await self.db.contracts(training_id, "spare")]
+        if not spares or (await self.escrow.escrow.training(self.escrow.key(training_id))).closed:
+            return
+        for worker_id, (amount, paid) in (await self.escrow.slots_on_chain(training_id, spares)).items():
+            if amount and not paid:
+                tx = await self.escrow.drop(training_id, worker_id)
+                await self.audit(training_id, "spare_slot_dropped", worker=worker_id, tx=tx)
+
     async def pay(self, training_id: str, worker_id: str | None = None, *,
                   amount_wei: int | None = None) -> list[Payment]:
         """Release what is owed for accepted work (to one worker, or all) in one transaction.
 
-        Amounts owed are computed against what the chain says was already paid, so paying
-        twice is impossible. ``amount_wei`` pays one worker less than it is owed, never more.
+        Amounts owed are computed against what the chain says was already paid, once none of
+        this coordinator's transactions is pending: a retry while an earlier ``release`` is in
+        flight waits for it instead of paying the same rounds again (and a release that never
+        landed gave its nonce back, so it cannot be mined after the new one either). Payments
+        in one process run one at a time. ``amount_wei`` pays one worker less than it is owed, never more.
         """
+        lock = self.__dict__.setdefault("_pay_lock", asyncio.Lock())
+        async with lock:
+            await self.escrow.sender.wait_settled()
+            return await self._pay_owed(training_id, worker_id, amount_wei)
+
+    async def _pay_owed(self, training_id: str, worker_id: str | None, amount_wei: int | None) -> list[Payment]:
         contracts = [c for c in await self.db.contracts(training_id, "worker") if worker_id in (None, c.worker_id)]
         if worker_id is not None and not contracts:
             raise NotFoundError(f"worker {worker_id} has no funded contract in training {training_id}")
@@ -84,6 +119,7 @@ class MoneySteps:
     async def settle(self, training_id: str) -> Settlement:
         """Pay every accepted worker in one transaction, then refund what is left."""
         payments = await self.pay(training_id)
+        await self.drop_unused_spares(training_id)
         refund_wei, refund_tx = await self.escrow.refund(training_id)
         await self.audit(training_id, "refund", amount_wei=refund_wei, tx=refund_tx)
         summary = await self.escrow.summary(training_id)

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ..models import EscrowSummary, Payment, Progress, RoundMetrics, TrainingPhase
+from ..models import EscrowSummary, Payment, Progress, RoundMetrics, TrainingPhase, id_path
 from .audit import read_log
 from .store import TrainingStore
 
@@ -74,7 +74,7 @@ async def snapshot(db: TrainingStore, training_id: str, audit_dir: Path | None =
 
 def pool_events(audit_dir: Path | None, training_id: str) -> list[dict[str, Any]]:
     """The audit log's scaling, rebalancing and fault events, oldest first (none without a log)."""
-    path = audit_dir / training_id / "audit.jsonl" if audit_dir else None
+    path = id_path(audit_dir, training_id) / "audit.jsonl" if audit_dir else None
     if path is None or not path.exists():
         return []
     return [{"event": e.event, "ts": e.ts, **e.fields} for e in read_log(path) if e.event in POOL_EVENTS]

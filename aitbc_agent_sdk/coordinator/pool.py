@@ -64,11 +64,11 @@ async def _hire(coordinator: Coordinator, tid: str, pool: list[WorkerContract], 
         try:
             slot = max((c.shard_index or 0) for c in await coordinator.db.contracts(tid)) + 1
             contract = await coordinator.negotiate(worker.worker_id, tid, worker.price, role="worker",
-                                                   shard_index=slot)
+                                                   shard_index=slot, rounds=remaining)
         except MessagingError as exc:
             log.warning("candidate %s declined: %s", worker.worker_id, exc)
             continue
-        tx = await coordinator.escrow.add_slot(tid, worker.worker_id, amount)
+        tx = await coordinator.escrow.add_slot(tid, contract, amount)
         await coordinator.audit(tid, "worker_added", worker=worker.worker_id, slot_wei=amount, tx=tx, **measured)
         return contract.worker_id
     await coordinator.audit(tid, "scale_up_refused", reason=str(NotEnoughWorkersError("no free provider")), **measured)

@@ -13,10 +13,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection, Sequence
 
-from ..chain import SlashEvidence, training_key
-from ..errors import AitbcError, MessagingError, NotEnoughWorkersError
+from ..chain import SlashEvidence
+from ..errors import AitbcError, ContractRevertError, MessagingError, NotEnoughWorkersError
 from ..messaging import topics
-from ..models import JobCancel, Worker, WorkerContract
+from ..models import ChainIntent, JobCancel, Worker, WorkerContract, new_id
 from .service import Coordinator
 
 log = logging.getLogger(__name__)
@@ -52,15 +52,61 @@ async def new_replacement(coordinator: Coordinator, training_id: str, exclude: C
 
 async def take_over_slot(coordinator: Coordinator, training_id: str, old: WorkerContract,
                          new: WorkerContract, reason: str) -> WorkerContract:
-    """Move ``old``'s escrow slot to ``new`` on chain, then record the swap; returns new's contract."""
-    tx = await coordinator.escrow.replace(training_id, old.worker_id, new.worker_id)
-    promoted = new.model_copy(update={"role": "worker", "shard_index": old.shard_index, "ranges": old.ranges,
-                                      "shard_id": old.shard_id})
-    await coordinator.db.save_contract(old.model_copy(update={"role": "replaced"}))
-    await coordinator.db.save_contract(promoted)
+    """Move ``old``'s escrow slot to ``new`` on chain, then record the swap; returns new's contract.
+
+    The intent is saved first and the swap is written in one transaction after the chain call,
+    so a crash in between leaves a pending intent that :func:`reconcile_replacements` settles.
+    """
+    intent = ChainIntent(intent_id=new_id("intent"), training_id=training_id, kind="replace",
+                         old_contract_id=old.contract_id, new_contract_id=new.contract_id, reason=reason)
+    await coordinator.db.save_intent(intent)
+    try:
+        tx = await coordinator.escrow.replace(training_id, old.worker_id, new)
+    except ContractRevertError:  # the chain refused it: nothing moved
+        await coordinator.db.save_intent(intent.model_copy(update={"status": "failed"}))
+        raise
+    promoted = _promoted(old, new)
+    await coordinator.db.finish_replacement(intent, old.model_copy(update={"role": "replaced"}), promoted)
     await coordinator.audit(training_id, "worker_replaced", worker=old.worker_id, replacement=new.worker_id,
                             shard_index=old.shard_index, reason=reason, tx=tx)
     return promoted
+
+
+def _promoted(old: WorkerContract, new: WorkerContract) -> WorkerContract:
+    return new.model_copy(update={"role": "worker", "shard_index": old.shard_index, "ranges": old.ranges,
+                                  "shard_id": old.shard_id})
+
+
+async def reconcile_replacements(coordinator: Coordinator, training_id: str) -> list[ChainIntent]:
+    """Settle replacements a crash left half-recorded, from the escrow's WorkerReplaced events.
+
+    Waits first until none of the coordinator's transactions is pending, so a replaceWorker
+    still in flight is seen mined (or gone) rather than taken for one that never happened.
+    Returns the intents it settled.
+    """
+    pending = [i for i in await coordinator.db.intents(training_id) if i.kind == "replace"]
+    if not pending:
+        return []
+    await coordinator.escrow.sender.wait_settled()
+    events = await coordinator.escrow.escrow.events(coordinator.escrow.key(training_id), names=("WorkerReplaced",))
+    moved = {(e.args["oldWorker"].lower(), e.args["newWorker"].lower()): e.tx_hash for e in events}
+    settled = []
+    for intent in pending:
+        old = await coordinator.db.contract(intent.old_contract_id)
+        new = await coordinator.db.contract(intent.new_contract_id)
+        tx = moved.get((old.worker_id.lower(), new.worker_id.lower()))
+        if tx is None:
+            settled.append(intent.model_copy(update={"status": "failed"}))
+            await coordinator.db.save_intent(settled[-1])
+            await coordinator.audit(training_id, "replacement_not_on_chain", worker=old.worker_id,
+                                    replacement=new.worker_id, reason=intent.reason)
+            continue
+        await coordinator.db.finish_replacement(intent, old.model_copy(update={"role": "replaced"}),
+                                                _promoted(old, new))
+        settled.append(intent.model_copy(update={"status": "done"}))
+        await coordinator.audit(training_id, "worker_replaced", worker=old.worker_id, replacement=new.worker_id,
+                                shard_index=old.shard_index, reason=intent.reason, tx=tx, reconciled=True)
+    return settled
 
 
 async def cancel_job(coordinator: Coordinator, training_id: str, worker_id: str, job_id: str, reason: str) -> None:
@@ -73,12 +119,15 @@ async def cancel_job(coordinator: Coordinator, training_id: str, worker_id: str,
     await coordinator.audit(training_id, "job_cancelled", worker=worker_id, job_id=job_id, reason=reason)
 
 
-async def slash(coordinator: Coordinator, training_id: str, worker_id: str, cid: str, signature: str) -> None:
-    """Slash the worker's registry bond with its own signed result as evidence (when a registry is deployed)."""
+async def slash(coordinator: Coordinator, training_id: str, worker_id: str, cid: str, signature: str,
+                round: int) -> None:
+    """Slash the worker's registry bond with its own signed result of ``round`` as evidence (when a
+    registry is deployed). Called only for faults provable from that signed content."""
     if coordinator.registry is None:
         return
     try:
-        evidence = SlashEvidence(training_key(training_id), worker_id, cid, bytes.fromhex(signature[2:]))
+        evidence = SlashEvidence(coordinator.escrow.key(training_id), worker_id, cid, bytes.fromhex(signature[2:]),
+                                 round)
         receipt = await coordinator.registry.slash(coordinator.escrow.sender, evidence)
     except (AitbcError, ValueError) as exc:  # already slashed, no bond: keep training
         await coordinator.audit(training_id, "slash_failed", worker=worker_id, cid=cid, reason=str(exc))

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..errors import AitbcError, NotEnoughWorkersError, TrainingError
+from ..errors import AitbcError, InsufficientFundsError, NotEnoughWorkersError, TrainingError
 from ..messaging import topics
 from ..models import (
     CheckpointRef, FaultPolicy, JobAssignment, ModelSpec, Progress, ResendRequest, Shard, TrainingPhase,
@@ -178,17 +178,22 @@ class RoundRunner:
     async def _inspect(self, slot: ShardSlot, ref: CheckpointRef) -> Inspection:
         try:
             async with asyncio.timeout(self.policy.fetch_timeout_s):
-                blob = await self.c.store.cat(ref.cid)
+                blob = await self.c.store.cat(ref.cid, max_bytes=await self.c.checkpoint_limit(self.tid))
         except Exception as exc:  # a timeout, a missing block or a block that fails its hash: same verdict
             why = "not retrievable" if isinstance(exc, TimeoutError) else f"not intact ({exc})"
             return Inspection(ref.job_id, ref.worker_id, ref.cid, f"checkpoint {ref.cid} is {why}", fetched=False)
+        try:
+            state = await asyncio.to_thread(decode_state, blob)
+        except TrainingError as exc:  # intact, but not a safetensors state: a bad result, never a crashed round
+            return Inspection(ref.job_id, ref.worker_id, ref.cid, f"checkpoint {ref.cid} is malformed: {exc}")
         base = self.baseline
         same_round = {c.cid for c in await self.c.db.checkpoints(self.tid, None)
                       if c.round == self.round and c.job_id not in slot.jobs}
+        domain, key = await self.c.escrow.evidence_domain(), self.c.escrow.key(self.tid)
         return await asyncio.to_thread(
             lambda: inspect_result(
-                job_id=ref.job_id, worker_id=ref.worker_id, training_id=self.tid, cid=ref.cid,
-                signature=ref.signature, state=decode_state(blob), reference=base.reference,
+                job_id=ref.job_id, worker_id=ref.worker_id, domain=domain, key=key, round=ref.round, cid=ref.cid,
+                signature=ref.signature, state=state, reference=base.reference,
                 seen_before=ref.cid in base.earlier_cids or ref.cid in same_round, spec=base.spec,
                 validation=base.validation, start_loss=base.start_loss, policy=self.policy))
 
@@ -198,7 +203,7 @@ class RoundRunner:
         await self.c.audit(self.tid, "result_rejected", worker=ref.worker_id, job_id=ref.job_id, cid=ref.cid,
                            round=self.round, reason=inspection.problem, slashable=inspection.slashable)
         if inspection.slashable and ref.signature:
-            await reassign.slash(self.c, self.tid, ref.worker_id, ref.cid, ref.signature)
+            await reassign.slash(self.c, self.tid, ref.worker_id, ref.cid, ref.signature, ref.round)
         await self._drop_worker(slot, ref.worker_id, f"result rejected: {inspection.problem}")
 
     async def _ask_resend(self, ref: CheckpointRef, inspection: Inspection) -> None:
@@ -286,6 +291,11 @@ class RoundRunner:
                     spare = None
             if spare is None:
                 continue  # every spare is busy: try again on a later tick
+            try:  # a provider works only in a slot funded on chain, so the copy gets one
+                await self.c.fund_spare(self.tid, spare)
+            except InsufficientFundsError as exc:
+                log.warning("no speculative copy for shard %d: %s", index, exc)
+                continue
             slot.straggling = True
             await self._dispatch(slot, spare)
             await self.c.audit(self.tid, "speculative_job", worker=spare, straggler=slot.holder,

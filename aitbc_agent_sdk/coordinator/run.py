@@ -16,12 +16,11 @@ from ..errors import AitbcError, NotEnoughWorkersError, TrainingError
 from ..models import (
     RoundReport, Settlement, TrainingPhase, TrainingRecord, TrainingReport, TrainingSpec, Worker, WorkerReport,
 )
-from ..chain import training_key
 from ..training import LabeledData, load_dataset, model_spec_for
 from .liveness import LivenessWatch
 from .pool import adapt_pool
 from .phases import is_terminal
-from .reassign import cancel_job, hire
+from .reassign import cancel_job, hire, reconcile_replacements
 from .rounds import RoundRunner
 from .service import Coordinator
 
@@ -132,10 +131,11 @@ async def resume_training(coordinator: Coordinator, tid: str, *,
         return None
     if await coordinator.db.escrow(tid) is None:
         raise TrainingError(f"training {tid} was never funded; run distribute instead of resume")
-    state = await coordinator.escrow.escrow.training(training_key(tid))
+    state = await coordinator.escrow.escrow.training(coordinator.escrow.key(tid))
     if not state.exists:
         raise TrainingError(f"the escrow of training {tid} is not on this chain "
                             "(an embedded chain does not outlive its process)")
+    await reconcile_replacements(coordinator, tid)  # a crash mid-replacement: the chain says who holds the slot
     interrupted = [j for j in await coordinator.db.jobs(tid, record.round + 1)
                    if await coordinator.db.checkpoint(j.job_id) is None]
     await coordinator.audit(tid, "training_resumed", round=record.round + 1, phase=record.phase.value,

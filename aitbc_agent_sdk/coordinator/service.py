@@ -20,14 +20,17 @@ import torch
 
 from ..chain.registry import RegistryClient
 from ..errors import ConfigError, MessagingError, NotFoundError, TrainingError
-from ..market import ScoringStrategy, collect_offers, meets_min_gpu, rank_workers, reputation_from_history
+from ..market import (
+    ScoringStrategy, collect_offers, meets_min_gpu, rank_workers, reputation_unit,
+)
+from ..market.scoring import rate_worker
 from ..messaging import SignedChannel, topics
 from ..models import (
     AggregateResult, CheckpointRef, ContractProposal, ContractReply, JobAssignment, JobConfig, ModelSpec, Offer,
     Progress, RoundMetrics, Shard, ShardManifest, TrainingPhase, TrainingRecord, TrainingSpec, TrainingStatus,
-    Worker, WorkerContract, new_id,
+    Worker, WorkerContract, id_path, new_id,
 )
-from ..storage import ContentStore
+from ..storage import DEFAULT_MAX_BYTES, ContentStore
 from ..training import (
     AggregationStrategy, FedAvg, LabeledData, build_model, decode_data, decode_state, dirichlet_partition, encode_data,
     encode_state, evaluate, fit_normalization, iid_partition, label_counts, load_dataset, model_spec_for,
@@ -43,6 +46,9 @@ from .verification import checkpoint_problem, result_signer
 
 if TYPE_CHECKING:
     from .rounds import RoundStats
+
+
+CHECKPOINT_HEADER_SLACK = 64 * 1024  # safetensors headers differ in offsets' digits and metadata
 
 
 @dataclass
@@ -118,7 +124,9 @@ class Coordinator(MoneySteps):
 
     async def _data(self, cid: str) -> LabeledData:
         if cid not in self._data_cache:
-            self._data_cache[cid] = await asyncio.to_thread(decode_data, await self.store.cat(cid))
+            # Its own dataset or test split: bounded by what its own root declares, however large.
+            blob = await self.store.cat(cid, max_bytes=None)
+            self._data_cache[cid] = await asyncio.to_thread(decode_data, blob)
         return self._data_cache[cid]
 
     async def manifest(self, training_id: str) -> ShardManifest:
@@ -165,25 +173,27 @@ class Coordinator(MoneySteps):
     async def discover(self, *, min_gpu: str | None = None, max_price_wei: int | None = None,
                        include_busy: bool = False) -> list[Worker]:
         offers = await collect_offers(self.channel, timeout=self.settings.discovery_timeout_s)
+        unit = reputation_unit([o.price_wei for o in offers])
         workers = []
         for offer in offers:
             if (offer.free_slots < 1 and not include_busy) or not meets_min_gpu(offer.hardware.gpu_type, min_gpu):
                 continue
             if max_price_wei is not None and offer.price_wei > max_price_wei:
                 continue
-            workers.append(await self._worker(offer))
+            workers.append(await self._worker(offer, unit))
         return workers
 
-    async def _worker(self, offer: Offer) -> Worker:
-        """Reputation and bond from the registry's counters, plus results this coordinator rejected."""
+    async def _worker(self, offer: Offer, unit_wei: int) -> Worker:
+        """Reputation from the value the registry says it was paid (``unit_wei`` a job's worth), its
+        failures and slashes, plus results this coordinator rejected; and its bond."""
         _, rejected = await self.db.worker_history(offer.provider)
-        done = failed = slashes = stake = 0
+        done = failed = slashes = stake = earned = 0
         if self.registry is not None:
             state = await self.registry.provider(offer.provider)
-            done, failed, slashes, stake = state.completed, state.failed, state.slashes, state.stake
-        return Worker(worker_id=offer.provider, offer=offer, jobs_completed=done, jobs_failed=failed + rejected,
-                      slashes=slashes, stake_wei=stake,
-                      reputation=reputation_from_history(done, failed + rejected, slashes))
+            done, failed, slashes, stake, earned = (state.completed, state.failed, state.slashes, state.stake,
+                                                    state.earned)
+        return rate_worker(offer, completed=done, failed=failed + rejected, slashes=slashes, stake_wei=stake,
+                           earned_wei=earned, unit_wei=unit_wei)
 
     def select(self, workers: Sequence[Worker], count: int) -> list[Worker]:
         if not workers:
@@ -191,18 +201,25 @@ class Coordinator(MoneySteps):
         return rank_workers(workers, self.scoring.score(workers), count)
 
     async def negotiate(self, worker_id: str, training_id: str, price_wei: int, *, role: str = "worker",
-                        shard_index: int | None = None) -> WorkerContract:
+                        shard_index: int | None = None, rounds: int | None = None) -> WorkerContract:
+        """Agree a contract for ``rounds`` (default: the whole training) at ``price_wei`` per round;
+        the provider checks on chain that its slot holds ``price_wei * rounds`` before it works."""
         record = await self.db.training(training_id)
+        rounds = rounds or record.spec.rounds
         proposal = ContractProposal(contract_id=new_id("contract"), training_id=training_id,
-                                    coordinator=self.address, price_wei=price_wei, rounds=record.spec.rounds)
+                                    coordinator=self.address, price_wei=price_wei, rounds=rounds)
         reply = await self.channel.request(
             topics.negotiate(worker_id), proposal, topics.negotiate_reply(self.address, proposal.contract_id),
             ContractReply, timeout=self.settings.reply_timeout_s, expected_sender=worker_id)
         if not reply.accepted:
             raise MessagingError(f"worker {worker_id} declined: {reply.reason}")
+        if not await self.escrow.consent_ok(training_id, worker_id, reply.consent):
+            # Without it the escrow refuses the slot; checked now, not when funding fails.
+            raise MessagingError(f"worker {worker_id} accepted without a valid consent to its escrow slot")
         contract = WorkerContract(contract_id=proposal.contract_id, training_id=training_id, worker_id=worker_id,
-                                  coordinator=self.address, price_wei=price_wei, rounds=record.spec.rounds,
-                                  accepted_at=time.time(), role=role, shard_index=shard_index)
+                                  coordinator=self.address, price_wei=price_wei, rounds=rounds,
+                                  accepted_at=time.time(), role=role, shard_index=shard_index,
+                                  consent=reply.consent)
         await self.db.save_contract(contract)
         return contract
 
@@ -225,8 +242,11 @@ class Coordinator(MoneySteps):
             raise NotFoundError(f"worker {worker_id} has no contract for training {training_id}")
         assert record.model_cid is not None  # create_shards stores the round-0 model
         round_ = record.round + 1
+        # Exact sizes of content this coordinator stored itself: the provider fetches no more.
         job = JobAssignment(job_id=new_id("job"), training_id=training_id, round=round_, worker_id=worker_id,
-                            contract_id=contract.contract_id, shard_cid=shard.cid, weights_cid=record.model_cid,
+                            contract_id=contract.contract_id, shard_cid=shard.cid,
+                            shard_bytes=await self.store.size(shard.cid), weights_cid=record.model_cid,
+                            weights_bytes=await self.store.size(record.model_cid),
                             model=await self.model_spec(training_id),
                             config=config, seed=(record.spec.seed * 7919 + round_ * 104729 + shard.index) % 2**31)
         await self.listener(training_id)  # subscribed before the job goes out, so no result is missed
@@ -259,8 +279,9 @@ class Coordinator(MoneySteps):
         record = await self.db.training(ref.training_id)
         assert record.model_cid is not None
         reference = decode_state(await self.store.cat(record.model_cid))
-        problem = checkpoint_problem(decode_state(await self.store.cat(ref.cid)), reference)
-        if problem is None and result_signer(ref.training_id, ref.cid, ref.signature) != worker_id:
+        blob = await self.store.cat(ref.cid, max_bytes=await self.checkpoint_limit(ref.training_id))
+        problem = checkpoint_problem(decode_state(blob), reference)
+        if problem is None and await self._signer(ref) != worker_id:
             problem = "result is not signed by the worker"
         if problem is not None:
             await self.db.save_checkpoint(ref, "rejected")
@@ -275,12 +296,29 @@ class Coordinator(MoneySteps):
         record = await self.db.training(ref.training_id)
         assert record.model_cid is not None
         try:
-            state = decode_state(await self.store.cat(ref.cid))
+            limit = await self.checkpoint_limit(ref.training_id)
+            state = decode_state(await self.store.cat(ref.cid, max_bytes=limit))
         except Exception:  # missing, corrupt, or not a checkpoint at all
             return False
         reference = decode_state(await self.store.cat(record.model_cid))
         return (checkpoint_problem(state, reference) is None
-                and result_signer(ref.training_id, ref.cid, ref.signature) == ref.worker_id)
+                and await self._signer(ref) == ref.worker_id)
+
+    async def _signer(self, ref: CheckpointRef) -> str | None:
+        """Who signed the result's evidence (canonically, for this chain, registry, training and round)."""
+        return result_signer(await self.escrow.evidence_domain(), self.escrow.key(ref.training_id), ref.round,
+                             ref.cid, ref.signature)
+
+    async def checkpoint_limit(self, training_id: str) -> int:
+        """The most a result's checkpoint may hold: it has the current model's tensors, so its size
+        (exact: the coordinator stored that model) plus room for a different safetensors header."""
+        try:
+            model_cid = (await self.db.training(training_id)).model_cid
+        except NotFoundError:  # refs folded outside a stored training (the seed's federated_average)
+            model_cid = None
+        if model_cid is None:
+            return DEFAULT_MAX_BYTES
+        return await self.store.size(model_cid) + CHECKPOINT_HEADER_SLACK
 
     # -- aggregation -----------------------------------------------------------------------
     async def federated_average(self, checkpoints: Sequence[CheckpointRef],
@@ -305,7 +343,7 @@ class Coordinator(MoneySteps):
 
     async def fold(self, strategy: AggregationStrategy, ref: CheckpointRef, weight: float) -> None:
         """Fetch one checkpoint and fold it into ``strategy``; only this one is decoded at a time."""
-        blob = await self.store.cat(ref.cid)
+        blob = await self.store.cat(ref.cid, max_bytes=await self.checkpoint_limit(ref.training_id))
         await asyncio.to_thread(lambda: strategy.accumulate(decode_state(blob), weight))
 
     async def save_results(self, training_id: str, model_cid: str, metrics: dict[str, object] | None = None,
@@ -350,7 +388,7 @@ class Coordinator(MoneySteps):
 
 
 def audit_path(audit_dir: Path, training_id: str) -> Path:
-    return audit_dir / training_id / "audit.jsonl"
+    return id_path(audit_dir, training_id) / "audit.jsonl"
 
 
 def _initial_model(spec: TrainingSpec, train: LabeledData) -> bytes:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from ..chain import EscrowClient, TransactionSender, result_hash, training_key
+from ..chain import (EscrowClient, EvidenceDomain, TransactionSender, consent_signer, result_hash, training_key,
+                     training_salt)
 from ..errors import ConfigError
 from ..models import CheckpointRef, EscrowSummary, Payment, WorkerContract
 
@@ -51,9 +52,32 @@ class EscrowAccount:
 
     sender: TransactionSender
     escrow: EscrowClient
+    _domain: EvidenceDomain | None = field(default=None, repr=False)
+
+    def key(self, training_id: str) -> bytes:
+        """The training's on-chain id: derived from this coordinator's address, so it cannot be squatted."""
+        return training_key(self.sender.address, training_id)
+
+    async def evidence_domain(self) -> EvidenceDomain:
+        """The chain and registry that workers' result signatures are bound to (read once)."""
+        if self._domain is None:
+            self._domain = EvidenceDomain(await self.escrow.chain_id(), await self.escrow.registry())
+        return self._domain
+
+    async def consent_ok(self, training_id: str, worker: str, consent: str | None) -> bool:
+        """Whether ``consent`` is the worker's canonical signature to a slot in this training."""
+        if not consent:
+            return False
+        try:
+            raw = bytes.fromhex(consent.removeprefix("0x"))
+        except ValueError:
+            return False
+        domain = await self.evidence_domain()
+        signer = consent_signer(domain.chain_id, self.escrow.address, self.key(training_id), worker, raw)
+        return signer is not None and signer.lower() == worker.lower()
 
     async def summary(self, training_id: str) -> EscrowSummary:
-        state = await self.escrow.training(training_key(training_id))
+        state = await self.escrow.training(self.key(training_id))
         return EscrowSummary(address=self.escrow.address, deposited_wei=state.deposited,
                              paid_wei=state.paid, refunded_wei=state.refunded)
 
@@ -62,21 +86,36 @@ class EscrowAccount:
 
     async def slots_on_chain(self, training_id: str, workers: Sequence[str]) -> dict[str, tuple[int, int]]:
         """(slot amount, paid so far) of each worker, as the escrow records them."""
-        key = training_key(training_id)
+        key = self.key(training_id)
         slots = {}
         for worker in workers:
             slot = await self.escrow.slot(key, worker)
             slots[worker] = (slot.amount, slot.paid)
         return slots
 
-    async def add_slot(self, training_id: str, worker: str, amount_wei: int) -> str:
-        """Fund a slot for a worker joining an open training; returns the tx hash."""
-        receipt = await self.escrow.add_worker(self.sender, training_key(training_id), worker, amount_wei)
+    async def add_slot(self, training_id: str, contract: WorkerContract, amount_wei: int) -> str:
+        """Fund a slot for a worker joining an open training, with its consent; returns the tx hash."""
+        receipt = await self.escrow.add_worker(self.sender, self.key(training_id), contract.worker_id, amount_wei,
+                                               _consent(contract))
         return receipt["transactionHash"].to_0x_hex()
 
-    async def replace(self, training_id: str, old_worker: str, new_worker: str) -> str:
-        """Move ``old_worker``'s unpaid slot to ``new_worker``; returns the tx hash."""
-        receipt = await self.escrow.replace_worker(self.sender, training_key(training_id), old_worker, new_worker)
+    async def replace(self, training_id: str, old_worker: str, new: WorkerContract) -> str:
+        """Move ``old_worker``'s unpaid slot to ``new``'s worker, with its consent; returns the tx hash.
+
+        A provider works only in a slot that holds its price for its rounds, so a replacement
+        that asks more than the old slot holds gets its own slot first (``addWorker``); the
+        replace then only retires the old one. What it does not earn is refunded on close.
+        """
+        slots = await self.slots_on_chain(training_id, [old_worker, new.worker_id])
+        if slots[new.worker_id][0] == 0 and new.price > slots[old_worker][0]:
+            await self.add_slot(training_id, new, new.price)
+        receipt = await self.escrow.replace_worker(self.sender, self.key(training_id), old_worker, new.worker_id,
+                                                   _consent(new))
+        return receipt["transactionHash"].to_0x_hex()
+
+    async def drop(self, training_id: str, worker: str) -> str:
+        """Take back ``worker``'s unpaid slot (its speculative copy lost); returns the tx hash."""
+        receipt = await self.escrow.drop_worker(self.sender, self.key(training_id), worker)
         return receipt["transactionHash"].to_0x_hex()
 
     async def open(self, training_id: str, contracts: Sequence[WorkerContract], *,
@@ -84,9 +123,9 @@ class EscrowAccount:
         """Fund every contract in native ETH; ``deadline`` (unix time) defaults to one day of chain time."""
         if not contracts:
             raise ConfigError("no worker contracts to fund")
-        receipt = await self.escrow.open(self.sender, training_key(training_id),
+        receipt = await self.escrow.open(self.sender, training_salt(training_id),
                                          [c.worker_id for c in contracts], [c.price for c in contracts],
-                                         deadline=deadline)
+                                         [_consent(c) for c in contracts], deadline=deadline)
         return receipt["transactionHash"].to_0x_hex()
 
     async def release(self, training_id: str, payouts: Sequence[Payout]) -> list[Payment]:
@@ -94,7 +133,7 @@ class EscrowAccount:
         if not payouts:
             return []
         receipt = await self.escrow.release(
-            self.sender, training_key(training_id), [p.worker_id for p in payouts],
+            self.sender, self.key(training_id), [p.worker_id for p in payouts],
             [p.amount_wei for p in payouts], [result_hash(p.result_cid) for p in payouts])
         tx = receipt["transactionHash"].to_0x_hex()
         return [Payment(training_id=training_id, worker_id=p.worker_id, contract_id=p.contract_id,
@@ -102,8 +141,14 @@ class EscrowAccount:
                 for p in payouts]
 
     async def refund(self, training_id: str) -> tuple[int, str | None]:
-        state = await self.escrow.training(training_key(training_id))
+        state = await self.escrow.training(self.key(training_id))
         if state.closed:
             return 0, None
-        receipt = await self.escrow.refund(self.sender, training_key(training_id))
+        receipt = await self.escrow.refund(self.sender, self.key(training_id))
         return state.remaining, receipt["transactionHash"].to_0x_hex()
+
+
+def _consent(contract: WorkerContract) -> bytes:
+    if contract.consent is None:
+        raise ConfigError(f"worker {contract.worker_id} gave no consent to a slot (contract {contract.contract_id})")
+    return bytes.fromhex(contract.consent[2:])

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 
 from ..errors import NotFoundError
 from ..models import (
-    CheckpointRef, EscrowSummary, JobAssignment, Payment, Progress, RoundMetrics, Shard,
+    ChainIntent, CheckpointRef, EscrowSummary, JobAssignment, Payment, Progress, RoundMetrics, Shard,
     TrainingPhase, TrainingRecord, WorkerContract,
 )
 
@@ -46,6 +46,9 @@ CREATE TABLE IF NOT EXISTS strikes (
   training_id TEXT NOT NULL, worker_id TEXT NOT NULL, job_id TEXT NOT NULL, reason TEXT NOT NULL, at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS escrows (
   training_id TEXT PRIMARY KEY, data TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS intents (
+  intent_id TEXT PRIMARY KEY, training_id TEXT NOT NULL, kind TEXT NOT NULL, status TEXT NOT NULL,
+  data TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS jobs_by_training ON jobs (training_id, round);
 CREATE INDEX IF NOT EXISTS checkpoints_by_training ON checkpoints (training_id, round);
 """
@@ -218,6 +221,25 @@ class TrainingStore:
         return await self._rows("SELECT data FROM payments WHERE training_id=? ORDER BY rowid",
                                 [training_id], Payment)
 
+    # chain intents ---------------------------------------------------------
+    async def save_intent(self, intent: ChainIntent) -> None:
+        await self._run(lambda c: _put_intent(c, intent))
+
+    async def intents(self, training_id: str, status: str | None = "pending") -> list[ChainIntent]:
+        """Intents by age; ``status`` None: all of them."""
+        found = await self._rows("SELECT data FROM intents WHERE training_id=? ORDER BY rowid",
+                                 [training_id], ChainIntent)
+        return [i for i in found if status is None or i.status == status]
+
+    async def finish_replacement(self, intent: ChainIntent, old: WorkerContract, new: WorkerContract) -> None:
+        """Both contracts and the intent's end in one transaction: a crash leaves all or none."""
+        def write(c: sqlite3.Connection) -> None:
+            for contract in (old, new):
+                c.execute("INSERT OR REPLACE INTO contracts VALUES (?,?,?,?)",
+                          (contract.contract_id, contract.training_id, contract.worker_id, contract.model_dump_json()))
+            _put_intent(c, intent.model_copy(update={"status": "done"}))
+        await self._run(write)
+
     async def save_strike(self, training_id: str, worker_id: str, job_id: str, reason: str) -> None:
         """A mark against a worker that is not a rejection, e.g. a checkpoint it had to re-send."""
         await self._run(lambda c: c.execute("INSERT INTO strikes VALUES (?,?,?,?,?)",
@@ -237,3 +259,8 @@ class TrainingStore:
             struck = c.execute("SELECT COUNT(*) FROM strikes WHERE worker_id=?", (worker_id,)).fetchone()
             return int(ok[0]), int(bad[0]) + int(struck[0])
         return await self._run(count)
+
+
+def _put_intent(c: sqlite3.Connection, intent: ChainIntent) -> None:
+    c.execute("INSERT OR REPLACE INTO intents VALUES (?,?,?,?,?)",
+              (intent.intent_id, intent.training_id, intent.kind, intent.status, intent.model_dump_json()))

@@ -7,8 +7,12 @@ worker ever saw did not get worse beyond a tolerance, and its update norm is wit
 relative to the round's median. The first four are judged alone (:func:`inspect_result`);
 the norm needs the whole round (:func:`judge_norms`).
 
-A rejection is *slashable* when the worker signed the result and the fault is in content
-anyone can fetch and re-check: the evidence then proves the worker submitted it.
+A rejection is *slashable* only when the worker signed the result (a canonical signature, the
+only form the registry takes) and the fault is provable from that signed content alone: wrong
+tensor names or shapes, or non-finite values, which anyone can fetch by CID and re-check. A
+validation loss, an update norm or a replay depend on data and on the round's other results,
+so an honest worker on non-IID data or an uneven shard can trip them: they cost the worker
+its pay for the round and its reputation, never its bond.
 """
 
 from __future__ import annotations
@@ -19,12 +23,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
-from eth_account import Account
-from eth_account.messages import encode_defunct
 from torch.nn import functional as F
 
-from ..chain.escrow import training_key
-from ..chain.registry import result_digest
+from ..chain.registry import EvidenceDomain, result_digest, signature_signer
 from ..models import FaultPolicy, ModelSpec
 from ..training import LabeledData, build_model
 
@@ -45,15 +46,16 @@ class Inspection:
     fetched: bool = True  # False: the checkpoint could not be fetched intact (the worker may re-send it)
 
 
-def result_signer(training_id: str, cid: str, signature: str | None) -> str | None:
-    """The address that signed (training, cid), or None for a missing or malformed signature."""
+def result_signer(domain: EvidenceDomain, key: bytes, round: int, cid: str, signature: str | None) -> str | None:
+    """The address that signed (chain, registry, training ``key``, round, cid), or None for a missing,
+    malformed or non-canonical signature: the registry would reject it, so it proves nothing."""
     if not signature:
         return None
-    digest = result_digest(training_key(training_id), cid)
     try:
-        return Account.recover_message(encode_defunct(primitive=digest), signature=signature)
-    except Exception:  # eth_account raises several types for malformed signatures
+        raw = bytes.fromhex(signature.removeprefix("0x"))
+    except ValueError:
         return None
+    return signature_signer(result_digest(domain, key, round, cid), raw)
 
 
 def checkpoint_problem(state: State, reference: State) -> str | None:
@@ -91,20 +93,21 @@ def loss_limit(start_loss: float, policy: FaultPolicy) -> float:
     return max(start_loss * (1.0 + policy.val_loss_tolerance), start_loss + policy.val_loss_margin)
 
 
-def inspect_result(*, job_id: str, worker_id: str, training_id: str, cid: str, signature: str | None,
-                   state: State, reference: State, seen_before: bool, spec: ModelSpec, validation: LabeledData,
-                   start_loss: float, policy: FaultPolicy) -> Inspection:
+def inspect_result(*, job_id: str, worker_id: str, domain: EvidenceDomain, key: bytes, round: int, cid: str,
+                   signature: str | None, state: State, reference: State, seen_before: bool, spec: ModelSpec,
+                   validation: LabeledData, start_loss: float, policy: FaultPolicy) -> Inspection:
     """Every check that needs only this result; the norm is kept for :func:`judge_norms`."""
-    if result_signer(training_id, cid, signature) != worker_id:
-        return Inspection(job_id, worker_id, cid, "result is not signed by the worker")
+    if result_signer(domain, key, round, cid, signature) != worker_id:
+        return Inspection(job_id, worker_id, cid, "result is not signed by the worker (canonically)")
 
     def reject(problem: str, **extra: float) -> Inspection:
-        return Inspection(job_id, worker_id, cid, problem, slashable=True, **extra)
+        return Inspection(job_id, worker_id, cid, problem, **extra)
 
     if seen_before:
         return reject("replay of a checkpoint submitted before")
     if (problem := checkpoint_problem(state, reference)) is not None:
-        return reject(problem)
+        # Provable from the signed CID's content alone: the one slashable kind of rejection.
+        return Inspection(job_id, worker_id, cid, problem, slashable=True)
     norm = update_norm(state, reference)
     loss = validation_loss(spec, state, validation)
     limit = loss_limit(start_loss, policy)
@@ -135,6 +138,5 @@ def judge_norms(passed: Mapping[str, Inspection], median_norm: float,
         assert found.norm is not None
         problem = norm_problem(found.norm, median_norm, policy)
         judged[key] = found if problem is None else Inspection(
-            found.job_id, found.worker_id, found.cid, problem, slashable=True, norm=found.norm,
-            val_loss=found.val_loss)
+            found.job_id, found.worker_id, found.cid, problem, norm=found.norm, val_loss=found.val_loss)
     return judged

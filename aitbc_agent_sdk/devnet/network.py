@@ -3,11 +3,16 @@
 ``up`` starts a broker (mosquitto when installed, amqtt otherwise), anvil with the
 contracts, optionally a js-ipfs daemon, and N provider daemons, then writes the
 profile that later commands read. A failed ``up`` stops whatever it had started.
+
+The broker admits only the devnet's accounts (one per wallet, plus ``observer``), each
+publishing only where the ACL lets it (devnet/broker_auth.py); beyond loopback it speaks
+only TLS, with a CA made for this devnet whose certificate the profile carries.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import sys
 import time
 from collections.abc import Sequence
@@ -23,6 +28,7 @@ from ..profile import (
     BusSettings, ChainSettings, Profile, StoreSettings, devnet_password, load_profile, profile_path,
     remove_profile, save_profile,
 )
+from .broker_auth import BrokerAccounts, reload_broker
 from .service import LOCALHOST, ServiceError, ServiceProcess, check_bind_host, free_port, spawn, stop
 
 ETH = 10**18
@@ -40,6 +46,12 @@ class DevnetOptions(BaseModel):
     provider_funding_wei: int = Field(default=ETH, ge=0)
     provider_stake_wei: int = Field(default=ETH // 10, ge=0, description="bond each provider posts in the registry")
     host: str = Field(default=LOCALHOST, description="the one local IPv4 address every server binds to (never 0.0.0.0)")
+    tls: bool | None = Field(default=None, description="broker TLS with a generated CA; None: on unless host is loopback")
+    max_message_bytes: int = Field(default=1 << 20, ge=1024, le=256 << 20, description="broker and client payload limit")
+
+    @property
+    def broker_tls(self) -> bool:
+        return self.tls if self.tls is not None else not ipaddress.IPv4Address(self.host).is_loopback
 
     @field_validator("host")
     @classmethod
@@ -80,12 +92,28 @@ async def devnet_up(home: Path, options: DevnetOptions) -> Profile:
             raise ConfigError(f"a devnet is already running in {home} ({', '.join(running)}); run 'aitbc devnet down'")
         remove_profile(home)
     from .anvil import dev_accounts, start_chain_node
-    from .mosquitto import start_best_broker
+    from .mosquitto import BrokerSecurity, start_best_broker
 
     data = home / "devnet"
     started: list[ServiceProcess] = []
     try:
-        broker = await start_best_broker(data / "broker", host=options.host)
+        # The wallets first: each gets a broker account named by its address.
+        password = devnet_password(home, create=True)
+        assert password is not None
+        wallets = wallet_store(home)
+        coordinator = await _ensure_wallet(wallets, COORDINATOR_WALLET, password)
+        names = [provider_wallet(i) for i in range(options.providers)]
+        addresses = [await _ensure_wallet(wallets, n, password) for n in names]
+        accounts = BrokerAccounts(broker_auth_dir(home))
+        accounts.ensure([coordinator, *addresses])
+        tls = None
+        if options.broker_tls:
+            from .tls import make_broker_tls
+
+            tls = make_broker_tls(broker_auth_dir(home) / "tls", options.host)
+        broker = await start_best_broker(data / "broker", host=options.host, security=BrokerSecurity(
+            password_file=accounts.password_file, acl_file=accounts.acl_file,
+            max_message_bytes=options.max_message_bytes, tls=tls))
         started.append(broker)
         node = await start_chain_node(data / "anvil", host=options.host)
         started.append(node)
@@ -105,18 +133,14 @@ async def devnet_up(home: Path, options: DevnetOptions) -> Profile:
         funder = TransactionSender(w3, dev_accounts(1)[0])
         deployment = await deploy_contracts(funder)
 
-        password = devnet_password(home, create=True)
-        assert password is not None
-        wallets = wallet_store(home)
-        coordinator = await _ensure_wallet(wallets, COORDINATOR_WALLET, password)
-        names = [provider_wallet(i) for i in range(options.providers)]
-        addresses = [await _ensure_wallet(wallets, n, password) for n in names]
         await fund_accounts(funder, [coordinator], options.coordinator_funding_wei)
         if addresses:
             await fund_accounts(funder, addresses, options.provider_funding_wei)
 
         profile = Profile(
-            bus=BusSettings(host=broker.host, port=broker.port), store=store,
+            bus=BusSettings(host=broker.host, port=broker.port, tls=tls is not None,
+                            ca_pem=tls.ca_pem() if tls else None, accounts_dir=accounts.accounts_dir,
+                            max_message_bytes=options.max_message_bytes), store=store,
             chain=ChainSettings(rpc_url=rpc_url, chain_id=deployment.chain_id, escrow=deployment.escrow,
                                 deployed_block=deployment.block),
             services=tuple(started), providers=tuple(names))
@@ -143,11 +167,10 @@ async def wait_for_offers(profile: Profile, count: int, timeout: float = 60.0) -
 
     from ..market import collect_offers
     from ..messaging import SignedChannel
-    from ..messaging.mqtt import MqttBus
+    from ..messaging.settings import connect_bus
 
     deadline = time.monotonic() + timeout
-    async with MqttBus(profile.bus.host, profile.bus.port, client_id=f"devnet-up-{time.time_ns()}",
-                       persistent=False) as bus:
+    async with connect_bus(profile.bus, f"devnet-up-{time.time_ns()}", persistent=False) as bus:
         channel = SignedChannel(bus, Account.create())
         while time.monotonic() < deadline:
             offers = await collect_offers(channel, timeout=1.0)
@@ -204,12 +227,12 @@ async def _check_bus(profile: Profile) -> list[Health]:
 
     from ..market import collect_offers
     from ..messaging import SignedChannel, topics
-    from ..messaging.mqtt import MqttBus
+    from ..messaging.settings import connect_bus
     from ..models import Heartbeat
 
     try:
-        async with MqttBus(profile.bus.host, profile.bus.port, client_id=f"devnet-status-{time.time_ns()}",
-                           persistent=False, reconnect=False) as bus:
+        async with connect_bus(profile.bus, f"devnet-status-{time.time_ns()}", persistent=False,
+                               reconnect=False) as bus:
             channel = SignedChannel(bus, Account.create())
             offers = await collect_offers(channel, timeout=1.5)
             beats: dict[str, float] = {}
@@ -253,13 +276,47 @@ async def devnet_join(home: Path, source: Path, wallets: Sequence[str] = ()) -> 
         if running:
             raise ConfigError(f"{home} runs a devnet of its own ({', '.join(running)}); run 'aitbc devnet down' first")
     await _check_reachable(theirs)
-    profile = theirs.model_copy(update={"services": (), "providers": tuple(wallets)})
+    # Broker accounts are issued by the devnet's host ('aitbc devnet accounts'); they live here.
+    bus = theirs.bus.model_copy(update={"accounts_dir": joined_accounts_dir(home)})
+    profile = theirs.model_copy(update={"services": (), "providers": tuple(wallets), "bus": bus})
     password = devnet_password(home, create=True)
     assert password is not None
     store = wallet_store(home)
     addresses = {name: await _ensure_wallet(store, name, password) for name in wallets}
     save_profile(home, profile)
     return profile, addresses
+
+
+def broker_auth_dir(home: Path) -> Path:
+    """The devnet host's broker accounts, password file, ACL and TLS files (all 0600 but the certificates)."""
+    return home / "devnet" / "broker-auth"
+
+
+def joined_accounts_dir(home: Path) -> Path:
+    """On a host that joined another's devnet: the account files its operator handed over."""
+    return home / "devnet" / "bus-accounts"
+
+
+def add_broker_accounts(home: Path, usernames: Sequence[str], export: Path | None = None) -> list[Path]:
+    """On the devnet's host: create accounts for ``usernames`` (wallet addresses), reload the broker,
+    and copy each account's file (0600) into ``export`` for the host that will use it."""
+    profile = load_profile(home)
+    broker = next((s for s in profile.services if s.name == "mosquitto"), None)
+    if broker is None or not broker.alive():
+        raise ConfigError(f"no devnet broker runs from {home}: broker accounts are made on the devnet's host")
+    accounts = BrokerAccounts(broker_auth_dir(home))
+    accounts.ensure(usernames)
+    reload_broker(broker.pid)
+    written = []
+    if export is not None:
+        export.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for name in usernames:
+            target = export / name
+            target.touch(mode=0o600)
+            target.chmod(0o600)
+            target.write_text(accounts.password(name) + "\n")
+            written.append(target)
+    return written
 
 
 async def _check_reachable(profile: Profile, timeout: float = 5.0) -> None:

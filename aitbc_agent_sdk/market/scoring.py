@@ -10,7 +10,7 @@ from typing import Protocol
 import numpy as np
 
 from ..errors import ConfigError
-from ..models import Worker
+from ..models import Offer, Worker
 
 # Relative training performance in 0..1. The four RTX values are the seed scenario's own
 # table; the data-centre parts saturate the scale.
@@ -96,6 +96,36 @@ def rank_workers(workers: Sequence[Worker], scores: np.ndarray, count: int) -> l
     """Top ``count`` by score; ties go to the cheaper offer, then the lower address (deterministic)."""
     order = sorted(range(len(workers)), key=lambda i: (-scores[i], workers[i].price, workers[i].worker_id))
     return [workers[i] for i in order[:count]]
+
+
+# A round's worth of value is never taken to be less than this, so trainings of a few wei
+# (a sybil paying itself) earn no reputation even in a pool of near-free offers.
+MIN_REPUTATION_UNIT_WEI = 10**12
+
+
+def reputation_unit(prices_wei: Sequence[int]) -> int:
+    """What one job's worth of value is in a pool: the median asking price per round, floored."""
+    median = int(np.median(np.asarray(prices_wei, dtype=float))) if len(prices_wei) else 0
+    return max(median, MIN_REPUTATION_UNIT_WEI)
+
+
+def reputation_from_earnings(earned_wei: int, failed: int, slashes: int, unit_wei: int) -> float:
+    """0..5 from value paid, not from a count of trainings: one good job per whole ``unit_wei`` earned.
+
+    The same Beta(1,1) prior as :func:`reputation_from_history`: a provider never paid scores
+    2.5 however many 1-wei trainings it was "paid" for (whole units, so not even a hair above).
+    """
+    good = earned_wei // unit_wei if unit_wei > 0 else 0
+    bad = failed + 2 * slashes
+    return 5.0 * (good + 1) / (good + bad + 2)
+
+
+def rate_worker(offer: Offer, *, completed: int, failed: int, slashes: int, stake_wei: int, earned_wei: int,
+                unit_wei: int) -> Worker:
+    """A discovered provider with its reputation from value paid (``unit_wei`` is one job's worth)."""
+    return Worker(worker_id=offer.provider, offer=offer, jobs_completed=completed, jobs_failed=failed,
+                  slashes=slashes, stake_wei=stake_wei, earned_wei=earned_wei,
+                  reputation=reputation_from_earnings(earned_wei, failed, slashes, unit_wei))
 
 
 def reputation_from_history(completed: int, failed: int, slashes: int = 0) -> float:

@@ -25,14 +25,17 @@ class SignedChannel:
     def __init__(self, bus: Bus, account: LocalAccount, *, verifier: EnvelopeVerifier | None = None) -> None:
         self._bus = bus
         self._signer = EnvelopeSigner(account)
-        self.verifier = verifier or EnvelopeVerifier()
+        # A bus built from BusSettings knows the market's clock-skew window and where its
+        # session keeps the nonces it has seen; a bare bus gets the defaults, in memory.
+        make = getattr(bus, "make_verifier", None)
+        self.verifier = verifier or (make(account.address) if make is not None else EnvelopeVerifier())
 
     @property
     def address(self) -> str:
         return self._signer.address
 
     async def publish(self, topic: str, message: BaseModel, *, retain: bool = False) -> None:
-        await self._bus.publish(topic, self._signer.seal(topic, message), retain=retain)
+        await self._bus.publish(topic, self._signer.seal(topic, message, retain=retain), retain=retain)
 
     async def clear_retained(self, topic: str) -> None:
         await self._bus.publish(topic, b"", retain=True)
@@ -43,13 +46,25 @@ class SignedChannel:
             yield self._verified(messages, model)
 
     async def _verified(self, messages: AsyncIterator, model: type[M]) -> AsyncIterator[Verified[M]]:
+        # A retained state (an offer) is legitimately delivered again to each subscription, and
+        # again after a reconnect: accept it once per subscription, while it is fresh. Everything
+        # else, retained or not, passes the (persisted) seen-nonce check.
+        retained_here: set[tuple[str, int]] = set()
         async for raw in messages:
             if not raw.payload:  # a cleared retained message
                 continue
             try:
-                yield self.verifier.open(raw.topic, raw.payload, model, check_replay=not raw.retained)
+                verified = self.verifier.open(raw.topic, raw.payload, model, retained=raw.retained,
+                                              check_replay=not raw.retained)
             except SignatureError as exc:
                 log.warning("%s", exc)
+                continue
+            if raw.retained:
+                key = (verified.sender, verified.nonce)
+                if key in retained_here:
+                    continue
+                retained_here.add(key)
+            yield verified
 
     async def request(self, topic: str, message: BaseModel, reply_topic: str, reply_model: type[M],
                       *, timeout: float, expected_sender: str) -> M:

@@ -2,14 +2,16 @@
 
 The signature (EIP-191 personal message) covers the topic, the sender, a nonce,
 a timestamp, the message kind and the payload, so a message cannot be moved to
-another topic, replayed, or kept back and delivered late.
+another topic, replayed, or kept back and delivered late. A message its sender published
+as retained (a state such as an offer, meant for every later subscriber) says so under the
+signature, so nobody can turn a captured one-off message into a retained one.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -20,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..errors import SignatureError
 from ..models import Address
+from .replay import MemorySeen, SeenStore
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -34,13 +37,19 @@ class Envelope(BaseModel):
     kind: str
     payload: dict[str, Any]
     signature: str
+    retained: bool = False
 
     def signing_text(self) -> str:
-        return canonical_text(self.topic, self.sender, self.nonce, self.sent_at, self.kind, self.payload)
+        return canonical_text(self.topic, self.sender, self.nonce, self.sent_at, self.kind, self.payload,
+                              retained=self.retained)
 
 
-def canonical_text(topic: str, sender: str, nonce: int, sent_at: float, kind: str, payload: dict[str, Any]) -> str:
-    body = {"kind": kind, "nonce": nonce, "payload": payload, "sender": sender, "sent_at": sent_at, "topic": topic}
+def canonical_text(topic: str, sender: str, nonce: int, sent_at: float, kind: str, payload: dict[str, Any],
+                   *, retained: bool = False) -> str:
+    body: dict[str, Any] = {"kind": kind, "nonce": nonce, "payload": payload, "sender": sender,
+                            "sent_at": sent_at, "topic": topic}
+    if retained:  # only then, so the text of every other message is unchanged
+        body["retained"] = True
     return "aitbc-envelope-v1:" + json.dumps(body, sort_keys=True, separators=(",", ":"))
 
 
@@ -59,18 +68,18 @@ class EnvelopeSigner:
         self._last_nonce = max(self._last_nonce + 1, time.time_ns() // 1000)
         return self._last_nonce
 
-    def seal(self, topic: str, message: BaseModel) -> bytes:
+    def seal(self, topic: str, message: BaseModel, *, retain: bool = False) -> bytes:
         payload = message.model_dump(mode="json")
         nonce = self._next_nonce()
         sent_at = round(time.time(), 6)
         kind = type(message).__name__
-        text = canonical_text(topic, self.address, nonce, sent_at, kind, payload)
+        text = canonical_text(topic, self.address, nonce, sent_at, kind, payload, retained=retain)
         signature = self._account.sign_message(encode_defunct(text=text)).signature.hex()
         envelope = Envelope(
             topic=topic, sender=self.address, nonce=nonce, sent_at=sent_at,
-            kind=kind, payload=payload, signature=signature,
+            kind=kind, payload=payload, signature=signature, retained=retain,
         )
-        return envelope.model_dump_json().encode()
+        return envelope.model_dump_json(exclude=None if retain else {"retained"}).encode()
 
 
 @dataclass(frozen=True)
@@ -79,24 +88,32 @@ class Verified(Generic[M]):
     topic: str
     message: M
     sent_at: float
+    nonce: int = 0
+    retained: bool = False
 
 
 @dataclass
 class EnvelopeVerifier:
-    """Checks signature, topic binding, freshness and replays; counts every drop by reason."""
+    """Checks signature, topic binding, freshness and replays; counts every drop by reason.
+
+    ``max_age_s`` is the clock-skew window (``BusSettings.clock_skew_s``): older messages are
+    stale, and accepted nonces are remembered in ``seen`` for that long. Give ``seen`` a
+    ``SqliteSeen`` so that a restarted verifier still refuses what it accepted before.
+    """
 
     max_age_s: float = 120.0
     max_future_s: float = 5.0
     dropped: Counter[str] = field(default_factory=Counter)
-    _seen: set[tuple[str, int]] = field(default_factory=set)
-    _seen_order: deque[tuple[float, str, int]] = field(default_factory=deque)
+    seen: SeenStore = field(default_factory=MemorySeen)
 
     def open(self, topic: str, raw: bytes, model: type[M], *, now: float | None = None,
-             check_replay: bool = True) -> Verified[M]:
+             check_replay: bool = True, retained: bool = False) -> Verified[M]:
         """Return the verified message or raise SignatureError (and count the reason).
 
-        Retained messages are legitimately delivered again to each new subscriber, so
-        their replay check is skipped; freshness still applies.
+        ``retained``: the broker delivered it as a retained message. Only a message its
+        sender sealed as retained may arrive that way; anything else is a captured message
+        republished with the retain flag. ``check_replay=False`` skips the seen-nonce check,
+        for a retained state message that the caller deduplicates per subscription.
         """
         now = time.time() if now is None else now
         try:
@@ -107,6 +124,8 @@ class EnvelopeVerifier:
             raise self._drop("wrong_topic", f"envelope for {envelope.topic} arrived on {topic}")
         if envelope.kind != model.__name__:
             raise self._drop("wrong_kind", f"expected {model.__name__}, got {envelope.kind}")
+        if retained and not envelope.retained:
+            raise self._drop("retained_replay", f"a one-off {envelope.kind} delivered as a retained message")
         try:
             signer = Account.recover_message(encode_defunct(text=envelope.signing_text()),
                                              signature=envelope.signature)
@@ -118,23 +137,17 @@ class EnvelopeVerifier:
             raise self._drop("future", "timestamp is in the future")
         if envelope.sent_at < now - self.max_age_s:
             raise self._drop("stale", f"older than {self.max_age_s:.0f}s")
-        key = (envelope.sender, envelope.nonce)
-        if check_replay and key in self._seen:
+        if check_replay and self.seen.contains(envelope.sender, envelope.nonce):
             raise self._drop("replayed", f"nonce {envelope.nonce} from {envelope.sender} seen before")
         try:
             message = model.model_validate(envelope.payload)
         except ValidationError as exc:
             raise self._drop("invalid", f"invalid {model.__name__}: {exc.errors()[0]['msg']}") from exc
-        self._remember(key, envelope.sent_at, now)
-        return Verified(sender=envelope.sender, topic=topic, message=message, sent_at=envelope.sent_at)
-
-    def _remember(self, key: tuple[str, int], sent_at: float, now: float) -> None:
-        self._seen.add(key)
-        self._seen_order.append((sent_at, *key))
+        self.seen.add(envelope.sender, envelope.nonce, envelope.sent_at)
         # Anything older than the freshness window is rejected as stale anyway, so forget it.
-        while self._seen_order and self._seen_order[0][0] < now - self.max_age_s:
-            _, sender, nonce = self._seen_order.popleft()
-            self._seen.discard((sender, nonce))
+        self.seen.forget_before(now - self.max_age_s)
+        return Verified(sender=envelope.sender, topic=topic, message=message, sent_at=envelope.sent_at,
+                        nonce=envelope.nonce, retained=envelope.retained)
 
     def _drop(self, reason: str, detail: str) -> SignatureError:
         self.dropped[reason] += 1

@@ -18,6 +18,10 @@
 - Delivery is at least once: a publish retried across a reconnect, or a message that was
   queued but not yet acknowledged when the connection dropped, can arrive twice. Signed
   envelopes drop the second copy as a replay.
+- Strangers share the broker: ``username``/``password`` and a TLS ``ssl.SSLContext`` log in,
+  a payload over ``max_message_bytes`` is refused on publish and dropped (and acknowledged)
+  on receipt, and the held buffer is bounded in messages and in bytes.
+  ``BusSettings`` (messaging/settings.py) builds all of this from a profile: ``connect_bus``.
 """
 
 from __future__ import annotations
@@ -26,73 +30,31 @@ import asyncio
 import enum
 import logging
 import socket
+import ssl
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from typing import TypeVar
 
 import aiomqtt
+from aiomqtt.exceptions import MqttConnectError
 
 from ..errors import ConfigError, MessagingError
+from .envelope import EnvelopeVerifier
+from .mqtt_queue import Subscription as _Subscription
 from .port import BusMessage, topic_matches
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 _MIN_BACKOFF_S = 0.1
+_HELD_MAX_BYTES = 16 << 20  # messages held for a subscription not yet (re)opened, at most
 
 
 class _State(enum.Enum):
     NEW = "new"
     OPEN = "open"
     CLOSED = "closed"
-
-
-class _Subscription:
-    """A bounded FIFO for one ``subscribe()`` context; it raises once the bus has failed."""
-
-    def __init__(self, topic_filter: str, maxsize: int) -> None:
-        self.topic_filter = topic_filter
-        self._items: deque[BusMessage] = deque()
-        self._maxsize = maxsize
-        self._readable = asyncio.Event()
-        self._writable = asyncio.Event()
-        self._writable.set()
-        self._error: MessagingError | None = None
-        self._closed = False
-
-    async def put(self, message: BusMessage) -> None:
-        # Waiting here stalls the dispatcher and therefore the acks: that is the backpressure.
-        while len(self._items) >= self._maxsize and not self._closed:
-            self._writable.clear()
-            await self._writable.wait()
-        if not self._closed:
-            self._items.append(message)
-            self._readable.set()
-
-    def adopt(self, messages: list[BusMessage]) -> None:
-        self._items.extend(messages)
-        self._readable.set()
-
-    def fail(self, error: MessagingError) -> None:
-        self._error = error
-        self._readable.set()
-
-    def close(self) -> None:
-        self._closed = True
-        self._writable.set()
-
-    async def messages(self) -> AsyncIterator[BusMessage]:
-        while True:
-            # Hand out what was already acknowledged before reporting a failure.
-            while self._items:
-                message = self._items.popleft()
-                self._writable.set()
-                yield message
-            if self._error is not None:
-                raise self._error
-            self._readable.clear()
-            await self._readable.wait()
 
 
 class _Connection:
@@ -112,12 +74,24 @@ class MqttBus:
 
     def __init__(self, host: str, port: int = 1883, *, client_id: str, persistent: bool = True,
                  keepalive: int = 30, timeout: float = 10.0, queue_size: int = 1024,
-                 reconnect: bool = True, max_backoff_s: float = 5.0, max_outage_s: float = 60.0) -> None:
+                 reconnect: bool = True, max_backoff_s: float = 5.0, max_outage_s: float = 60.0,
+                 username: str | None = None, password: str | None = None, tls: ssl.SSLContext | None = None,
+                 max_message_bytes: int = 1 << 20,
+                 verifier_factory: Callable[[str], EnvelopeVerifier] | None = None, name: str | None = None) -> None:
         if not client_id:
             raise ConfigError("MqttBus needs a stable, non-empty client_id (it names the persistent session)")
         if timeout <= 0 or queue_size < 1 or max_backoff_s < _MIN_BACKOFF_S or max_outage_s <= 0:
             raise ConfigError("MqttBus: timeout, queue_size, max_backoff_s and max_outage_s must be positive")
+        if max_message_bytes < 1:
+            raise ConfigError("MqttBus: max_message_bytes must be positive")
         self.host, self.port, self.client_id = host, port, client_id
+        self.name = name or client_id  # for logs and errors: a session's id itself is a secret
+        self.username = username
+        self._password = password
+        self._tls = tls
+        self.max_message_bytes = max_message_bytes
+        self.oversized = 0  # received payloads over max_message_bytes, dropped
+        self._verifier_factory = verifier_factory
         self.persistent = persistent
         self.timeout = timeout
         self.reconnects = 0  # successful reconnects after the first connection
@@ -136,12 +110,17 @@ class MqttBus:
         self._withdrawn: set[str] = set()  # filters unsubscribed by this bus: late arrivals are dropped
         self._unsubscribe_later: set[str] = set()  # unsubscribes that failed during an outage
         self._held: deque[BusMessage] = deque()  # arrivals for filters not (yet) subscribed again
+        self._held_bytes = 0
         self._sub_lock = asyncio.Lock()
         self._supervisor: asyncio.Task[None] | None = None
 
     @property
     def connected(self) -> bool:
         return self._conn is not None
+
+    def make_verifier(self, address: str) -> EnvelopeVerifier:
+        """The verifier a SignedChannel for ``address`` uses on this bus (see SignedChannel)."""
+        return self._verifier_factory(address) if self._verifier_factory is not None else EnvelopeVerifier()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -150,7 +129,7 @@ class MqttBus:
             raise MessagingError("an MqttBus cannot be reopened; create a new one (same client_id, same session)")
         self._state = _State.OPEN
         first: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._supervisor = asyncio.create_task(self._supervise(first), name=f"mqtt-bus:{self.client_id}")
+        self._supervisor = asyncio.create_task(self._supervise(first), name=f"mqtt-bus:{self.name}")
         try:
             await first
         except BaseException:
@@ -166,7 +145,7 @@ class MqttBus:
         if self._state is _State.CLOSED:
             return
         self._state = _State.CLOSED
-        self._fail(MessagingError(f"MQTT bus {self.client_id} closed"))
+        self._fail(MessagingError(f"MQTT bus {self.name} closed"))
         if self._supervisor is not None:
             self._supervisor.cancel()
             # wait() rather than await: the supervisor's CancelledError must not look like ours.
@@ -177,6 +156,9 @@ class MqttBus:
     async def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
         if not topic or "+" in topic or "#" in topic:
             raise MessagingError(f"cannot publish to a wildcard or empty topic: {topic!r}")
+        if len(payload) > self.max_message_bytes:
+            raise MessagingError(f"cannot publish {len(payload)} bytes to {topic}:"
+                                 f" the limit is {self.max_message_bytes}")
         await self._call(f"publish to {topic}",
                          lambda client, left: client.publish(topic, payload, qos=1, retain=retain, timeout=left))
 
@@ -196,6 +178,7 @@ class MqttBus:
             except BaseException:
                 self._subs.remove(sub)
                 self._held.extendleft(reversed(held))
+                self._held_bytes += sum(len(m.payload) for m in held)
                 raise
             self._refs[topic_filter] += 1
             self._withdrawn.discard(topic_filter)
@@ -230,7 +213,7 @@ class MqttBus:
         if self._error is not None:
             raise self._error
         if self._state is not _State.OPEN:
-            raise MessagingError(f"MQTT bus {self.client_id} is not open (use `async with MqttBus(...)`)")
+            raise MessagingError(f"MQTT bus {self.name} is not open (use `async with MqttBus(...)`)")
 
     async def _call(self, what: str, op: Callable[[aiomqtt.Client, float], Awaitable[T]]) -> T:
         """One acknowledged broker call within ``timeout``, waiting through outages and retrying."""
@@ -270,6 +253,7 @@ class MqttBus:
         client = aiomqtt.Client(
             self.host, self.port, identifier=self.client_id, protocol=aiomqtt.ProtocolVersion.V311,
             clean_session=not self.persistent, keepalive=self._keepalive, timeout=self.timeout,
+            username=self.username, password=self._password, tls_context=self._tls,
             # paho leaves Nagle on: a PUBACK followed by a PUBLISH would then wait for a delayed ACK.
             socket_options=((socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),),
         )
@@ -291,7 +275,7 @@ class MqttBus:
                         await self._resume(client)
                         if first.done():
                             self.reconnects += 1
-                            log.info("MQTT bus %s reconnected to %s:%s", self.client_id, self.host, self.port)
+                            log.info("MQTT bus %s reconnected to %s:%s", self.name, self.host, self.port)
                         else:
                             first.set_result(None)
                         self._conn = conn
@@ -307,6 +291,10 @@ class MqttBus:
                     cause = exc
                 finally:
                     _settle(client)
+                if not first.done() and _refused(cause):
+                    # Retrying cannot fix a wrong password or an untrusted certificate: say so now.
+                    raise MessagingError(f"the MQTT broker at {self.host}:{self.port} refused"
+                                         f" {self.username or 'an anonymous client'}: {cause}") from cause
                 if not first.done():
                     if loop.time() - down_since >= self.timeout:
                         raise MessagingError(f"cannot connect to the MQTT broker at {self.host}:{self.port}"
@@ -317,12 +305,12 @@ class MqttBus:
                 elif loop.time() - down_since >= self._max_outage_s:
                     raise MessagingError(f"the MQTT broker at {self.host}:{self.port} stayed unreachable"
                                          f" for {self._max_outage_s:g}s: {cause}") from cause
-                log.debug("MQTT bus %s: %s; retrying in %.1fs", self.client_id, cause, backoff)
+                log.debug("MQTT bus %s: %s; retrying in %.1fs", self.name, cause, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, self._max_backoff_s)
         except asyncio.CancelledError:
             if not first.done():
-                first.set_exception(MessagingError(f"MQTT bus {self.client_id} closed while connecting"))
+                first.set_exception(MessagingError(f"MQTT bus {self.name} closed while connecting"))
             raise
         except Exception as exc:  # noqa: BLE001 - whatever killed the supervisor must reach the users
             error = exc if isinstance(exc, MessagingError) else MessagingError(f"MQTT bus failed: {exc}")
@@ -344,7 +332,13 @@ class MqttBus:
         paho = client._client  # noqa: SLF001 - for the manual PUBACK
         async for message in client.messages:
             payload = message.payload if isinstance(message.payload, bytes) else bytes(message.payload or b"")
-            await self._route(BusMessage(message.topic.value, payload, bool(message.retain)))
+            if len(payload) > self.max_message_bytes:
+                # Acknowledge and forget: a stranger's oversized message must not stall the session.
+                self.oversized += 1
+                log.warning("MQTT bus %s: dropped %d bytes on %s (limit %d)", self.name, len(payload),
+                            message.topic.value, self.max_message_bytes)
+            else:
+                await self._route(BusMessage(message.topic.value, payload, bool(message.retain)))
             if message.qos > 0:
                 paho.ack(message.mid, message.qos)
 
@@ -357,17 +351,21 @@ class MqttBus:
         if any(topic_matches(f, message.topic) for f in self._withdrawn):
             self.dropped += 1  # a late arrival for a filter this bus has left
             return
-        # Most likely the session's queue from before this process subscribed: hold it.
-        if len(self._held) >= self._queue_size:
-            self._held.popleft()
+        # Most likely the session's queue from before this process subscribed: hold it, bounded
+        # in count and in bytes (a stranger can flood topics this session still subscribes to).
+        while self._held and (len(self._held) >= self._queue_size
+                              or self._held_bytes + len(message.payload) > _HELD_MAX_BYTES):
+            self._held_bytes -= len(self._held.popleft().payload)
             self.dropped += 1
-            log.warning("MQTT bus %s: no subscription for held messages; dropping the oldest", self.client_id)
+            log.warning("MQTT bus %s: no subscription for held messages; dropping the oldest", self.name)
         self._held.append(message)
+        self._held_bytes += len(message.payload)
 
     def _take_held(self, topic_filter: str) -> list[BusMessage]:
         taken = [m for m in self._held if topic_matches(topic_filter, m.topic)]
         if taken:
             self._held = deque(m for m in self._held if not topic_matches(topic_filter, m.topic))
+            self._held_bytes -= sum(len(m.payload) for m in taken)
         return taken
 
     def _fail(self, error: MessagingError) -> None:
@@ -385,6 +383,14 @@ def _settle(client: aiomqtt.Client) -> None:
     disconnected = client._disconnected  # noqa: SLF001
     if disconnected.done() and not disconnected.cancelled():
         disconnected.exception()
+
+
+def _refused(exc: BaseException | None) -> bool:
+    """A CONNACK saying bad credentials or not authorised (3.1.1 codes 4, 5; MQTT 5: 134, 135),
+    or a TLS handshake that found the broker's certificate untrusted."""
+    if isinstance(exc, MqttConnectError):
+        return getattr(exc.rc, "value", exc.rc) in (4, 5, 134, 135)
+    return exc is not None and "CERTIFICATE_VERIFY_FAILED" in str(exc)
 
 
 def _check_filter(topic_filter: str) -> None:

@@ -1,59 +1,73 @@
-"""Topic layout (documented in docs/protocol.md). Every topic starts with the protocol prefix."""
+"""Topic layout (documented in docs/protocol.md). Every topic starts with the protocol prefix.
+
+Each builder checks the levels it is given: an id carrying ``/`` would move a message onto
+another topic, and a wildcard or NUL would make the publish fail.
+"""
 
 from __future__ import annotations
 
+from ..errors import UnsafeNameError
+
 PREFIX = "aitbc/v1"
+_FORBIDDEN = ("/", "+", "#", "\x00")
+
+
+def level(value: str) -> str:
+    """``value`` as one topic level; UnsafeNameError when empty or holding ``/``, ``+``, ``#`` or NUL."""
+    if not isinstance(value, str) or not value or any(c in value for c in _FORBIDDEN):
+        raise UnsafeNameError(f"{value!r} cannot be a topic level")
+    return value
 
 
 def offer(provider: str) -> str:
-    return f"{PREFIX}/offers/{provider}"
+    return f"{PREFIX}/offers/{level(provider)}"
 
 
 OFFERS = f"{PREFIX}/offers/+"
 
 
 def heartbeat(provider: str) -> str:
-    return f"{PREFIX}/heartbeat/{provider}"
+    return f"{PREFIX}/heartbeat/{level(provider)}"
 
 
 HEARTBEATS = f"{PREFIX}/heartbeat/+"
 
 
 def negotiate(provider: str) -> str:
-    return f"{PREFIX}/negotiate/{provider}"
+    return f"{PREFIX}/negotiate/{level(provider)}"
 
 
 def negotiate_reply(coordinator: str, contract_id: str) -> str:
-    return f"{PREFIX}/negotiate-reply/{coordinator}/{contract_id}"
+    return f"{PREFIX}/negotiate-reply/{level(coordinator)}/{level(contract_id)}"
 
 
 def jobs(provider: str) -> str:
-    return f"{PREFIX}/jobs/{provider}"
+    return f"{PREFIX}/jobs/{level(provider)}"
 
 
 def progress(training_id: str, job_id: str) -> str:
-    return f"{PREFIX}/progress/{training_id}/{job_id}"
+    return f"{PREFIX}/progress/{level(training_id)}/{level(job_id)}"
 
 
 def all_progress(training_id: str) -> str:
-    return f"{PREFIX}/progress/{training_id}/+"
+    return f"{PREFIX}/progress/{level(training_id)}/+"
 
 
 def results(training_id: str) -> str:
-    return f"{PREFIX}/results/{training_id}"
+    return f"{PREFIX}/results/{level(training_id)}"
 
 
 def cancel(provider: str) -> str:
-    return f"{PREFIX}/cancel/{provider}"
+    return f"{PREFIX}/cancel/{level(provider)}"
 
 
 def ping(provider: str) -> str:
-    return f"{PREFIX}/ping/{provider}"
+    return f"{PREFIX}/ping/{level(provider)}"
 
 
 def pong(coordinator: str, nonce: str) -> str:
-    return f"{PREFIX}/pong/{coordinator}/{nonce}"
+    return f"{PREFIX}/pong/{level(coordinator)}/{level(nonce)}"
 
 
 def resend(provider: str) -> str:
-    return f"{PREFIX}/resend/{provider}"
+    return f"{PREFIX}/resend/{level(provider)}"

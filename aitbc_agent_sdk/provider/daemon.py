@@ -2,6 +2,8 @@
 
 ``python -m aitbc_agent_sdk.provider.daemon --wallet W --price-wei N`` reads the wallet
 password from its first line of stdin, so it never appears in argv or the environment.
+Jobs train in the bwrap sandbox (:mod:`.sandbox`); without a working bwrap the daemon
+refuses to start unless given ``--no-sandbox``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from ..profile import Profile, load_profile
 from ..stack import open_bus, open_store
 from .agent import ProviderAgent, ProviderConfig
 from .hardware import detect_hardware
+from .onchain import ProviderChain
+from .sandbox import TrainingSandbox
 
 STATUS_FILE = "status.json"
 
@@ -46,13 +50,25 @@ async def ensure_registered(profile: Profile, account: LocalAccount, provider: P
     w3 = await connect_rpc(profile.chain.rpc_url)
     registry = RegistryClient(w3, await EscrowClient(w3, profile.chain.escrow).registry())
     if not (await registry.provider(account.address)).registered:
-        await register_provider(registry, TransactionSender(w3, account), provider, stake_wei)
+        sender = TransactionSender(w3, account, confirmations=profile.chain.confirmations)
+        await register_provider(registry, sender, provider, stake_wei)
         logging.info("registered %s with a bond of %d wei", account.address, stake_wei)
+
+
+async def open_provider_chain(profile: Profile, exits: AsyncExitStack) -> ProviderChain:
+    """The escrow every contract is checked against before the provider works for it."""
+    from ..chain import connect_rpc
+
+    w3 = await connect_rpc(profile.chain.rpc_url)
+    exits.push_async_callback(w3.provider.disconnect)
+    return await ProviderChain.connect(w3, profile.chain.escrow)
 
 
 async def serve_provider(home: Path, account: LocalAccount, *, price_wei: int, slots: int = 1,
                          gpu: str = "auto", stake_wei: int | None = None, stop: asyncio.Event,
-                         agent_factory: AgentFactory = ProviderAgent) -> None:
+                         agent_factory: AgentFactory = ProviderAgent,
+                         sandbox: TrainingSandbox | None = TrainingSandbox()) -> None:
+    """Serve until ``stop``; ``sandbox=None`` trains unconfined (``--no-sandbox``), and says so."""
     profile = load_profile(home)
     work_dir = provider_dir(home, account.address)
     hardware = await asyncio.to_thread(detect_hardware)
@@ -61,10 +77,14 @@ async def serve_provider(home: Path, account: LocalAccount, *, price_wei: int, s
     async with AsyncExitStack() as exits:
         # A stable client id gives the provider a persistent session: jobs sent while it
         # was reconnecting are delivered when it is back.
-        bus = await open_bus(profile, f"provider-{account.address}", exits)
+        bus = await open_bus(profile, f"provider-{account.address}", exits, identity=account.address, home=home)
         store = await open_store(profile, AgentConfig(home=home), exits)
+        if sandbox is None:
+            logging.warning("--no-sandbox: jobs from strangers train unconfined, as this user")
+        chain = await open_provider_chain(profile, exits)
         provider = agent_factory(account, bus, store, ProviderConfig(price_wei=price_wei, slots=slots,
-                                                                      work_dir=work_dir), hardware=hardware)
+                                                                      work_dir=work_dir, sandbox=sandbox),
+                                 hardware=hardware, chain=chain)
         if stake_wei:
             await ensure_registered(profile, account, provider, stake_wei)
         async with provider:
@@ -98,7 +118,8 @@ async def run_daemon(args: argparse.Namespace, agent_factory: Callable[..., Prov
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await serve_provider(args.home, account, price_wei=args.price_wei, slots=args.slots, gpu=args.gpu,
-                         stake_wei=args.stake_wei, stop=stop, agent_factory=agent_factory)
+                         stake_wei=args.stake_wei, stop=stop, agent_factory=agent_factory,
+                         sandbox=None if args.no_sandbox else TrainingSandbox(hidden_paths=(args.home,)))
 
 
 def build_parser(description: str = "aitbc provider daemon (reads the wallet password from stdin)"
@@ -110,6 +131,8 @@ def build_parser(description: str = "aitbc provider daemon (reads the wallet pas
     parser.add_argument("--slots", type=int, default=1)
     parser.add_argument("--gpu", choices=("auto", "none"), default="auto")
     parser.add_argument("--stake-wei", type=int, default=None, help="register with this bond if not registered")
+    parser.add_argument("--no-sandbox", action="store_true",
+                        help="train jobs without the bwrap sandbox (they can then read this user's files)")
     return parser
 
 

@@ -1,19 +1,34 @@
-"""Async handle on the provider's training process: a separate OS process with a scrubbed environment."""
+"""Async handle on the provider's training process: a separate OS process with a scrubbed environment.
+
+With a :class:`~.sandbox.TrainingSandbox` the process runs in bubblewrap (see :mod:`.sandbox`)
+and serves one training only: a job of another training (another customer) always gets a
+fresh process, so a job that got code execution can reach nothing but later jobs of the same
+customer, whose data it came from. A failed or killed job ends its process too, and so does
+the ``MAX_JOBS_PER_PROCESS``-th job (the CPU rlimit is sized for that many). A spare, in its own
+sandbox directory, starts when a job starts, so the next training's job finds torch imported.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
+import shutil
 import signal
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import TrainingError
+from ..errors import AitbcError, TrainingError
 from ..models import JobConfig, ModelSpec
+from .sandbox import (
+    MAX_JOBS_PER_PROCESS, SANDBOX_DIR, TrainingSandbox, clear_output, require_bwrap, sandbox_spec, stage_inputs,
+    take_output, worker_command,
+)
 
 # The files a job directory holds: inputs written by the provider, output by the training process.
 SHARD_FILE = "shard.safetensors"
@@ -35,33 +50,73 @@ def scrubbed_env(work_dir: Path, threads: int, source: Mapping[str, str] | None 
 
 
 EpochCallback = Callable[[dict[str, Any]], Any]
+WORKER_ENTRY = ("-m", "aitbc_agent_sdk.provider.worker_process")
+
+
+@dataclass(frozen=True)
+class _Launched:
+    proc: asyncio.subprocess.Process
+    stderr_task: asyncio.Task[None]
+    box: Path | None  # sandboxed: the process's own in/ and out/
 
 
 class TrainingProcess:
     """One long-lived worker process per provider, so torch is imported once, not per job."""
 
-    def __init__(self, work_dir: Path, *, threads: int = 1) -> None:
+    def __init__(self, work_dir: Path, *, threads: int = 1, sandbox: TrainingSandbox | None = None,
+                 entry: tuple[str, ...] = WORKER_ENTRY) -> None:
+        """``sandbox=None`` runs unconfined (``--no-sandbox``). ``entry`` follows the interpreter in argv:
+        the worker module; tests swap in a probe that plays a job with code execution."""
         self._work_dir = work_dir
         self._threads = threads
+        self._sandbox = sandbox
+        self._entry = entry
         self._proc: asyncio.subprocess.Process | None = None
         self._lock = asyncio.Lock()
         self._stderr_task: asyncio.Task[None] | None = None
         self._ready = False
+        self._box: Path | None = None
+        self._spare: _Launched | None = None  # sandboxed: the next job's process, importing torch
+        self._owner: str | None = None  # sandboxed: the training the current process has served
+        self._jobs_served = 0
+        self._seq = itertools.count()
 
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
+    @property
+    def sandboxed(self) -> bool:
+        return self._sandbox is not None
+
     async def start(self) -> None:
-        self._work_dir.mkdir(parents=True, exist_ok=True)
+        """Start the process; with a sandbox, raises SandboxError where bubblewrap does not work."""
+        self._adopt(await self._launch())
+
+    def _adopt(self, launched: _Launched) -> None:
+        self._proc, self._stderr_task, self._box = launched.proc, launched.stderr_task, launched.box
         self._ready = False  # the new process announces itself once torch is imported
-        self._proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "aitbc_agent_sdk.provider.worker_process",
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            cwd=self._work_dir, env=scrubbed_env(self._work_dir, self._threads),
-            start_new_session=True,
-        )
-        self._stderr_task = asyncio.create_task(self._drain_stderr(self._proc))
+        self._owner, self._jobs_served = None, 0
+
+    async def _launch(self) -> _Launched:
+        self._work_dir.mkdir(parents=True, exist_ok=True)
+        box = None
+        if self._sandbox is not None:
+            from ..cluster.sandbox import start_sandboxed
+
+            await asyncio.to_thread(require_bwrap)
+            box = self._work_dir / SANDBOX_DIR / f"p{next(self._seq)}"
+            spec = await asyncio.to_thread(sandbox_spec, self._sandbox, box, worker_command(self._entry),
+                                           threads=self._threads)
+            proc, _ = await start_sandboxed(spec, backend="bwrap", stdin=asyncio.subprocess.PIPE)
+        else:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, *self._entry,
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                cwd=self._work_dir, env=scrubbed_env(self._work_dir, self._threads),
+                start_new_session=True,
+            )
+        return _Launched(proc, asyncio.create_task(self._drain_stderr(proc)), box)
 
     async def _drain_stderr(self, proc: asyncio.subprocess.Process) -> None:
         assert proc.stderr is not None
@@ -72,39 +127,114 @@ class TrainingProcess:
 
     async def _next_event(self) -> dict[str, Any]:
         assert self._proc is not None and self._proc.stdout is not None
-        line = await self._proc.stdout.readline()
+        try:
+            line = await self._proc.stdout.readline()
+        except ValueError as exc:  # a line past the stream's limit
+            raise TrainingError("the training process sent an oversized line") from exc
         if not line:
             code = await self._proc.wait()
             self._proc = None
             raise TrainingError(f"training process exited with code {code} (see {self._work_dir / 'worker.log'})")
-        return json.loads(line)
+        try:
+            event = json.loads(line)
+        except ValueError as exc:
+            raise TrainingError("the training process sent something other than JSON") from exc
+        if not isinstance(event, dict):
+            raise TrainingError("the training process sent something other than an event")
+        return event
 
     async def train(self, job_dir: Path, *, job_id: str, model: ModelSpec, config: JobConfig, seed: int,
-                    on_epoch: EpochCallback | None = None) -> dict[str, Any]:
+                    on_epoch: EpochCallback | None = None, owner: str | None = None) -> dict[str, Any]:
+        """Run one job. ``owner`` (the training id) lets a sandboxed process serve that training's
+        next job too; ``None`` gives every job a fresh process."""
         async with self._lock:
             try:
-                return await self._train_locked(job_dir, job_id=job_id, model=model, config=config, seed=seed,
-                                                on_epoch=on_epoch)
+                if self._sandbox is None:
+                    return await self._train_locked(job_dir, job_id=job_id, model=model, config=config, seed=seed,
+                                                    on_epoch=on_epoch)
+                return await self._train_sandboxed(job_dir, job_id=job_id, model=model, config=config, seed=seed,
+                                                   on_epoch=on_epoch, owner=owner)
             except asyncio.CancelledError:
                 # The process is still computing this job and would later answer with its
                 # events; kill it so the computation really stops and the next job starts clean.
                 await self.kill()
                 raise
 
-    async def _train_locked(self, job_dir: Path, *, job_id: str, model: ModelSpec, config: JobConfig, seed: int,
-                            on_epoch: EpochCallback | None) -> dict[str, Any]:
+    async def ready(self) -> None:
+        """Wait until the process has imported torch and can take a job (starting it if none runs)."""
+        async with self._lock:
+            await self._await_ready()
+
+    async def _await_ready(self) -> None:
         if self._proc is None:
-            await self.start()
-        assert self._proc is not None and self._proc.stdin is not None
+            if self._spare is not None:
+                spare, self._spare = self._spare, None
+                self._adopt(spare)
+            else:
+                await self.start()
         if not self._ready:
             first = await self._next_event()
             if first.get("event") != "ready":
                 raise TrainingError(f"unexpected event from training process: {first}")
             self._ready = True
-        request = {"op": "train", "job_dir": str(job_dir), "job_id": job_id, "seed": seed,
+
+    async def _train_sandboxed(self, job_dir: Path, *, job_id: str, model: ModelSpec, config: JobConfig, seed: int,
+                               on_epoch: EpochCallback | None, owner: str | None) -> dict[str, Any]:
+        assert self._sandbox is not None
+        if self._proc is not None and self._jobs_served and (owner is None or owner != self._owner):
+            await self._replace()  # it served another training: this one's data never meets it
+        try:
+            async with asyncio.timeout(self._sandbox.job_timeout_s):
+                await self._await_ready()
+                assert self._box is not None
+                box = self._box
+                await asyncio.to_thread(clear_output, box / "out", CHECKPOINT_FILE)
+                await asyncio.to_thread(stage_inputs, job_dir, box / "in", (SHARD_FILE, WEIGHTS_FILE))
+                done = await self._train_locked(box / "in", job_id=job_id, model=model, config=config, seed=seed,
+                                                on_epoch=on_epoch, out_dir=box / "out", after_send=self._start_spare)
+            await asyncio.to_thread(take_output, box / "out" / CHECKPOINT_FILE, job_dir / CHECKPOINT_FILE,
+                                    max_bytes=self._sandbox.file_size_bytes)
+        except TimeoutError as exc:
+            await self._replace()
+            raise TrainingError(f"job {job_id} ran past {self._sandbox.job_timeout_s:.0f}s and was killed") from exc
+        except asyncio.CancelledError:
+            raise  # train() kills the process; the next job starts one
+        except BaseException:
+            await self._replace()
+            raise
+        self._owner, self._jobs_served = owner, self._jobs_served + 1
+        if owner is None or self._jobs_served >= MAX_JOBS_PER_PROCESS:
+            await self._replace()
+        return done
+
+    async def _start_spare(self) -> None:
+        """Once the job is under way: start the next job's process, so it imports torch meanwhile."""
+        if self._spare is None:
+            self._spare = await self._launch()
+
+    async def _replace(self) -> None:
+        """Kill this process (it may hold whatever a hostile job planted); the spare becomes the
+        process for the next job."""
+        await self.kill()
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            self._adopt(spare)
+        else:
+            with contextlib.suppress(AitbcError, OSError):
+                await self.start()
+
+    async def _train_locked(self, job_dir: Path, *, job_id: str, model: ModelSpec, config: JobConfig, seed: int,
+                            on_epoch: EpochCallback | None, out_dir: Path | None = None,
+                            after_send: Callable[[], Awaitable[None]] | None = None) -> dict[str, Any]:
+        await self._await_ready()
+        assert self._proc is not None and self._proc.stdin is not None
+        request = {"op": "train", "job_dir": str(job_dir), "out_dir": str(out_dir or job_dir), "job_id": job_id,
+                   "seed": seed,
                    "model": model.model_dump(mode="json"), "config": config.model_dump(mode="json")}
         self._proc.stdin.write((json.dumps(request) + "\n").encode())
         await self._proc.stdin.drain()
+        if after_send is not None:
+            await after_send()
         while True:
             event = await self._next_event()
             kind = event.get("event")
@@ -122,7 +252,9 @@ class TrainingProcess:
         The next ``train`` starts a fresh process; killing when none runs is a no-op.
         """
         proc, self._proc = self._proc, None
+        box, self._box = self._box, None
         self._ready = False
+        self._owner, self._jobs_served = None, 0
         if proc is None:
             return
         if proc.returncode is None:
@@ -133,19 +265,31 @@ class TrainingProcess:
         if self._stderr_task is not None:
             await asyncio.gather(self._stderr_task, return_exceptions=True)
             self._stderr_task = None
+        if box is not None:
+            await asyncio.to_thread(shutil.rmtree, box, True)
 
     async def stop(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is not None and proc.returncode is None:
-            assert proc.stdin is not None
-            proc.stdin.close()
-            try:
-                await asyncio.wait_for(proc.wait(), 5)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
-        if self._stderr_task is not None:
-            await asyncio.gather(self._stderr_task, return_exceptions=True)
+        """Close stdin (the worker exits), kill what does not exit in 5 s; the spare too."""
+        current = _Launched(self._proc, self._stderr_task, self._box) if self._proc and self._stderr_task else None
+        self._proc, self._box, self._stderr_task = None, None, None
+        spare, self._spare = self._spare, None
+        await asyncio.gather(*(_close(w) for w in (current, spare) if w is not None))
+
+
+async def _close(worker: _Launched) -> None:
+    proc = worker.proc
+    if proc.returncode is None:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        try:
+            await asyncio.wait_for(proc.wait(), 5)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+    await asyncio.gather(worker.stderr_task, return_exceptions=True)
+    if worker.box is not None:
+        await asyncio.to_thread(shutil.rmtree, worker.box, True)
 
 
 async def _maybe_await(value: Any) -> None:

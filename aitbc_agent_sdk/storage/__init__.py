@@ -1,7 +1,16 @@
 """Storage: the ContentStore port, kubo-compatible UnixFS CIDs and the local blockstore."""
 
+from .bounds import (
+    MAX_BLOCK_BYTES,
+    MAX_DAG_DEPTH,
+    MAX_NODE_LINKS,
+    FileNode,
+    fetch_timeout_s,
+    read_file_node,
+    walk_file,
+)
 from .local import LocalContentStore, compute_file_cid, read_chunks
-from .port import DEFAULT_CHUNK_SIZE, AddOptions, ContentStore
+from .port import DEFAULT_CHUNK_SIZE, DEFAULT_MAX_BYTES, DEFAULT_TIMEOUT_S, AddOptions, ContentStore
 from .unixfs import (
     DAG_PB,
     MAX_LINKS,
@@ -20,12 +29,12 @@ from .unixfs import (
     decode_unixfs,
     iter_blocks,
     parse_cid,
-    walk_file,
 )
 
 __all__ = [
-    "DAG_PB", "DEFAULT_CHUNK_SIZE", "MAX_LINKS", "RAW", "AddOptions", "Block", "ContentStore",
-    "FileDagBuilder", "InvalidCidError", "LocalContentStore", "PBLink", "PBNode", "UnixFSData",
-    "cid_for_block", "cid_from_str", "cid_to_str", "compute_cid", "compute_file_cid",
-    "decode_dagpb", "decode_unixfs", "iter_blocks", "parse_cid", "read_chunks", "walk_file",
+    "DAG_PB", "DEFAULT_CHUNK_SIZE", "DEFAULT_MAX_BYTES", "DEFAULT_TIMEOUT_S", "MAX_BLOCK_BYTES", "MAX_DAG_DEPTH",
+    "MAX_LINKS", "MAX_NODE_LINKS", "RAW", "AddOptions", "Block", "ContentStore", "FileDagBuilder", "FileNode",
+    "InvalidCidError", "LocalContentStore", "PBLink", "PBNode", "UnixFSData", "cid_for_block", "cid_from_str",
+    "cid_to_str", "compute_cid", "compute_file_cid", "decode_dagpb", "decode_unixfs", "fetch_timeout_s",
+    "iter_blocks", "parse_cid", "read_chunks", "read_file_node", "walk_file",
 ]

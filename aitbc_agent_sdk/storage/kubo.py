@@ -15,19 +15,21 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Iterable
 from itertools import islice
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
-from ..errors import ContentNotFoundError, IntegrityError, StorageError
+from ..errors import ContentNotFoundError, FetchLimitError, IntegrityError, StorageError
+from .bounds import MAX_BLOCK_BYTES, DagBudget, FileNode, deadline_after, read_file_node
 from .local import compute_file_cid
-from .port import AddOptions
+from .port import DEFAULT_MAX_BYTES, DEFAULT_TIMEOUT_S, AddOptions
 from .unixfs import (
     DAG_PB,
     RAW,
@@ -36,9 +38,9 @@ from .unixfs import (
     cid_to_str,
     compute_cid,
     decode_cid_bytes,
-    file_node,
 )
 
+T = TypeVar("T")
 DEFAULT_API = "http://127.0.0.1:5001"
 _UPLOAD_PIECE = 1024 * 1024  # bytes read from disk per event-loop hop while uploading
 # Substrings of daemon messages that mean "this content is not here / was not found in time".
@@ -114,10 +116,20 @@ class KuboClient:
 
     # --- blocks
 
-    async def block_get(self, cid: str) -> bytes:
+    async def block_get(self, cid: str, *, max_bytes: int = MAX_BLOCK_BYTES) -> bytes:
+        """One block's bytes; a reply longer than ``max_bytes`` is refused, not buffered."""
         params = {"arg": cid, "timeout": _ms(self.find_timeout)}
         async with self._request("block/get", params, fetches=True) as reply:
-            return await _read(reply, self.api_url)
+            body = bytearray()
+            try:
+                async for piece in reply.aiter_bytes():
+                    body += piece
+                    if len(body) > max_bytes:
+                        raise FetchLimitError(f"IPFS API {self.api_url}: block {cid} is over the"
+                                              f" {max_bytes}-byte block limit")
+            except httpx.HTTPError as exc:
+                raise StorageError(f"IPFS API {self.api_url}: reply broke off: {exc!r}") from exc
+            return bytes(body)
 
     async def block_put(self, block: bytes, *, codec: int = DAG_PB, cid_version: int = 0) -> str:
         """Store one block; returns the daemon's CID for it."""
@@ -313,15 +325,42 @@ class KuboContentStore:
                                  f" CID is {expected} ({opts})")
         return expected
 
-    async def cat(self, cid: str) -> bytes:
-        return b"".join([chunk async for chunk in self.stream(cid)])
+    async def cat(self, cid: str, *, max_bytes: int | None = DEFAULT_MAX_BYTES,
+                  timeout_s: float | None = DEFAULT_TIMEOUT_S) -> bytes:
+        return b"".join([chunk async for chunk in self.stream(cid, max_bytes=max_bytes, timeout_s=timeout_s)])
 
-    async def stream(self, cid: str) -> AsyncIterator[bytes]:
-        """Yield the content in order; each block is checked against its CID before use."""
+    async def stream(self, cid: str, *, max_bytes: int | None = DEFAULT_MAX_BYTES,
+                     timeout_s: float | None = DEFAULT_TIMEOUT_S) -> AsyncIterator[bytes]:
+        """Yield the content in order; each block is checked against its CID and the limits before use.
+
+        The walk is a loop over a stack of sibling prefetchers, so DAG depth costs no recursion.
+        """
         root = cid_from_str(cid)  # InvalidCidError before any I/O
-        block = await self._get_verified(root)
-        async for chunk in self._walk(root, block):
-            yield chunk
+        budget = DagBudget(root, max_bytes, deadline_after(timeout_s))
+        node = budget.accept(root, await self._within(budget, self._get_verified(root)), None, 0)
+        if node.data:
+            yield node.data
+        stack = [self._fetch_in_order(node)]
+        try:
+            while stack:
+                nxt = await self._within(budget, anext(stack[-1], None))
+                if nxt is None:
+                    await stack.pop().aclose()
+                    continue
+                child, size, block = nxt
+                node = budget.accept(child, block, size, len(stack))
+                if node.data:
+                    yield node.data
+                if node.children:
+                    stack.append(self._fetch_in_order(node))
+        finally:
+            for pending in reversed(stack):  # the consumer stopped early or a limit was hit
+                await pending.aclose()
+
+    async def size(self, cid: str) -> int:
+        """The file size the root block of ``cid`` declares."""
+        raw = cid_from_str(cid)
+        return read_file_node(raw, await self._get_verified(raw)).size
 
     async def pin(self, cid: str) -> None:
         await self.client.pin_add(cid_to_str(cid_from_str(cid)))
@@ -361,30 +400,34 @@ class KuboContentStore:
             raise IntegrityError(f"block {cid_to_str(raw_cid)} from {self.client.api_url} does not match its hash")
         return block
 
-    async def _walk(self, raw_cid: bytes, block: bytes) -> AsyncIterator[bytes]:
-        data, children = file_node(raw_cid, block)
-        if data:
-            yield data
-        if not children:
-            return
-        async for child, child_block in self._fetch_in_order(children):
-            async for chunk in self._walk(child, child_block):
-                yield chunk
-
-    async def _fetch_in_order(self, cids: list[bytes]) -> AsyncIterator[tuple[bytes, bytes]]:
-        """Verified blocks in link order, with up to ``prefetch`` requests in flight."""
-        queue: deque[tuple[bytes, asyncio.Task[bytes]]] = deque()
-        ahead = iter(cids)
+    @staticmethod
+    async def _within(budget: DagBudget, step: Awaitable[T]) -> T:
+        """Await one fetch under the read's total deadline."""
+        if budget.deadline is None:
+            return await step
         try:
-            for cid in islice(ahead, self._prefetch):
-                queue.append((cid, asyncio.ensure_future(self._get_verified(cid))))
+            async with asyncio.timeout(max(0.0, budget.deadline - time.monotonic())):
+                return await step
+        except TimeoutError as exc:
+            raise FetchLimitError(f"reading {budget.root} timed out") from exc
+
+    async def _fetch_in_order(self, node: FileNode) -> AsyncIterator[tuple[bytes, int, bytes]]:
+        """A node's children as (CID, declared size, verified block) in link order, up to ``prefetch`` ahead.
+
+        Only children of a node that passed its size checks are ever requested.
+        """
+        queue: deque[tuple[bytes, int, asyncio.Task[bytes]]] = deque()
+        ahead = iter(node.children)
+        try:
+            for cid, size in islice(ahead, self._prefetch):
+                queue.append((cid, size, asyncio.ensure_future(self._get_verified(cid))))
             while queue:
-                cid, task = queue.popleft()
+                cid, size, task = queue.popleft()
                 block = await task
-                for nxt in islice(ahead, 1):
-                    queue.append((nxt, asyncio.ensure_future(self._get_verified(nxt))))
-                yield cid, block
+                for nxt, nxt_size in islice(ahead, 1):
+                    queue.append((nxt, nxt_size, asyncio.ensure_future(self._get_verified(nxt))))
+                yield cid, size, block
         finally:
-            for _, task in queue:  # the consumer stopped early or a block failed
+            for _, _, task in queue:  # the consumer stopped early or a block failed
                 task.cancel()
-            await asyncio.gather(*(t for _, t in queue), return_exceptions=True)
+            await asyncio.gather(*(t for _, _, t in queue), return_exceptions=True)

@@ -19,20 +19,21 @@ import base64
 import hashlib
 import os
 import uuid
-from collections.abc import AsyncIterator, Callable, Generator, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
-from ..errors import ContentNotFoundError, IntegrityError, StorageError
-from .port import AddOptions
+from ..errors import ContentNotFoundError, FetchLimitError, IntegrityError, StorageError
+from .bounds import MAX_BLOCK_BYTES, deadline_after, read_file_node, walk_file
+from .port import DEFAULT_MAX_BYTES, DEFAULT_TIMEOUT_S, AddOptions
 from .unixfs import (
+    Block,
     Buffer,
     FileDagBuilder,
     cid_from_str,
     cid_to_str,
     decode_cid_bytes,
     split,
-    walk_file,
 )
 
 _DEFAULT_READ_BATCH = 4 * 1024 * 1024
@@ -104,15 +105,18 @@ class LocalContentStore:
     ) -> str:
         return await self._io(self._add_sync, data, pin, options, only_hash)
 
-    async def cat(self, cid: str) -> bytes:
-        return await self._io(lambda: b"".join(self._iter_content(cid)))
+    async def cat(self, cid: str, *, max_bytes: int | None = DEFAULT_MAX_BYTES,
+                  timeout_s: float | None = DEFAULT_TIMEOUT_S) -> bytes:
+        deadline = deadline_after(timeout_s)  # checked at every block by the walk in the worker thread
+        return await self._io(lambda: b"".join(self._iter_content(cid, max_bytes, deadline)))
 
-    async def stream(self, cid: str) -> AsyncIterator[bytes]:
+    async def stream(self, cid: str, *, max_bytes: int | None = DEFAULT_MAX_BYTES,
+                     timeout_s: float | None = DEFAULT_TIMEOUT_S) -> AsyncIterator[bytes]:
         """Yield the content in order; blocks are read and verified a batch at a time.
 
         A bad or missing block raises after every verified chunk before it was yielded.
         """
-        chunks = self._iter_content(cid)
+        chunks = self._iter_content(cid, max_bytes, deadline_after(timeout_s))
         try:
             while True:
                 batch, error = await asyncio.to_thread(self._take_batch, chunks)
@@ -136,6 +140,15 @@ class LocalContentStore:
 
     async def pins(self) -> list[str]:
         return await self._io(self._pins_sync)
+
+    async def size(self, cid: str) -> int:
+        """The file size the root block of ``cid`` declares."""
+        raw = cid_from_str(cid)
+        return await self._io(lambda: read_file_node(raw, self._get_block(raw)).size)
+
+    async def put_blocks(self, blocks: Iterable[Block]) -> int:
+        """Store raw blocks as they are (e.g. from another store), each checked against its CID."""
+        return await self._io(self._put_blocks_sync, list(blocks))
 
     async def has(self, cid: str) -> bool:
         """Whether the root block of ``cid`` is stored (children are not checked)."""
@@ -195,10 +208,21 @@ class LocalContentStore:
             tmp.unlink(missing_ok=True)
             raise
 
+    def _put_blocks_sync(self, blocks: list[Block]) -> int:
+        for cid, block in blocks:
+            _, _, digest = decode_cid_bytes(cid_from_str(cid))
+            if hashlib.sha256(block).digest() != digest:
+                raise IntegrityError(f"block {cid} does not match its hash")
+            self._put_block(cid, block)
+        return len(blocks)
+
     def _get_block(self, raw_cid: bytes) -> bytes:
-        """Read one block and check it hashes to its CID."""
+        """Read one block (at most MAX_BLOCK_BYTES) and check it hashes to its CID."""
         try:
-            block = self._block_path(raw_cid).read_bytes()
+            with open(self._block_path(raw_cid), "rb") as f:
+                block = f.read(MAX_BLOCK_BYTES + 1)
+            if len(block) > MAX_BLOCK_BYTES:
+                raise FetchLimitError(f"block {cid_to_str(raw_cid)} is over the {MAX_BLOCK_BYTES}-byte block limit")
         except FileNotFoundError as exc:
             raise ContentNotFoundError(f"block {cid_to_str(raw_cid)} is not in {self.root}") from exc
         except OSError as exc:
@@ -208,9 +232,9 @@ class LocalContentStore:
             raise IntegrityError(f"block {cid_to_str(raw_cid)} does not match its hash")
         return block
 
-    def _iter_content(self, cid: str) -> Generator[bytes, None, None]:
+    def _iter_content(self, cid: str, max_bytes: int | None, deadline: float | None) -> Generator[bytes, None, None]:
         raw = cid_from_str(cid)  # raises InvalidCidError before any I/O
-        yield from walk_file(raw, self._get_block)
+        yield from walk_file(raw, self._get_block, max_bytes=max_bytes, deadline=deadline)
 
     def _take_batch(self, chunks: Iterator[bytes]) -> tuple[list[bytes], StorageError | None]:
         batch: list[bytes] = []

@@ -9,6 +9,8 @@ from typing import Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field
 
 DEFAULT_CHUNK_SIZE = 256 * 1024  # kubo's default fixed-size chunker
+DEFAULT_MAX_BYTES = 1024**3  # a read that names no limit holds at most this much (1 GiB)
+DEFAULT_TIMEOUT_S = 600.0  # ... and takes at most this long
 
 
 class AddOptions(BaseModel):
@@ -31,12 +33,23 @@ class ContentStore(Protocol):
         """Store bytes (or a file, streamed) and return the CID ``ipfs add`` would give."""
         ...
 
-    async def cat(self, cid: str) -> bytes:
-        """Return the whole content; raises ContentNotFoundError / IntegrityError."""
+    async def cat(self, cid: str, *, max_bytes: int | None = DEFAULT_MAX_BYTES,
+                  timeout_s: float | None = DEFAULT_TIMEOUT_S) -> bytes:
+        """Return the whole content; raises ContentNotFoundError / IntegrityError.
+
+        Reads of content from strangers name ``max_bytes`` (what the job declared) and a timeout.
+        A breach of either, or of the DAG shape limits in ``storage.bounds``, is a FetchLimitError
+        (an IntegrityError), raised as soon as a block shows it. ``None`` lifts that limit only.
+        """
         ...
 
-    def stream(self, cid: str) -> AsyncIterator[bytes]:
-        """Yield the content chunk by chunk, each block verified before it is yielded."""
+    def stream(self, cid: str, *, max_bytes: int | None = DEFAULT_MAX_BYTES,
+               timeout_s: float | None = DEFAULT_TIMEOUT_S) -> AsyncIterator[bytes]:
+        """Yield the content chunk by chunk, each block verified before it is yielded; same limits as cat."""
+        ...
+
+    async def size(self, cid: str) -> int:
+        """The file size the root block declares (reads that one block only)."""
         ...
 
     async def pin(self, cid: str) -> None:

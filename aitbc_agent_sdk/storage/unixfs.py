@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import base58
@@ -404,32 +404,3 @@ def decode_unixfs(data: bytes) -> UnixFSData:
     if not isinstance(typ, int) or isinstance(payload, int) or isinstance(filesize, bytes):
         raise IntegrityError("UnixFS data without a valid Type, Data or filesize")
     return UnixFSData(typ, payload, filesize, blocksizes)
-
-
-def file_node(cid: bytes, block: bytes) -> tuple[bytes | None, list[bytes]]:
-    """One verified block of a file DAG -> (the file bytes it holds, its children's binary CIDs in order)."""
-    _, codec, _ = decode_cid_bytes(cid)
-    if codec == RAW:
-        return block, []
-    if codec != DAG_PB:
-        raise StorageError(f"unsupported codec 0x{codec:x} in a file DAG")
-    node = decode_dagpb(block)
-    if node.data is None:
-        raise IntegrityError(f"{cid_to_str(cid)} is not a UnixFS node")
-    unixfs = decode_unixfs(node.data)
-    if unixfs.type not in (UNIXFS_FILE, UNIXFS_RAW):
-        raise StorageError(f"{cid_to_str(cid)} is not a file (UnixFS type {unixfs.type})")
-    return unixfs.data, [link.cid for link in node.links]
-
-
-def walk_file(root: bytes, get_block: Callable[[bytes], bytes]) -> Iterator[bytes]:
-    """Yield a file's bytes in order, depth first from binary CID ``root``.
-
-    ``get_block`` does the I/O and must verify each block against its CID; this function
-    only interprets blocks. Recursion depth is the DAG depth (3 levels cover 1.3 TB).
-    """
-    data, children = file_node(root, get_block(root))
-    if data:
-        yield data
-    for child in children:
-        yield from walk_file(child, get_block)

@@ -12,6 +12,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load, save
 
 from aitbc_agent_sdk.errors import TrainingError
+from aitbc_agent_sdk.limits import MAX_CLASSES
 from aitbc_agent_sdk.training.datasets import LabeledData
 
 # safetensors header is an 8-byte little-endian length followed by JSON.
@@ -73,6 +74,6 @@ def decode_data(blob: bytes) -> LabeledData:
         raise TrainingError(
             f"encoded dataset has wrong layout: x {x.dtype}{tuple(x.shape)}, y {y.dtype}{tuple(y.shape)}"
         )
-    if num_classes < 2 or (len(y) and (int(y.min()) < 0 or int(y.max()) >= num_classes)):
+    if not 2 <= num_classes <= MAX_CLASSES or (len(y) and (int(y.min()) < 0 or int(y.max()) >= num_classes)):
         raise TrainingError(f"encoded dataset labels fall outside num_classes={num_classes}")
     return LabeledData(x, y, num_classes)

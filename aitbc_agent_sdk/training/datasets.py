@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from aitbc_agent_sdk.errors import DatasetError
+from aitbc_agent_sdk.limits import MAX_CLASSES
 
 DATASET_NAMES: tuple[str, ...] = ("digits",)
 
@@ -62,12 +63,17 @@ def _make(features: object, labels: object, source: str) -> LabeledData:
 
     if np.issubdtype(y_raw.dtype, np.integer) and y_raw.min() >= 0:
         # Integer labels keep their values so class i means the same thing in every file.
+        if int(y_raw.max()) >= MAX_CLASSES:  # the head has one output per class up to the largest label
+            raise DatasetError(f"{source}: label {int(y_raw.max())} would make {int(y_raw.max()) + 1} classes; "
+                               f"labels must be at most {MAX_CLASSES - 1}")
         y = y_raw.astype(np.int64)
         num_classes = int(y.max()) + 1
     else:
         # Strings/floats/negatives: map sorted distinct values to 0..C-1.
         classes, y = np.unique(y_raw, return_inverse=True)
         num_classes = len(classes)
+        if num_classes > MAX_CLASSES:
+            raise DatasetError(f"{source}: {num_classes} distinct labels; at most {MAX_CLASSES} classes are supported")
     if len(np.unique(y)) < 2:
         raise DatasetError(f"{source}: need at least 2 classes, found {len(np.unique(y))}")
     return LabeledData(x.contiguous(), torch.as_tensor(y.astype(np.int64)), num_classes)

@@ -11,9 +11,10 @@ import math
 from collections.abc import Callable
 
 import torch
+from pydantic import ValidationError
 from torch import nn
 
-from aitbc_agent_sdk.errors import UnknownModelError
+from aitbc_agent_sdk.errors import ConfigError, UnknownModelError
 from aitbc_agent_sdk.models import ModelSpec
 from aitbc_agent_sdk.training.datasets import LabeledData
 
@@ -143,7 +144,10 @@ def model_spec_for(name: str, data: LabeledData, hidden: int = 128) -> ModelSpec
     """The ModelSpec a job ships to workers, derived from the dataset's shape and classes."""
     _check_name(name)
     _check_shape(name, data.feature_shape)
-    return ModelSpec(name=name, input_shape=data.feature_shape, num_classes=data.num_classes, hidden=hidden)
+    try:
+        return ModelSpec(name=name, input_shape=data.feature_shape, num_classes=data.num_classes, hidden=hidden)
+    except ValidationError as exc:  # past a size limit (aitbc_agent_sdk.limits): say which, as a user error
+        raise ConfigError(f"no {name!r} model for this dataset: {exc.errors()[0]['msg']}") from exc
 
 
 def build_model(spec: ModelSpec, *, seed: int | None = None) -> nn.Module:

@@ -19,6 +19,7 @@ from aitbc_agent_sdk.cluster.inventory import ClusterInventory
 from aitbc_agent_sdk.cluster.report import gib, host_status, inventory_html
 from aitbc_agent_sdk.cluster.spec import ClusterSpec, HostSpec, list_clusters, load_cluster, save_cluster
 from aitbc_agent_sdk.cluster.transport import DEFAULT_TIMEOUT_S
+from aitbc_agent_sdk.models import id_path
 from aitbc_agent_sdk.profile import BusSettings
 
 from .common import HomeOption, JsonOption, print_json, resolve_home, unlock
@@ -156,7 +157,7 @@ def serve(
         assert main is not None
         # SIGTERM ends the agent like Ctrl-C does: its job stopped, its mounts undone.
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main.cancel)
-        async with _bus(root, spec, "aitbc-cluster-host") as bus:
+        async with _bus(root, spec, "aitbc-cluster-host", account.address) as bus:
             async with ClusterAgent(SignedChannel(bus, account), spec, config=config, broker_host=broker.host) as agent:
                 Console(stderr=True).print(
                     f"serving cluster {cluster} as {agent.name} ({account.address}) at {agent.network_address}; "
@@ -235,7 +236,7 @@ def train(
                            checkpoint_every=checkpoint_every, datasets=tuple(Path(d).absolute() for d in dataset or ()),
                            sandbox=not no_sandbox, job_id=job_id, rendezvous_timeout_s=rendezvous_timeout,
                            timeout_s=timeout)
-    job_dir = root / "clusters" / "jobs" / job_id
+    job_dir = id_path(root / "clusters" / "jobs", job_id)
     job_dir.mkdir(parents=True, exist_ok=True)
     out = Console(stderr=as_json, highlight=False)
     if host_timeout <= 0:
@@ -536,12 +537,12 @@ async def _monitor(root: Path, spec: ClusterSpec, *, follow: bool, job: str | No
     console.print(table)
 
 
-def _bus(root: Path, spec: ClusterSpec, prefix: str) -> MqttBus:
-    from aitbc_agent_sdk.messaging.mqtt import MqttBus
+def _bus(root: Path, spec: ClusterSpec, prefix: str, identity: str | None = None) -> MqttBus:
+    from aitbc_agent_sdk.messaging.settings import connect_bus
     from aitbc_agent_sdk.profile import load_profile
 
-    settings = spec.bus or load_profile(root).bus
-    return MqttBus(settings.host, settings.port, client_id=f"{prefix}-{time.time_ns()}", persistent=False)
+    settings = spec.bus or load_profile(root).bus  # its accounts and TLS too, when it is the devnet's
+    return connect_bus(settings, f"{prefix}-{time.time_ns()}", identity=identity, persistent=False)
 
 
 async def _collect(root: Path, spec: ClusterSpec, wallet: str | None, timeout: float) -> ClusterInventory:

@@ -26,14 +26,23 @@ def up(
     price_eth: Annotated[Decimal, typer.Option(help="first provider's price per round, in ETH")] = Decimal("0.01"),
     host: Annotated[str, typer.Option(help="the one local IPv4 address every server binds to (never 0.0.0.0)")
                     ] = "127.0.0.1",
+    tls: Annotated[Optional[bool], typer.Option(
+        "--tls/--no-tls", help="broker TLS with a CA made for this devnet (default: on unless --host is loopback)")
+                   ] = None,
+    max_message_kib: Annotated[int, typer.Option(min=1, max=256 * 1024, help="largest MQTT payload, in KiB")] = 1024,
     home: HomeOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Start the devnet and write the profile later commands use."""
+    """Start the devnet and write the profile later commands use.
+
+    The broker admits only the devnet's accounts (one per wallet, plus 'observer'); their
+    passwords are 0600 files under $AITBC_HOME/devnet/broker-auth/accounts.
+    """
     from aitbc_agent_sdk.devnet.network import DevnetOptions, devnet_up
 
     options = DevnetOptions(providers=providers, ipfs=ipfs, ipfs_api=ipfs_api,  # type: ignore[arg-type]
-                            provider_price_wei=int(price_eth * 10**18), host=host)
+                            provider_price_wei=int(price_eth * 10**18), host=host, tls=tls,
+                            max_message_bytes=max_message_kib * 1024)
     console = Console(stderr=True, quiet=as_json)
     with console.status("starting broker, chain, contracts and providers..."):
         profile = asyncio.run(devnet_up(resolve_home(home), options))
@@ -71,6 +80,28 @@ def join(
                   f"(id {joined.chain.chain_id}), escrow {joined.chain.escrow}, IPFS {joined.store.api}")
     for name, address in addresses.items():
         console.print(f"wallet {name}: {address}")
+
+
+@app.command()
+def accounts(
+    username: Annotated[list[str], typer.Argument(help="wallet addresses (as topics spell them) to admit")],
+    export: Annotated[Optional[Path], typer.Option(
+        help="also copy each account's password file (0600) here, for the host that joins with it")] = None,
+    home: HomeOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """On the devnet's host: give wallets broker accounts (for hosts that 'devnet join'), reload the broker.
+
+    A joined host reads them from $AITBC_HOME/devnet/bus-accounts/<address>.
+    """
+    from aitbc_agent_sdk.devnet.network import add_broker_accounts
+
+    written = add_broker_accounts(resolve_home(home), username, export)
+    if as_json:
+        print_json({"accounts": username, "exported": [str(p) for p in written]})
+    else:
+        Console().print(f"broker accounts ready: {', '.join(username)}"
+                        + (f"; password files in {export}" if export else ""))
 
 
 @app.command()

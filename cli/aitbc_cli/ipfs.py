@@ -100,7 +100,8 @@ def cat(
     out = sys.stdout.buffer
 
     async def copy(store: Store) -> None:
-        async for chunk in store.stream(cid):
+        # The user named this CID and the bytes go to stdout, not memory: only the DAG shape limits apply.
+        async for chunk in store.stream(cid, max_bytes=None, timeout_s=None):
             out.write(chunk)
         out.flush()
 

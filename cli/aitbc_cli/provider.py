@@ -28,6 +28,8 @@ def start(
     gpu: Annotated[str, typer.Option(help="'auto' (NVML) or 'none' to offer CPU only")] = "auto",
     slots: Annotated[int, typer.Option(min=1)] = 1,
     stake: Annotated[Decimal, typer.Option(help="bond to post in the registry if not registered, in ETH")] = Decimal(0),
+    no_sandbox: Annotated[bool, typer.Option(
+        "--no-sandbox", help="train jobs without the bwrap sandbox: they can then read this user's files")] = False,
     home: HomeOption = None,
 ) -> None:
     """Serve until interrupted: signed offer, heartbeats, jobs in a separate training process."""
@@ -37,6 +39,7 @@ def start(
 
     async def serve() -> None:
         from aitbc_agent_sdk.provider.daemon import serve_provider
+        from aitbc_agent_sdk.provider.sandbox import TrainingSandbox
 
         account, _ = await unlock(root, wallet)
         stop = asyncio.Event()
@@ -44,7 +47,8 @@ def start(
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)
         Console(stderr=True).print(f"provider {account.address} serving at {price} ETH per round (Ctrl-C stops)")
         await serve_provider(root, account, price_wei=int(price * 10**18), slots=slots, gpu=gpu,
-                             stake_wei=int(stake * 10**18) or None, stop=stop)
+                             stake_wei=int(stake * 10**18) or None, stop=stop,
+                             sandbox=None if no_sandbox else TrainingSandbox(hidden_paths=(root,)))
 
     asyncio.run(serve())
 
@@ -99,7 +103,7 @@ async def _registry_action(home, wallet: str, action: str, amount_wei: int = 0) 
     profile = load_profile(home)
     w3 = await connect_rpc(profile.chain.rpc_url)
     registry = RegistryClient(w3, await EscrowClient(w3, profile.chain.escrow).registry())
-    sender = TransactionSender(w3, account)
+    sender = TransactionSender(w3, account, confirmations=profile.chain.confirmations)
     state = await registry.provider(account.address)
     if action == "register":
         if state.registered:

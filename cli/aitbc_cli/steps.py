@@ -292,13 +292,18 @@ def register_audit(app: typer.Typer) -> None:
         training_id: Annotated[str, typer.Option()],
         home: HomeOption = None,
         as_json: JsonOption = False,
+        repair: Annotated[bool, typer.Option(
+            "--repair", help="cut off a partial last line left by a crash, recording it in the chain "
+                             "(the next append does this too); anything else broken is refused")] = False,
     ) -> None:
         """Print the training's hash-chained audit log and verify the chain (exit 1 if it was tampered with)."""
-        from aitbc_agent_sdk.coordinator.audit import AuditEntry, parse_line, verify_log
+        from aitbc_agent_sdk.coordinator.audit import AuditEntry, parse_line, repair_log, verify_log
 
         path = training_dir(resolve_home(home), training_id) / "audit.jsonl"
         if not path.exists():
             raise ConfigError(f"no audit log for {training_id} at {path}")
+        if repair:
+            repair_log(path)  # AuditLogError (exit 2) when the damage is not a crash's partial line
         result = verify_log(path)
         lines = path.read_bytes().splitlines()[: result.entries]
         entries = [AuditEntry.model_validate(parse_line(line)) for line in lines]

@@ -17,4 +17,9 @@ contract RevertingReceiver {
     function pull(address escrow) external {
         IEscrowWithdraw(escrow).withdraw(address(0));
     }
+
+    /// @dev EIP-1271: this test wallet consents to every slot it is offered.
+    function isValidSignature(bytes32, bytes calldata) external pure returns (bytes4) {
+        return 0x1626ba7e;
+    }
 }

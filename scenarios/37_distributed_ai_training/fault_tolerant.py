@@ -91,6 +91,10 @@ class FaultTolerantTraining:
                     await self.dynamic_scaling()
                 await asyncio.wait([training], timeout=0.5)  # changed: every 0.5 s, not 60 s
             report = training.result()
+            # changed: one last look once the training is over; a pool change in its last rounds
+            # (a release after a fast round, say) lands after the loop's last pass
+            self.training_id = report.training_id
+            await self.dynamic_scaling()
         finally:
             if extra is not None:
                 await extra.__aexit__(None, None, None)
@@ -198,6 +202,7 @@ async def main():
                                    "faulty": extra, "faulty_paid_wei": paid.get(extra, 0) if extra else None,
                                    "escrow": report.escrow.model_dump(mode="json"),
                                    "pool": [r.workers for r in report.rounds],
+                                   "throughput": [r.throughput for r in report.rounds],
                                    "events": [e.event for e in events]}))
 
 

@@ -15,8 +15,6 @@ from pathlib import Path
 import torch
 from eth_account import Account
 
-from aitbc_agent_sdk.chain.escrow import training_key
-from aitbc_agent_sdk.chain.registry import sign_result
 from aitbc_agent_sdk.models import JobAssignment
 from aitbc_agent_sdk.provider.agent import EpochReporter, ProviderAgent, TrainOutcome
 from aitbc_agent_sdk.provider.process import CHECKPOINT_FILE, SHARD_FILE, WEIGHTS_FILE
@@ -115,7 +113,8 @@ class ForgedProvider(ProviderAgent):
 
     def sign_checkpoint(self, job: JobAssignment, cid: str) -> str:
         throwaway = Account.create()
-        return "0x" + sign_result(throwaway, training_key(job.training_id), cid).hex()
+        assert self.chain is not None
+        return self.chain.sign_result(throwaway, self._contracts[job.contract_id], job.round, cid)
 
 
 class CidMismatchProvider(ProviderAgent):
@@ -138,20 +137,27 @@ class QuarterSpeedProvider(ProviderAgent):
 
 
 class ThrottledProvider(ProviderAgent):
-    """Honest, but its first two jobs each stall for eight seconds (a throttled GPU that recovers)."""
+    """Honest, but its first two jobs each stall for eight seconds (a throttled GPU that recovers).
+
+    ``stall_s`` and ``stalled_jobs`` change both; a test on a busy host sizes the stall from the
+    round time it measured there, so "slow" and "fast" rounds differ by a known factor.
+    """
 
     THROTTLED_JOBS = 2
     STALL_S = 8.0
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
+    def __init__(self, *args: object, stall_s: float | None = None, stalled_jobs: int | None = None,
+                 **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._jobs_done = 0
+        self._stall_s = self.STALL_S if stall_s is None else stall_s
+        self._stalled_jobs = self.THROTTLED_JOBS if stalled_jobs is None else stalled_jobs
 
     async def train_job(self, job: JobAssignment, job_dir: Path, on_epoch: EpochReporter) -> TrainOutcome:
         outcome = await super().train_job(job, job_dir, on_epoch)
         self._jobs_done += 1
-        if self._jobs_done <= self.THROTTLED_JOBS:
-            await asyncio.sleep(self.STALL_S)
+        if self._jobs_done <= self._stalled_jobs:
+            await asyncio.sleep(self._stall_s)
         return outcome
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import sys
 from pathlib import Path
@@ -28,6 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = daemon.build_parser("aitbc Byzantine provider daemon for chaos tests "
                                  "(reads the wallet password from stdin)")
     parser.add_argument("--behaviour", required=True, choices=sorted(BEHAVIOURS | TROUBLED), help="how this provider cheats")
+    parser.add_argument("--stall-s", type=float, default=None, help="throttled: seconds each stalled job stalls")
+    parser.add_argument("--stalled-jobs", type=int, default=None, help="throttled: how many first jobs stall")
     return parser
 
 
@@ -35,7 +38,10 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.warning("this provider is Byzantine: %s", args.behaviour)
-    asyncio.run(daemon.run_daemon(args, byzantine_factory(args.behaviour)))
+    factory = byzantine_factory(args.behaviour)
+    if args.behaviour == "throttled":
+        factory = functools.partial(factory, stall_s=args.stall_s, stalled_jobs=args.stalled_jobs)
+    asyncio.run(daemon.run_daemon(args, factory))
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from aitbc_agent_sdk.chain import TransactionSender, connect_rpc
@@ -24,8 +25,10 @@ ETH = 10**18
 
 
 async def add_provider_daemon(home: Path, wallet: str, behaviour: str, *, price_wei: int,
-                              stake_wei: int = ETH // 10, funding_wei: int = ETH) -> str:
-    """Start the daemon, wait until every provider of the devnet advertises; returns its address."""
+                              stake_wei: int = ETH // 10, funding_wei: int = ETH,
+                              extra_args: Sequence[str] = ()) -> str:
+    """Start the daemon, wait until every provider of the devnet advertises; returns its address.
+    ``extra_args`` go to byzantine_provider.py (for example ``--stall-s`` for "throttled")."""
     profile = load_profile(home)
     password = devnet_password(home)
     assert password is not None, "not a devnet home (no wallet password file)"
@@ -43,7 +46,7 @@ async def add_provider_daemon(home: Path, wallet: str, behaviour: str, *, price_
     service = spawn(f"provider:{wallet}",
                     [sys.executable, str(REPO / "scripts" / "chaos" / "byzantine_provider.py"), "--home", str(home),
                      "--wallet", wallet, "--price-wei", str(price_wei), "--stake-wei", str(stake_wei),
-                     "--behaviour", behaviour],
+                     "--behaviour", behaviour, *extra_args],
                     port=0, log=home / "devnet" / "logs" / f"{wallet}.log", cwd=REPO,
                     stdin_data=(password + "\n").encode())
     profile = profile.model_copy(update={"services": (*profile.services, service)})

@@ -34,7 +34,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from aitbc_agent_sdk.profile import BusSettings
 
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # ``scripts.chaos`` importable when run as a file
@@ -137,11 +140,31 @@ def children(pid: int) -> list[int]:
 
 
 def worker_process_of(daemon_pid: int) -> int | None:
-    """The training subprocess (``provider.worker_process``) of a provider daemon, if one runs."""
-    for child in children(daemon_pid):
-        if "aitbc_agent_sdk.provider.worker_process" in _cmdline(child) and _alive(child):
-            return child
-    return None
+    """The training subprocess (``provider.worker_process``) of a provider daemon, if one runs.
+
+    Sandboxed, the daemon's child is bwrap and the Python process sits further down: stopping
+    bwrap would not stop the training, so this looks for the interpreter itself. A sandboxed
+    provider also keeps a spare process for the next job, started after the current one: the
+    oldest interpreter is the one training.
+    """
+    pending, found = children(daemon_pid), []
+    while pending:
+        pid = pending.pop(0)
+        line = _cmdline(pid)
+        if "aitbc_agent_sdk.provider.worker_process" not in line or not _alive(pid):
+            continue
+        if Path(line.split(" ", 1)[0]).name in ("bwrap", "setpriv"):
+            pending += children(pid)
+        else:
+            found.append(pid)
+    return min(found, key=_start_time, default=None)
+
+
+def _start_time(pid: int) -> int:
+    try:
+        return int(_read(f"/proc/{pid}/stat").decode(errors="replace").rsplit(") ", 1)[1].split()[19])
+    except (IndexError, ValueError):
+        return 0
 
 
 def _alive(pid: int) -> bool:
@@ -200,8 +223,8 @@ async def _wait_dead(pid: int, timeout: float) -> bool:
 class BusWatch:
     """Progress and results of one training, straight from the broker, for timing the faults."""
 
-    def __init__(self, host: str, port: int, training_id: str) -> None:
-        self.host, self.port, self.training_id = host, port, training_id
+    def __init__(self, bus: BusSettings, training_id: str) -> None:
+        self.bus, self.training_id = bus, training_id
         self.items: list[Any] = []
         self.result_at: dict[str, float] = {}  # job id -> time.time() its result was published
         self._waiters: list[tuple[Callable[[Any], bool], asyncio.Future[Any]]] = []
@@ -212,11 +235,11 @@ class BusWatch:
         from eth_account import Account
 
         from aitbc_agent_sdk.messaging import SignedChannel, topics
-        from aitbc_agent_sdk.messaging.mqtt import MqttBus
+        from aitbc_agent_sdk.messaging.settings import connect_bus
         from aitbc_agent_sdk.models import JobResult, Progress
 
         bus = await self._stack.enter_async_context(
-            MqttBus(self.host, self.port, client_id=f"chaos-watch-{time.time_ns()}", persistent=False))
+            connect_bus(self.bus, f"chaos-watch-{time.time_ns()}", persistent=False))
         channel = SignedChannel(bus, Account.create())
         ready = [asyncio.Event(), asyncio.Event()]
         self._tasks = [asyncio.create_task(self._listen(channel, topics.all_progress(self.training_id), Progress,
@@ -549,7 +572,7 @@ async def fault_straggler(run: ScenarioRun) -> None:
 async def fault_mosquitto_restart(run: ScenarioRun) -> None:
     """Restart mosquitto (same port, config and persistence dir) once round 2 is running."""
     assert run.watch is not None
-    from aitbc_agent_sdk.devnet.mosquitto import start_mosquitto
+    from aitbc_agent_sdk.devnet.mosquitto import restart_mosquitto
     from aitbc_agent_sdk.devnet.service import stop, wait_for_port
     from aitbc_agent_sdk.profile import load_profile, save_profile
 
@@ -561,7 +584,7 @@ async def fault_mosquitto_restart(run: ScenarioRun) -> None:
     run.fault_at = time.time()
     started = time.monotonic()
     await asyncio.to_thread(stop, old)  # SIGTERM: mosquitto writes its persistence file on the way out
-    new = start_mosquitto(old.log.parent, host=old.host, port=old.port)
+    new = restart_mosquitto(old)  # same accounts, ACL and TLS
     save_profile(run.home, profile.model_copy(
         update={"services": tuple(new if s.name == "mosquitto" else s for s in profile.services)}))
     await wait_for_port(new, 30.0)
@@ -608,7 +631,7 @@ EXPECTED_EVENT = {
 
 async def chain_view(run: ScenarioRun) -> dict[str, Any]:
     """The escrow's totals and this training's events, read from anvil."""
-    from aitbc_agent_sdk.chain import EscrowClient, connect_rpc, training_key
+    from aitbc_agent_sdk.chain import EscrowClient, connect_rpc
     from aitbc_agent_sdk.profile import load_profile
 
     assert run.tid is not None
@@ -616,8 +639,10 @@ async def chain_view(run: ScenarioRun) -> dict[str, Any]:
     w3 = await connect_rpc(profile.chain.rpc_url)
     try:
         escrow = EscrowClient(w3, profile.chain.escrow)
-        state = await escrow.training(training_key(run.tid))
-        events = await escrow.events(training_key(run.tid))
+        # The on-chain id is derived from the coordinator's address: find it by the training's name.
+        (key, _), *_ = await escrow.trainings_named(run.tid)
+        state = await escrow.training(key)
+        events = await escrow.events(key)
     finally:
         with contextlib.suppress(Exception):
             await w3.provider.disconnect()
@@ -833,7 +858,7 @@ async def run_scenario(name: str, config: ChaosConfig = ChaosConfig(), *, refere
             run.target = run.workers()[1]["worker_id"]  # the second cheapest: neither first nor last
         profile = load_profile(run.home)
         assert run.tid is not None
-        async with BusWatch(profile.bus.host, profile.bus.port, run.tid) as watch:
+        async with BusWatch(profile.bus, run.tid) as watch:
             run.watch = watch
             if name in FAULTS:
                 fault_task = asyncio.create_task(FAULTS[name](run))

@@ -342,6 +342,22 @@ if [[ -z "$FATAL" ]]; then
     fi
 fi
 if [[ -z "$FATAL" ]]; then
+    # The broker admits only accounts its host made: the operator issues one per joined wallet (and
+    # the read-only 'observer') and hands the 0600 password files over, as it handed over the profile.
+    log "aitbc1: broker accounts for the joined wallets (devnet accounts --export)"
+    for node in aitbc gitea-runner; do
+        addrs=()
+        for wallet in "${!PROVIDER_NODE[@]}"; do
+            [[ ${PROVIDER_NODE[$wallet]} == "$node" ]] && addrs+=("${WALLET_ADDR[$wallet]}")
+        done
+        if ! aitbc aitbc1 devnet accounts "${addrs[@]}" observer --export "$RUN/$node/home/devnet/bus-accounts" \
+                --json >"$OUT/accounts-$node.json" 2>"$OUT/accounts-$node.err"; then
+            fatal "broker accounts for $node failed" "$OUT/accounts-$node.err"
+            break
+        fi
+    done
+fi
+if [[ -z "$FATAL" ]]; then
     log "aitbc1: fund the provider wallets from the 'dev' wallet (aitbc wallet send)"
     for wallet in provider-aitbc-0 provider-aitbc-1 provider-gitea-runner-0; do
         if ! AITBC_WALLET_PASSWORD="$(cat "$RUN/aitbc1/home/devnet/wallet-password")" \

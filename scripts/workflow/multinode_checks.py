@@ -84,7 +84,7 @@ async def probe(args: argparse.Namespace) -> str:
     import httpx
 
     from aitbc_agent_sdk.chain import connect_rpc
-    from aitbc_agent_sdk.messaging.mqtt import MqttBus
+    from aitbc_agent_sdk.messaging.settings import connect_bus
 
     profile = load_profile_file(args.profile)
     result: dict[str, Any] = {"node": args.node, "address": args.address}
@@ -93,8 +93,8 @@ async def probe(args: argparse.Namespace) -> str:
     # broker
     try:
         result["broker_from"] = local_address_to(profile.bus.host, profile.bus.port)
-        async with MqttBus(profile.bus.host, profile.bus.port, client_id=f"probe-{args.node}-{time.time_ns()}",
-                           persistent=False, reconnect=False, timeout=5.0):
+        async with connect_bus(profile.bus, f"probe-{args.node}-{time.time_ns()}",
+                               persistent=False, reconnect=False, timeout=5.0):
             pass
         result["broker"] = f"{profile.bus.host}:{profile.bus.port}"
     except Exception as exc:  # noqa: BLE001 - any failure is this check's verdict
@@ -152,14 +152,14 @@ async def heartbeats(args: argparse.Namespace) -> str:
 
     from aitbc_agent_sdk.market import collect_offers
     from aitbc_agent_sdk.messaging import SignedChannel, topics
-    from aitbc_agent_sdk.messaging.mqtt import MqttBus
+    from aitbc_agent_sdk.messaging.settings import connect_bus
     from aitbc_agent_sdk.models import Heartbeat
 
     profile = load_profile_file(args.profile)
     expected = labels(args.expect)
     beats: dict[str, float] = {}
-    async with MqttBus(profile.bus.host, profile.bus.port, client_id=f"coordinator-watch-{time.time_ns()}",
-                       persistent=False, reconnect=False) as bus:
+    async with connect_bus(profile.bus, f"coordinator-watch-{time.time_ns()}",
+                           persistent=False, reconnect=False) as bus:
         channel = SignedChannel(bus, Account.create())
         async with channel.subscribe(topics.HEARTBEATS, Heartbeat) as stream:  # waits for slow starters
             with contextlib.suppress(TimeoutError):
@@ -262,7 +262,7 @@ async def kill_on_progress(args: argparse.Namespace) -> dict[str, Any]:
     from eth_account import Account
 
     from aitbc_agent_sdk.messaging import SignedChannel, topics
-    from aitbc_agent_sdk.messaging.mqtt import MqttBus
+    from aitbc_agent_sdk.messaging.settings import connect_bus
     from aitbc_agent_sdk.models import Progress
     from aitbc_agent_sdk.profile import load_profile
 
@@ -273,8 +273,7 @@ async def kill_on_progress(args: argparse.Namespace) -> dict[str, Any]:
         raise RuntimeError(f"pid {pid} from {status} is not a process of this host")
     profile = load_profile(home)
     target = args.address.lower()
-    async with MqttBus(profile.bus.host, profile.bus.port, client_id=f"killer-{time.time_ns()}",
-                       persistent=False) as bus:
+    async with connect_bus(profile.bus, f"killer-{time.time_ns()}", persistent=False) as bus:
         channel = SignedChannel(bus, Account.create())
         async with channel.subscribe(topics.all_progress(args.training_id), Progress) as stream:
             Path(args.ready).write_text("subscribed\n")
@@ -415,7 +414,7 @@ async def payments(args: argparse.Namespace) -> str:
     """From outside: the escrow's events and everyone's balances, checked against the training's results."""
     from eth_utils import keccak
 
-    from aitbc_agent_sdk.chain import EscrowClient, connect_rpc, training_key
+    from aitbc_agent_sdk.chain import EscrowClient, connect_rpc
 
     profile = load_profile_file(args.profile)
     results, before = load_json(args.results), load_json(args.before)
@@ -425,7 +424,7 @@ async def payments(args: argparse.Namespace) -> str:
     w3 = await connect_rpc(profile.chain.rpc_url)
     try:
         escrow = EscrowClient(w3, profile.chain.escrow)
-        key = training_key(tid)
+        (key, _), *_ = await escrow.trainings_named(tid, from_block=profile.chain.deployed_block)
         state = await escrow.training(key)
         events = await escrow.events(key, from_block=profile.chain.deployed_block)
         head = int(await w3.eth.block_number)

@@ -7,13 +7,16 @@ binary fails these fixtures loudly instead of skipping the MQTT tests.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import socket
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from aitbc_agent_sdk.devnet.mosquitto import start_mosquitto
-from aitbc_agent_sdk.devnet.service import ServiceProcess, stop, wait_for_port
+from aitbc_agent_sdk.devnet.service import ServiceError, ServiceProcess, stop, tail, wait_for_port
 
 
 def run_broker(data_dir: Path, port: int | None = None) -> ServiceProcess:
@@ -60,3 +63,66 @@ def fresh_mosquitto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Restar
     broker = RestartableBroker(tmp_path_factory.mktemp("mosquitto-fresh"))
     yield broker
     broker.stop()
+
+
+def _wait_listening(service: ServiceProcess, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not service.alive():
+            raise ServiceError(f"mosquitto exited during start-up:\n{tail(service.log)}")
+        try:
+            socket.create_connection((service.host, service.port), timeout=1.0).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise ServiceError(f"mosquitto did not listen within {timeout:.0f}s:\n{tail(service.log)}")
+
+
+class SecuredBroker:
+    """Mosquitto configured as ``devnet up`` configures it: password file, ACL, size limit, maybe TLS.
+
+    ``usernames`` get broker accounts (as the devnet's wallets do) before it starts;
+    ``settings(...)`` is the BusSettings a devnet profile would carry.
+    """
+
+    def __init__(self, root: Path, usernames: tuple[str, ...] = (), *, tls: bool = False,
+                 max_message_bytes: int = 64 * 1024) -> None:
+        from aitbc_agent_sdk.devnet.broker_auth import BrokerAccounts
+        from aitbc_agent_sdk.devnet.mosquitto import BrokerSecurity
+        from aitbc_agent_sdk.devnet.tls import make_broker_tls
+
+        self.auth = BrokerAccounts(root / "broker-auth")
+        self.auth.ensure(usernames)
+        self.tls = make_broker_tls(root / "broker-auth" / "tls", "127.0.0.1") if tls else None
+        self.max_message_bytes = max_message_bytes
+        self.security = BrokerSecurity(password_file=self.auth.password_file, acl_file=self.auth.acl_file,
+                                       max_message_bytes=max_message_bytes, tls=self.tls)
+        self.service = start_mosquitto(root / "broker", security=self.security)
+        try:
+            _wait_listening(self.service, 15.0)  # sync: tests call this from inside their event loop
+        except BaseException:
+            stop(self.service)
+            raise
+        self.port = self.service.port
+
+    def settings(self, **changes: object):
+        from aitbc_agent_sdk.profile import BusSettings
+
+        base = {"port": self.port, "accounts_dir": self.auth.accounts_dir, "max_message_bytes": self.max_message_bytes}
+        if self.tls is not None:
+            base.update(tls=True, ca_pem=self.tls.ca_pem())
+        return BusSettings(**{**base, **changes})
+
+
+@pytest.fixture
+def secured_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., SecuredBroker]]:
+    """``secured_broker(usernames, tls=...)`` starts one; all are stopped after the test."""
+    started: list[SecuredBroker] = []
+
+    def start(usernames: tuple[str, ...] = (), **options: Any) -> SecuredBroker:
+        started.append(SecuredBroker(tmp_path_factory.mktemp("mosquitto-secured"), tuple(usernames), **options))
+        return started[-1]
+
+    yield start
+    for broker in started:
+        stop(broker.service)

@@ -1,0 +1,69 @@
+"""Time from a job reaching the training process to its first training step, with and without the sandbox.
+
+``python bench/bench_sandbox_startup.py [runs]``. Three cases, each on a fresh provider work directory:
+
+* cold: the process is started and handed the job at once (torch imports inside the measurement);
+* warm: the process has announced it is ready (a provider's steady state between rounds);
+* back-to-back: the next job is handed over the moment the previous one finished (sandboxed,
+  its replacement process is still importing torch).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from aitbc_agent_sdk.models import JobConfig
+from aitbc_agent_sdk.provider.process import SHARD_FILE, WEIGHTS_FILE, TrainingProcess
+from aitbc_agent_sdk.provider.sandbox import TrainingSandbox
+from aitbc_agent_sdk.training import build_model, encode_data, encode_state, load_dataset, model_spec_for
+
+
+def write_inputs(job_dir: Path):
+    data = load_dataset("digits").subset(list(range(64)))
+    spec = model_spec_for("mlp", data)
+    job_dir.mkdir(parents=True, exist_ok=True)
+    (job_dir / SHARD_FILE).write_bytes(encode_data(data))
+    (job_dir / WEIGHTS_FILE).write_bytes(encode_state(build_model(spec, seed=0).state_dict()))
+    return spec
+
+
+async def to_first_step(process: TrainingProcess, job_dir: Path, spec) -> float:
+    first = asyncio.get_running_loop().create_future()
+    start = time.perf_counter()
+    # One epoch of 64 samples in batches of 64: the first epoch event is the first step.
+    await process.train(job_dir, job_id="bench", model=spec, config=JobConfig(epochs=1, batch_size=64), seed=0,
+                        on_epoch=lambda e: first.done() or first.set_result(time.perf_counter() - start))
+    return first.result()
+
+
+async def one_run(sandbox: TrainingSandbox | None) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp) / "provider"
+        spec = write_inputs(work / "jobs" / "bench")
+        process = TrainingProcess(work, sandbox=sandbox)
+        try:
+            await process.start()
+            cold = await to_first_step(process, work / "jobs" / "bench", spec)
+            back_to_back = await to_first_step(process, work / "jobs" / "bench", spec)
+            await process.ready()
+            warm = await to_first_step(process, work / "jobs" / "bench", spec)
+        finally:
+            await process.stop()
+    return {"cold": cold, "warm": warm, "back-to-back": back_to_back}
+
+
+async def main(runs: int) -> None:
+    for name, sandbox in (("no sandbox", None), ("bwrap sandbox", TrainingSandbox())):
+        results = [await one_run(sandbox) for _ in range(runs)]
+        line = ", ".join(f"{case} {statistics.median(r[case] for r in results) * 1000:.0f} ms"
+                         f" (min {min(r[case] for r in results) * 1000:.0f})" for case in results[0])
+        print(f"{name}: median of {runs}: {line}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main(int(sys.argv[1]) if len(sys.argv) > 1 else 3))
