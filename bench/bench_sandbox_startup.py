@@ -3,9 +3,10 @@
 ``python bench/bench_sandbox_startup.py [runs]``. Three cases, each on a fresh provider work directory:
 
 * cold: the process is started and handed the job at once (torch imports inside the measurement);
-* warm: the process has announced it is ready (a provider's steady state between rounds);
-* back-to-back: the next job is handed over the moment the previous one finished (sandboxed,
-  its replacement process is still importing torch).
+* same training: the training's next job, handed over the moment the previous one finished
+  (a provider's steady state between rounds: sandboxed, the same process serves it);
+* another training: another customer's job, handed over the moment the previous one finished
+  (sandboxed, it gets the spare process, which may still be importing torch).
 """
 
 from __future__ import annotations
@@ -32,12 +33,12 @@ def write_inputs(job_dir: Path):
     return spec
 
 
-async def to_first_step(process: TrainingProcess, job_dir: Path, spec) -> float:
+async def to_first_step(process: TrainingProcess, job_dir: Path, spec, owner: str) -> float:
     first = asyncio.get_running_loop().create_future()
     start = time.perf_counter()
     # One epoch of 64 samples in batches of 64: the first epoch event is the first step.
     await process.train(job_dir, job_id="bench", model=spec, config=JobConfig(epochs=1, batch_size=64), seed=0,
-                        on_epoch=lambda e: first.done() or first.set_result(time.perf_counter() - start))
+                        owner=owner, on_epoch=lambda e: first.done() or first.set_result(time.perf_counter() - start))
     return first.result()
 
 
@@ -48,13 +49,13 @@ async def one_run(sandbox: TrainingSandbox | None) -> dict[str, float]:
         process = TrainingProcess(work, sandbox=sandbox)
         try:
             await process.start()
-            cold = await to_first_step(process, work / "jobs" / "bench", spec)
-            back_to_back = await to_first_step(process, work / "jobs" / "bench", spec)
-            await process.ready()
-            warm = await to_first_step(process, work / "jobs" / "bench", spec)
+            job = work / "jobs" / "bench"
+            cold = await to_first_step(process, job, spec, "training_a")
+            same = await to_first_step(process, job, spec, "training_a")
+            other = await to_first_step(process, job, spec, "training_b")
         finally:
             await process.stop()
-    return {"cold": cold, "warm": warm, "back-to-back": back_to_back}
+    return {"cold": cold, "same training": same, "another training": other}
 
 
 async def main(runs: int) -> None:

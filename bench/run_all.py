@@ -18,6 +18,8 @@ FULL = {
     "bench_heartbeats.py": ["--seconds", "20"],
     "bench_gas.py": ["--sizes", "1", "4", "10", "32"],
     "bench_elastic.py": ["--rounds", "6", "--repeat", "2"],
+    "bench_sandbox_startup.py": ["5"],
+    "bench_flows.py": ["--pairs", "3"],
 }
 QUICK = {
     "bench_fedavg.py": ["--k", "4", "--params", "1000000", "--repeat", "2"],
@@ -28,6 +30,8 @@ QUICK = {
     "bench_heartbeats.py": ["--providers", "200", "--seconds", "3"],
     "bench_gas.py": ["--sizes", "1", "10"],
     "bench_elastic.py": ["--rounds", "3", "--repeat", "1"],
+    "bench_sandbox_startup.py": ["1"],
+    "bench_flows.py": ["--pairs", "1", "--flows", "run"],
 }
 
 

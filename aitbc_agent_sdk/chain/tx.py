@@ -60,6 +60,10 @@ class SentTx:
     raw: bytes = b""
 
 
+# How long a nonce the node counts as used may go without a receipt for our transaction
+# before we conclude another transaction took it.
+NONCE_TAKEN_GRACE_S = 5.0
+
 # Called with the SentTx before each broadcast of it (first send and every replacement), so a
 # caller can record what is about to happen before the node can act on it.
 OnBroadcast = Callable[[SentTx], Awaitable[None]]
@@ -249,6 +253,7 @@ class TransactionSender:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         last_broadcast, last_resend, bumps = loop.time(), -math.inf, 0
+        taken_since: float | None = None
         while True:
             receipt = await self._receipt(sent)
             if receipt is not None:
@@ -261,11 +266,14 @@ class TransactionSender:
                 raise ChainError(f"{action}: not mined within {timeout:g}s (nonce {sent.nonce}, "
                                  f"tx {sent.hashes[-1].to_0x_hex()}); the nonce is re-read for the next send")
             if int(await eth.get_transaction_count(self.address, "latest")) > sent.nonce:
-                receipt = await self._receipt(sent)  # mined between the two reads?
-                if receipt is None:
+                # A node may count the nonce a moment before it serves the receipt (anvil does, under
+                # load): only a nonce taken and still receipt-less after a grace is another's.
+                taken_since = loop.time() if taken_since is None else taken_since
+                if loop.time() - taken_since >= NONCE_TAKEN_GRACE_S and await self._receipt(sent) is None:
                     await self._give_back(sent)
                     raise ChainError(f"{action}: nonce {sent.nonce} was used by another transaction "
                                      f"of {self.address}; this one will never be mined")
+                await asyncio.sleep(self._poll_interval)
                 continue
             now = loop.time()
             if now - last_broadcast >= self._stuck_after and bumps < self._max_bumps:

@@ -61,10 +61,12 @@ async def take_over_slot(coordinator: Coordinator, training_id: str, old: Worker
                          old_contract_id=old.contract_id, new_contract_id=new.contract_id, reason=reason)
     await coordinator.db.save_intent(intent)
     try:
-        tx = await coordinator.escrow.replace(training_id, old.worker_id, new)
+        tx, added = await coordinator.escrow.replace(training_id, old.worker_id, new)
     except ContractRevertError:  # the chain refused it: nothing moved
         await coordinator.db.save_intent(intent.model_copy(update={"status": "failed"}))
         raise
+    if added is not None:  # the replacement asked more than the old slot held: it got a slot of its own
+        await coordinator.audit(training_id, "spare_funded", worker=new.worker_id, slot_wei=added[0], tx=added[1])
     promoted = _promoted(old, new)
     await coordinator.db.finish_replacement(intent, old.model_copy(update={"role": "replaced"}), promoted)
     await coordinator.audit(training_id, "worker_replaced", worker=old.worker_id, replacement=new.worker_id,

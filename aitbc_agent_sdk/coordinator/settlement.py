@@ -99,19 +99,22 @@ class EscrowAccount:
                                                _consent(contract))
         return receipt["transactionHash"].to_0x_hex()
 
-    async def replace(self, training_id: str, old_worker: str, new: WorkerContract) -> str:
-        """Move ``old_worker``'s unpaid slot to ``new``'s worker, with its consent; returns the tx hash.
+    async def replace(self, training_id: str, old_worker: str,
+                      new: WorkerContract) -> tuple[str, tuple[int, str] | None]:
+        """Move ``old_worker``'s unpaid slot to ``new``'s worker, with its consent; returns the tx
+        hash, and the wei and tx hash of a slot added for it first (None when none was).
 
         A provider works only in a slot that holds its price for its rounds, so a replacement
         that asks more than the old slot holds gets its own slot first (``addWorker``); the
         replace then only retires the old one. What it does not earn is refunded on close.
         """
         slots = await self.slots_on_chain(training_id, [old_worker, new.worker_id])
+        added = None
         if slots[new.worker_id][0] == 0 and new.price > slots[old_worker][0]:
-            await self.add_slot(training_id, new, new.price)
+            added = (new.price, await self.add_slot(training_id, new, new.price))
         receipt = await self.escrow.replace_worker(self.sender, self.key(training_id), old_worker, new.worker_id,
                                                    _consent(new))
-        return receipt["transactionHash"].to_0x_hex()
+        return receipt["transactionHash"].to_0x_hex(), added
 
     async def drop(self, training_id: str, worker: str) -> str:
         """Take back ``worker``'s unpaid slot (its speculative copy lost); returns the tx hash."""

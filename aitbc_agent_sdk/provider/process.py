@@ -269,21 +269,27 @@ class TrainingProcess:
             await asyncio.to_thread(shutil.rmtree, box, True)
 
     async def stop(self) -> None:
-        """Close stdin (the worker exits), kill what does not exit in 5 s; the spare too."""
+        """Close stdin (the worker exits), kill what does not exit in 5 s. A process that has not
+        announced itself ready (the spare, most often) reads no stdin yet: it is killed at once."""
         current = _Launched(self._proc, self._stderr_task, self._box) if self._proc and self._stderr_task else None
-        self._proc, self._box, self._stderr_task = None, None, None
+        graceful = self._ready
+        self._proc, self._box, self._stderr_task, self._ready = None, None, None, False
         spare, self._spare = self._spare, None
-        await asyncio.gather(*(_close(w) for w in (current, spare) if w is not None))
+        await asyncio.gather(*(_close(w, graceful=g) for w, g in ((current, graceful), (spare, False))
+                               if w is not None))
 
 
-async def _close(worker: _Launched) -> None:
+async def _close(worker: _Launched, *, graceful: bool) -> None:
     proc = worker.proc
     if proc.returncode is None:
         assert proc.stdin is not None
         proc.stdin.close()
-        try:
-            await asyncio.wait_for(proc.wait(), 5)
-        except TimeoutError:
+        exited = False
+        if graceful:  # a process still importing torch reads no stdin: nothing to wait for
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), 5)
+                exited = True
+        if not exited:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             await proc.wait()

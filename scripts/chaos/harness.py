@@ -712,8 +712,11 @@ def judge(run: ScenarioRun, result: ScenarioResult, final: dict[str, Any], audit
              f"sum(Refunded)={chain['refunded']}")
     events = audit["entries"]
     funded = _by(events, "escrow_funded")
-    if not funded or funded[0]["fields"].get("deposit_wei") != state.deposited:
-        fail(f"audit escrow_funded {[f['fields'].get('deposit_wei') for f in funded]} != deposited {state.deposited}")
+    # Slots added later (a spare funded for a speculative copy, an elastic pool growing) add to the deposit.
+    added = [int(e["fields"].get("slot_wei", 0)) for e in (*_by(events, "spare_funded"), *_by(events, "worker_added"))]
+    if not funded or funded[0]["fields"].get("deposit_wei", 0) + sum(added) != state.deposited:
+        fail(f"audit escrow_funded {[f['fields'].get('deposit_wei') for f in funded]} + added slots {added} "
+             f"!= deposited {state.deposited}")
     listed: dict[str, int] = {}
     for p in payments["payments"]:
         listed[p["worker_id"]] = listed.get(p["worker_id"], 0) + int(p["amount_wei"])

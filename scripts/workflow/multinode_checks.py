@@ -439,8 +439,9 @@ async def payments(args: argparse.Namespace) -> str:
         return [e for e in events if e.name == name]
 
     # the totals: deposit = paid + refunded, and the events add up to the contract's books
-    opened = named("TrainingOpened")
-    deposit = sum(int(e.args["deposit"]) for e in opened)
+    # Every slot, opened with the training or added later (a spare funded for a speculative
+    # copy), is one SlotOpened; together they are the deposit.
+    deposit = sum(int(e.args["amount"]) for e in named("SlotOpened"))
     released: dict[str, int] = {}
     for e in named("Released"):
         released[e.args["worker"].lower()] = released.get(e.args["worker"].lower(), 0) + int(e.args["amount"])

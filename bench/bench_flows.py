@@ -1,0 +1,80 @@
+"""The README's two flows, timed as whole processes against another version of the SDK.
+
+    python bench/bench_flows.py --baseline /path/to/other/venv/bin/aitbc [--pairs 3] [--flows run devnet]
+
+Each pair runs the baseline's command, then this checkout's, so a machine that slows down or
+speeds up during the run affects both sides alike; the figure to quote is the median of the
+per-pair ratios. ``run`` is ``aitbc distributed-training run`` on the embedded stack (digits,
+4 workers, 5 rounds); ``devnet`` is ``scripts/devnet_flow.sh``, the step-by-step flow on
+mosquitto, anvil and js-ipfs with 3 provider daemons. Without ``--baseline`` the baseline is
+this checkout too, which measures only the noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+OURS = Path(sys.executable).with_name("aitbc")
+
+
+def flow_command(flow: str, aitbc: Path) -> list[str]:
+    if flow == "run":
+        return [str(aitbc), "distributed-training", "run", "--dataset", "digits", "--workers", "4", "--rounds", "5",
+                "--json"]
+    return ["bash", str(ROOT / "scripts" / "devnet_flow.sh"), str(aitbc)]
+
+
+def timed(command: list[str]) -> tuple[float, str]:
+    with tempfile.TemporaryDirectory(prefix="aitbc-bench-") as home:
+        env = {**os.environ, "AITBC_HOME": home}
+        env.pop("AITBC_WALLET_PASSWORD", None)
+        start = time.perf_counter()
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+        elapsed = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+    return elapsed, done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+
+
+def outcome(flow: str, last_line: str) -> str:
+    if flow == "run":
+        return f"accuracy {json.loads(last_line)['final_accuracy']:.4f}"
+    return last_line  # "complete 0.95..." from the script
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--baseline", type=Path, default=OURS, help="the other version's aitbc executable")
+    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--flows", nargs="+", choices=("run", "devnet"), default=["run", "devnet"])
+    args = parser.parse_args()
+    rows = []
+    for flow in args.flows:
+        base_s, ours_s, ratios, seen = [], [], [], []
+        for _ in range(args.pairs):
+            b, b_out = timed(flow_command(flow, args.baseline))
+            o, o_out = timed(flow_command(flow, OURS))
+            base_s.append(b)
+            ours_s.append(o)
+            ratios.append(o / b)
+            seen.append((outcome(flow, b_out), outcome(flow, o_out)))
+        rows.append({"flow": flow, "pairs": args.pairs, "baseline_median_s": round(statistics.median(base_s), 2),
+                     "ours_median_s": round(statistics.median(ours_s), 2),
+                     "ratio_median": round(statistics.median(ratios), 3),
+                     "ratio_min": round(min(ratios), 3), "ratio_max": round(max(ratios), 3),
+                     "outcomes": seen})
+        print(json.dumps(rows[-1]), flush=True)
+
+
+if __name__ == "__main__":
+    main()
