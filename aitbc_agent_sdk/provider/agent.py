@@ -216,6 +216,11 @@ class ProviderAgent:
         if contract is None or contract.coordinator != verified.sender:
             log.warning("job %s without a contract from its sender dropped", verified.message.job_id)
             return
+        if verified.message.training_id != contract.training_id:  # the chain backs the contract's training only
+            log.warning("job %s names training %s, not its contract's %s: dropped", verified.message.job_id,
+                        verified.message.training_id, contract.training_id)
+            self.dropped["jobs: wrong training"] += 1
+            return
         if (problem := await self._contract_problem(contract)) is not None:
             log.warning("job %s refused: %s", verified.message.job_id, problem)
             with contextlib.suppress(AitbcError):

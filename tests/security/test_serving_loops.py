@@ -56,6 +56,22 @@ async def test_ids_with_a_slash_never_route_progress_or_results_onto_other_topic
             assert v.topic == expected
 
 
+async def test_a_job_naming_another_training_than_its_contract_is_dropped(servers):
+    """The chain backs a contract's own training only: a job under that contract that names another
+    training (whose topics and evidence it would then use) does no work."""
+    async with provider_rig(servers) as rig:
+        contract = await rig.hire()
+        jobs = topics.jobs(rig.provider.address)
+        stray = await rig.job(contract, training_id="training_00000000000other")
+        await rig.send(jobs, stray)
+        valid = await rig.job(contract)
+        await rig.send(jobs, valid)  # handled after the stray one, on the same subscription
+        await rig.feeds["results"].first(lambda v: v.message.job_id == valid.job_id)
+        assert rig.provider.dropped["jobs: wrong training"] == 1
+        seen = {v.message.job_id for name in ("results", "progress") for v in rig.feeds[name].items}
+        assert stray.job_id not in seen
+
+
 class FlakyAnswers(ProviderAgent):
     """Fault injection (no real part fails this way on demand): handling one proposal raises."""
 

@@ -22,6 +22,8 @@ from aitbc_agent_sdk.chain import TransactionSender
 from aitbc_agent_sdk.coordinator.audit import AuditLog, AuditLogError, read_log, verify_log
 from aitbc_agent_sdk.devnet.anvil import dev_accounts
 
+from tests.security.anvil_node import node  # noqa: F401 (a fixture)
+
 CID = "QmbFMke1KXqnYyBBWxB74N4c5SBnJMVAiMNRcGu6x1AwQH"
 PRICE = 10**15
 

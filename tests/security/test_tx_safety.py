@@ -21,6 +21,8 @@ from web3 import AsyncWeb3
 from aitbc_agent_sdk.chain import TransactionSender
 from aitbc_agent_sdk.devnet.anvil import dev_accounts
 
+from tests.security.anvil_node import node  # noqa: F401 (a fixture)
+
 WAIT_S = 60.0  # an upper bound for things that happen at once on an idle machine
 
 

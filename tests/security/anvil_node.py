@@ -1,4 +1,4 @@
-"""Fixtures shared by the attack tests."""
+"""The `node` fixture: a real anvil of the test's own (import it into a test module)."""
 
 from __future__ import annotations
 
