@@ -39,7 +39,8 @@ def timed(command: list[str]) -> tuple[float, str]:
         env = {**os.environ, "AITBC_HOME": home}
         env.pop("AITBC_WALLET_PASSWORD", None)
         start = time.perf_counter()
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+        # cwd outside any checkout: ``python -m`` daemons put their cwd first on sys.path.
+        done = subprocess.run(command, env=env, cwd=home, capture_output=True, text=True, timeout=900)
         elapsed = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")

@@ -6,7 +6,7 @@
 * same training: the training's next job, handed over the moment the previous one finished
   (a provider's steady state between rounds: sandboxed, the same process serves it);
 * another training: another customer's job, handed over the moment the previous one finished
-  (sandboxed, it gets the spare process, which may still be importing torch).
+  (sandboxed, it gets a fresh process, which imports torch first).
 """
 
 from __future__ import annotations

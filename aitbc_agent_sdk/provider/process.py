@@ -4,8 +4,9 @@ With a :class:`~.sandbox.TrainingSandbox` the process runs in bubblewrap (see :m
 and serves one training only: a job of another training (another customer) always gets a
 fresh process, so a job that got code execution can reach nothing but later jobs of the same
 customer, whose data it came from. A failed or killed job ends its process too, and so does
-the ``MAX_JOBS_PER_PROCESS``-th job (the CPU rlimit is sized for that many). A spare, in its own
-sandbox directory, starts when a job starts, so the next training's job finds torch imported.
+the ``MAX_JOBS_PER_PROCESS``-th job (the CPU rlimit is sized for that many); its successor starts
+at once, so only a provider switching customers waits for torch to import. (A spare started
+beside every job was dearer: on a small host its import slowed the rounds it ran beside.)
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import os
 import shutil
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,7 +77,6 @@ class TrainingProcess:
         self._stderr_task: asyncio.Task[None] | None = None
         self._ready = False
         self._box: Path | None = None
-        self._spare: _Launched | None = None  # sandboxed: the next job's process, importing torch
         self._owner: str | None = None  # sandboxed: the training the current process has served
         self._jobs_served = 0
         self._seq = itertools.count()
@@ -167,11 +167,7 @@ class TrainingProcess:
 
     async def _await_ready(self) -> None:
         if self._proc is None:
-            if self._spare is not None:
-                spare, self._spare = self._spare, None
-                self._adopt(spare)
-            else:
-                await self.start()
+            await self.start()
         if not self._ready:
             first = await self._next_event()
             if first.get("event") != "ready":
@@ -191,7 +187,7 @@ class TrainingProcess:
                 await asyncio.to_thread(clear_output, box / "out", CHECKPOINT_FILE)
                 await asyncio.to_thread(stage_inputs, job_dir, box / "in", (SHARD_FILE, WEIGHTS_FILE))
                 done = await self._train_locked(box / "in", job_id=job_id, model=model, config=config, seed=seed,
-                                                on_epoch=on_epoch, out_dir=box / "out", after_send=self._start_spare)
+                                                on_epoch=on_epoch, out_dir=box / "out")
             await asyncio.to_thread(take_output, box / "out" / CHECKPOINT_FILE, job_dir / CHECKPOINT_FILE,
                                     max_bytes=self._sandbox.file_size_bytes)
         except TimeoutError as exc:
@@ -207,25 +203,14 @@ class TrainingProcess:
             await self._replace()
         return done
 
-    async def _start_spare(self) -> None:
-        """Once the job is under way: start the next job's process, so it imports torch meanwhile."""
-        if self._spare is None:
-            self._spare = await self._launch()
-
     async def _replace(self) -> None:
-        """Kill this process (it may hold whatever a hostile job planted); the spare becomes the
-        process for the next job."""
+        """Kill this process (it may hold whatever a hostile job planted) and start its successor."""
         await self.kill()
-        spare, self._spare = self._spare, None
-        if spare is not None:
-            self._adopt(spare)
-        else:
-            with contextlib.suppress(AitbcError, OSError):
-                await self.start()
+        with contextlib.suppress(AitbcError, OSError):
+            await self.start()
 
     async def _train_locked(self, job_dir: Path, *, job_id: str, model: ModelSpec, config: JobConfig, seed: int,
-                            on_epoch: EpochCallback | None, out_dir: Path | None = None,
-                            after_send: Callable[[], Awaitable[None]] | None = None) -> dict[str, Any]:
+                            on_epoch: EpochCallback | None, out_dir: Path | None = None) -> dict[str, Any]:
         await self._await_ready()
         assert self._proc is not None and self._proc.stdin is not None
         request = {"op": "train", "job_dir": str(job_dir), "out_dir": str(out_dir or job_dir), "job_id": job_id,
@@ -233,8 +218,6 @@ class TrainingProcess:
                    "model": model.model_dump(mode="json"), "config": config.model_dump(mode="json")}
         self._proc.stdin.write((json.dumps(request) + "\n").encode())
         await self._proc.stdin.drain()
-        if after_send is not None:
-            await after_send()
         while True:
             event = await self._next_event()
             kind = event.get("event")
@@ -270,13 +253,13 @@ class TrainingProcess:
 
     async def stop(self) -> None:
         """Close stdin (the worker exits), kill what does not exit in 5 s. A process that has not
-        announced itself ready (the spare, most often) reads no stdin yet: it is killed at once."""
-        current = _Launched(self._proc, self._stderr_task, self._box) if self._proc and self._stderr_task else None
+        announced itself ready (still importing torch) reads no stdin yet: it is killed at once."""
+        if self._proc is None or self._stderr_task is None:
+            return
+        current = _Launched(self._proc, self._stderr_task, self._box)
         graceful = self._ready
         self._proc, self._box, self._stderr_task, self._ready = None, None, None, False
-        spare, self._spare = self._spare, None
-        await asyncio.gather(*(_close(w, graceful=g) for w, g in ((current, graceful), (spare, False))
-                               if w is not None))
+        await _close(current, graceful=graceful)
 
 
 async def _close(worker: _Launched, *, graceful: bool) -> None:
