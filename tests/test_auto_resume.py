@@ -24,6 +24,7 @@ from aitbc_agent_sdk.models import TrainingPhase
 from aitbc_agent_sdk.profile import devnet_password
 
 pytestmark = pytest.mark.slow
+ROUNDS = 40
 
 
 def aitbc(aitbc_cmd, env, *args, timeout=240) -> dict:
@@ -43,7 +44,7 @@ def test_an_agent_with_auto_resume_finishes_a_training_whose_coordinator_died(ai
     aitbc(aitbc_cmd, cli_env, "devnet", "up", "--providers", "3", timeout=300)
     try:
         tid = aitbc(aitbc_cmd, cli_env, "distributed-training", "init", "--wallet", "dev", "--target-workers", "3",
-                    "--rounds", "6", "--epochs", "1", "--heartbeat-timeout", "3")["training_id"]
+                    "--rounds", str(ROUNDS), "--epochs", "1", "--heartbeat-timeout", "3")["training_id"]
         aitbc(aitbc_cmd, cli_env, "distributed-training", "upload-data", "--training-id", tid, "--data-path", "digits")
         aitbc(aitbc_cmd, cli_env, "distributed-training", "discover-workers", "--training-id", tid,
               "--required-workers", "3")
@@ -51,8 +52,10 @@ def test_an_agent_with_auto_resume_finishes_a_training_whose_coordinator_died(ai
         deadline = time.monotonic() + 120
         while rounds_done(aitbc_home, tid) < 1:
             assert time.monotonic() < deadline, "round 1 never finished"
-            time.sleep(0.05)
+            time.sleep(0.01)
         os.kill(started["coordinator_pid"], signal.SIGKILL)
+        # Rounds of digits take well under a second: enough of them that the kill lands mid-training.
+        assert rounds_done(aitbc_home, tid) < ROUNDS, "the training finished before the kill: not a test of resume"
         deadline = time.monotonic() + 10
         while is_driven(aitbc_home, tid):  # the kernel drops the dead daemon's lock
             assert time.monotonic() < deadline
@@ -67,7 +70,7 @@ def test_an_agent_with_auto_resume_finishes_a_training_whose_coordinator_died(ai
                 assert is_driven(aitbc_home, tid)  # a second coordinator would be refused now
                 settlement = await asyncio.wait_for(agent.resumed[tid], 180)
                 record = await agent.coordinator.db.training(tid)
-                assert record.phase == TrainingPhase.COMPLETE and record.round == 6
+                assert record.phase == TrainingPhase.COMPLETE and record.round == ROUNDS
                 state = await agent.stack.escrow.training(training_key(agent.stack.account.address, tid))
                 assert state.closed and state.deposited == state.paid + state.refunded
                 assert settlement.escrow.paid_wei == state.paid > 0
