@@ -22,5 +22,9 @@ def test_the_seed_fault_tolerant_loop_watches_a_stalled_worker_get_replaced(cli_
     assert escrow["deposited_wei"] == escrow["paid_wei"] + escrow["refunded_wei"]
     # the seed's own straggler rule saw it, and the round loop duplicated and replaced it
     assert f"Straggler detected: {faulty}" in out
-    assert summary["events"][:3] == ["straggler_detected", "speculative_job", "worker_replaced"]
+    # In this order, though not always adjacent: on a loaded machine another worker can be
+    # flagged as a straggler too before the stalled one's replacement is recorded.
+    events = summary["events"]
+    first = events.index("straggler_detected")
+    assert events.index("speculative_job", first) < events.index("worker_replaced", first)
     assert f'"worker": "{faulty}"' in out.split("audit: worker_replaced", 1)[1].splitlines()[0]
