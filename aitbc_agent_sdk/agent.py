@@ -20,7 +20,7 @@ from .coordinator import (
     run_training,
 )
 from .coordinator.liveness import ping
-from .coordinator.daemon import training_lock
+from .coordinator.lock import training_lock
 from .errors import AitbcError, ConfigError, NotEnoughWorkersError
 from .market import ScoringStrategy, WeightedScore
 from .messaging import SignedChannel

@@ -29,7 +29,7 @@ from aitbc_agent_sdk.assistant.executor import Executor
 from aitbc_agent_sdk.assistant.planner import Plan, Step
 from aitbc_agent_sdk.assistant.session import Assistant
 from aitbc_agent_sdk.assistant.tools import Registry
-from aitbc_agent_sdk.coordinator.audit import read_log, verify_log
+from aitbc_agent_sdk.audit import read_log, verify_log
 from aitbc_agent_sdk.errors import ConfigError
 
 KEY = "0x" + "4f" * 32  # shaped like a private key

@@ -11,7 +11,7 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 
 from aitbc_agent_sdk.assistant.audit import assistant_log_path
 from aitbc_agent_sdk.assistant.tools import REGISTRY
-from aitbc_agent_sdk.coordinator.audit import read_log, verify_log
+from aitbc_agent_sdk.audit import read_log, verify_log
 
 TID = "training_0123456789abcdef"
 

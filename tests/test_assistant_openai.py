@@ -22,7 +22,7 @@ from aitbc_agent_sdk.assistant.audit import assistant_log_path
 from aitbc_agent_sdk.assistant.llm import LlmConfig, LlmError
 from aitbc_agent_sdk.assistant.session import Assistant
 from aitbc_agent_sdk.assistant.tools import REGISTRY
-from aitbc_agent_sdk.coordinator.audit import read_log
+from aitbc_agent_sdk.audit import read_log
 
 API_KEY = "sk-test-" + "k3y" * 8
 Reply = Callable[[dict[str, Any]], dict[str, Any]]

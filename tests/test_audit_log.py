@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from aitbc_agent_sdk.coordinator.audit import (
+from aitbc_agent_sdk.audit import (
     GENESIS_PREV,
     AuditEntry,
     AuditLog,

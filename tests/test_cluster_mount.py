@@ -34,7 +34,7 @@ from aitbc_agent_sdk.cluster.mounts import (
     PROBE_PREFIX, MountCommand, MountReport, MountSettings, check_access, compare_manifests, ensure_client,
     hash_manifest, make_manifest, measure_io, summarize_mounts,
 )
-from aitbc_agent_sdk.coordinator.audit import AuditLog
+from aitbc_agent_sdk.audit import AuditLog
 from aitbc_agent_sdk.messaging import InMemoryBus, SignedChannel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -27,7 +27,7 @@ from aitbc_agent_sdk.cluster.launch import (
     RendezvousParser, TorchrunSpec, parse_metric_line, plan_launch, torchrun_argv, torchrun_env,
 )
 from aitbc_agent_sdk.cluster.recovery import choose_spare, verify_step_log
-from aitbc_agent_sdk.coordinator.audit import AuditLogError, read_log, verify_log
+from aitbc_agent_sdk.audit import AuditLogError, read_log, verify_log
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -11,7 +11,7 @@ import pytest
 
 from aitbc_agent_sdk import Agent, AgentConfig, JobConfig, TrainingPhase, TrainingSpec
 from aitbc_agent_sdk.chain import training_key
-from aitbc_agent_sdk.coordinator import read_log, verify_log
+from aitbc_agent_sdk.audit import read_log, verify_log
 from aitbc_agent_sdk.coordinator.service import audit_path
 from aitbc_agent_sdk.models import FaultPolicy, TrainingReport
 from aitbc_agent_sdk.provider import ProviderAgent

@@ -1,6 +1,6 @@
 """The assistant's audit trail: every request, confirmation and tool call, hash-chained.
 
-Entries go to ``$AITBC_HOME/assistant/audit.jsonl`` (an :class:`~..coordinator.audit.AuditLog`),
+Entries go to ``$AITBC_HOME/assistant/audit.jsonl`` (an :class:`~aitbc_agent_sdk.audit.AuditLog`),
 and a tool call that acts on a training is also written to that training's own log, the
 one ``aitbc distributed-training audit`` verifies, while no coordinator daemon is appending
 to it (two writers would fork the chain).
@@ -21,7 +21,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from ..coordinator.audit import AuditLog, is_secret_name
+from ..audit import AuditLog, is_secret_name
 
 REDACTED = "<redacted>"
 PRIVATE_KEY = re.compile(r"\b(?:0x)?[0-9a-fA-F]{64}\b")  # 32 bytes of hex: a key (or a tx hash)
@@ -168,7 +168,7 @@ class AssistantAudit:
 
     async def on_training(self, training_id: str, event: str, **fields: Any) -> str:
         """Append to the training's own log unless a daemon drives it; returns what happened."""
-        from ..coordinator.daemon import training_lock
+        from ..coordinator.lock import training_lock
         from ..coordinator.service import audit_path
         from ..errors import ConfigError
 

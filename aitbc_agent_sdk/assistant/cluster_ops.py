@@ -59,7 +59,7 @@ async def run_job(ctx: ToolContext, spec: ClusterSpec, wallet: str | None, reque
                   **audit_first: Any) -> TrainResult:
     """Run one job as ``aitbc cluster train`` does, keeping its request beside its logs for recovery."""
     from ..cluster.launch import TrainingCoordinator
-    from ..coordinator.audit import AuditLog
+    from ..audit import AuditLog
 
     assert request.job_id is not None
     directory = job_dir(ctx.home, request.job_id)
@@ -130,7 +130,7 @@ def mount_command(a: MountArgs) -> Any:
 async def mount(ctx: ToolContext, a: MountArgs) -> ToolResult:
     from ..cluster.launch import TrainingCoordinator
     from ..cluster.mounts import MountReport, summarize_mounts
-    from ..coordinator.audit import AuditLog
+    from ..audit import AuditLog
 
     command = mount_command(a)
     spec = pick_cluster(ctx, a.cluster)

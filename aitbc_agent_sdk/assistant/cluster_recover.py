@@ -56,7 +56,7 @@ def rank0_steps(directory: Path) -> list[dict[str, Any]]:
 async def recover(ctx: ToolContext, a: RecoverArgs) -> ToolResult:
     from ..cluster.launch import TrainRequest, new_job_id
     from ..cluster.recovery import verify_step_log
-    from ..coordinator.audit import read_log
+    from ..audit import read_log
 
     spec = pick_cluster(ctx, a.cluster)
     job = a.job_id or latest_job(ctx.home, spec.name)

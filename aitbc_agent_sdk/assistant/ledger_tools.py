@@ -58,7 +58,7 @@ async def payments(ctx: ToolContext, a: TrainingArgs) -> ToolResult:
 
 async def pay_workers(ctx: ToolContext, a: TrainingArgs) -> ToolResult:
     """Release what the escrow owes for accepted work, unless a coordinator daemon is about to."""
-    from ..coordinator.daemon import is_driven, training_lock
+    from ..coordinator.lock import is_driven, training_lock
 
     tid = await sdk.resolve_training(ctx, a.training_id)
     if is_driven(ctx.home, tid):

@@ -145,7 +145,8 @@ async def distribute(ctx: ToolContext, a: TrainingArgs) -> ToolResult:
 
 
 async def resume(ctx: ToolContext, a: TrainingArgs) -> ToolResult:
-    from ..coordinator.daemon import is_driven, spawn_coordinator
+    from ..coordinator.daemon import spawn_coordinator
+    from ..coordinator.lock import is_driven
     from ..coordinator.phases import is_terminal
 
     tid = await sdk.resolve_training(ctx, a.training_id)

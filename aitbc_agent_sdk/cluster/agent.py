@@ -40,7 +40,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..coordinator.audit import AuditLog
+from ..audit import AuditLog
 from ..errors import MessagingError
 from ..messaging.channel import SignedChannel
 from ..messaging.envelope import Verified

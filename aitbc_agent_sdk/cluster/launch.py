@@ -46,7 +46,7 @@ from .mounts import MountCommand
 from .spec import NAME_PATTERN, ClusterSpec, HostSpec
 
 if TYPE_CHECKING:
-    from ..coordinator.audit import AuditLog
+    from ..audit import AuditLog
     from ..messaging.channel import SignedChannel
 
 log = logging.getLogger(__name__)

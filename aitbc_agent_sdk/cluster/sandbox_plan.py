@@ -19,7 +19,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..coordinator.audit import SECRET_MARKERS
+from ..audit import SECRET_MARKERS
 from .errors import SandboxError
 
 Backend = Literal["bwrap", "unshare"]

@@ -5,7 +5,6 @@ from typing import TYPE_CHECKING
 from .._lazy import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
-    "audit": ("AuditLog", "AuditLogError", "read_log", "verify_log"),
     "phases": ("TRANSITIONS", "can_transition", "check_transition", "is_terminal"),
     "run": ("RunRequest", "drive_training", "fail_training", "prepare", "resume_training", "run_training"),
     "service": ("Coordinator", "CoordinatorSettings"),
@@ -14,7 +13,6 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
 }, globals())
 
 if TYPE_CHECKING:
-    from .audit import AuditLog, AuditLogError, read_log, verify_log
     from .phases import TRANSITIONS, can_transition, check_transition, is_terminal
     from .run import RunRequest, drive_training, fail_training, prepare, resume_training, run_training
     from .service import Coordinator, CoordinatorSettings

@@ -9,48 +9,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import fcntl
 import logging
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from eth_account.signers.local import LocalAccount
 
 from ..config import AgentConfig, default_home
-from ..errors import ConfigError
 from ..models import Settlement
 from ..profile import training_dir
+from .lock import training_lock
 
 log = logging.getLogger("aitbc.coordinator")
-
-
-@contextmanager
-def training_lock(home: Path, training_id: str) -> Iterator[None]:
-    """Hold the training's coordinator lock; one driver per training, released if the process dies."""
-    directory = training_dir(home, training_id)
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / "coordinator.lock", "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ConfigError(f"training {training_id} already has a running coordinator") from None
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def is_driven(home: Path, training_id: str) -> bool:
-    """True while some process holds the training's coordinator lock."""
-    try:
-        with training_lock(home, training_id):
-            return False
-    except ConfigError:
-        return True
 
 
 async def serve_training(home: Path, account: LocalAccount, training_id: str, *,

@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from ..models import EscrowSummary, Payment, Progress, RoundMetrics, TrainingPhase, id_path
-from .audit import read_log
+from ..audit import read_log
 from .store import TrainingStore
 
 

@@ -36,7 +36,7 @@ from ..training import (
     encode_state, evaluate, fit_normalization, iid_partition, label_counts, load_dataset, model_spec_for,
     sample_weights, train_test_split,
 )
-from .audit import AuditLog
+from ..audit import AuditLog
 from .listener import Observer, TrainingListener
 from .money import MoneySteps
 from .phases import check_transition

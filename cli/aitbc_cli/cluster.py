@@ -258,7 +258,7 @@ def train(
 async def _train(root: Path, spec: ClusterSpec, wallet: str, request: object, job_dir: Path, out: Console,
                  verbose: bool, host_timeout: float) -> object:
     from aitbc_agent_sdk.cluster.launch import JobEvent, TrainingCoordinator, is_torchrun_line
-    from aitbc_agent_sdk.coordinator.audit import AuditLog
+    from aitbc_agent_sdk.audit import AuditLog
     from aitbc_agent_sdk.messaging.channel import SignedChannel
 
     account, _ = await unlock(root, wallet)
@@ -388,7 +388,7 @@ async def _mount(root: Path, spec: ClusterSpec, wallet: str, members: list[HostS
                  timeout: float) -> object:
     from aitbc_agent_sdk.cluster.launch import TrainingCoordinator
     from aitbc_agent_sdk.cluster.mounts import MountReport, summarize_mounts
-    from aitbc_agent_sdk.coordinator.audit import AuditLog
+    from aitbc_agent_sdk.audit import AuditLog
     from aitbc_agent_sdk.messaging.channel import SignedChannel
 
     account, _ = await unlock(root, wallet)

@@ -232,7 +232,8 @@ def register(app: typer.Typer) -> None:
         as_json: JsonOption = False,
     ) -> None:
         """Carry on a funded training whose coordinator died, in a new detached coordinator daemon."""
-        from aitbc_agent_sdk.coordinator.daemon import is_driven, spawn_coordinator
+        from aitbc_agent_sdk.coordinator.daemon import spawn_coordinator
+        from aitbc_agent_sdk.coordinator.lock import is_driven
         from aitbc_agent_sdk.coordinator.phases import is_terminal
         root = resolve_home(home)
 
@@ -297,7 +298,7 @@ def register_audit(app: typer.Typer) -> None:
                              "(the next append does this too); anything else broken is refused")] = False,
     ) -> None:
         """Print the training's hash-chained audit log and verify the chain (exit 1 if it was tampered with)."""
-        from aitbc_agent_sdk.coordinator.audit import AuditEntry, parse_line, repair_log, verify_log
+        from aitbc_agent_sdk.audit import AuditEntry, parse_line, repair_log, verify_log
 
         path = training_dir(resolve_home(home), training_id) / "audit.jsonl"
         if not path.exists():
@@ -363,7 +364,7 @@ def _wait_until_started(home: Path, training_id: str, pid: int, timeout: float =
 
 def _wait_until_driven(home: Path, training_id: str, pid: int, timeout: float = 60.0) -> None:
     """Return once the new daemon holds the training's lock; fail with its log if it died first."""
-    from aitbc_agent_sdk.coordinator.daemon import is_driven
+    from aitbc_agent_sdk.coordinator.lock import is_driven
     _wait_for_daemon(lambda: is_driven(home, training_id), home, training_id, pid, timeout,
                      "take the training over")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 from aitbc_agent_sdk import Agent, AgentConfig, JobConfig, TrainingPhase, TrainingSpec
-from aitbc_agent_sdk.coordinator import read_log
+from aitbc_agent_sdk.audit import read_log
 from aitbc_agent_sdk.coordinator.service import audit_path
 from aitbc_agent_sdk.models import FaultPolicy
 from aitbc_agent_sdk.provider import ProviderAgent

@@ -19,7 +19,7 @@ from eth_account.signers.local import LocalAccount
 from web3 import AsyncWeb3
 
 from aitbc_agent_sdk.chain import TransactionSender
-from aitbc_agent_sdk.coordinator.audit import AuditLog, AuditLogError, read_log, verify_log
+from aitbc_agent_sdk.audit import AuditLog, AuditLogError, read_log, verify_log
 from aitbc_agent_sdk.devnet.anvil import dev_accounts
 
 from tests.security.anvil_node import node  # noqa: F401 (a fixture)

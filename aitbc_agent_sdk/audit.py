@@ -40,7 +40,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from ..errors import AitbcError
+from .errors import AitbcError
 
 log = logging.getLogger(__name__)
 GENESIS_PREV = "0" * 64

@@ -1,0 +1,149 @@
+"""Messages between coordinator and providers: contracts, jobs, results, pings."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from .. import limits
+from .base import Address, Cid, Finite, Id, Record, Text, Wei
+from .training import JobConfig, ModelSpec, SampleRange
+
+
+class WorkerContract(Record):
+    contract_id: Id
+    training_id: Id
+    worker_id: Address
+    coordinator: Address
+    price_wei: Wei = Field(description="per round")
+    rounds: int = Field(ge=1)
+    accepted_at: float
+    role: Literal["worker", "spare", "replaced", "released"] = "worker"
+    shard_index: int | None = Field(default=None, ge=0, description="the worker's slot: the shard it trains on")
+    ranges: tuple[SampleRange, ...] = Field(default=(), max_length=limits.MAX_RANGES,
+                                            description="elastic pools: the samples it trains on")
+    shard_id: Id | None = Field(default=None, description="elastic pools: the shard built from its ranges")
+    consent: str | None = Field(default=None, pattern=r"^0x[0-9a-fA-F]{130}$",
+                                description="the worker's sign_consent to its escrow slot, passed on open/add/replace")
+
+    @property
+    def price(self) -> int:
+        """Whole-contract amount, the seed's ``contract['price']``."""
+        return self.price_wei * self.rounds
+
+
+MAX_SHARD_BYTES = 1 << 34  # 16 GiB: the most one job may ask a provider to fetch for its shard
+MAX_WEIGHTS_BYTES = 8 * limits.MAX_PARAMETERS + (1 << 20)  # float64 at most, plus the safetensors header
+
+
+class JobAssignment(Record):
+    job_id: Id
+    training_id: Id
+    round: int = Field(ge=1)
+    worker_id: Address
+    contract_id: Id
+    shard_cid: Cid
+    shard_bytes: int = Field(ge=1, le=MAX_SHARD_BYTES,
+                             description="the shard's exact size: the provider fetches no more than this")
+    weights_cid: Cid
+    weights_bytes: int = Field(ge=1, le=MAX_WEIGHTS_BYTES, description="the global weights' exact size")
+    model: ModelSpec
+    config: JobConfig
+    seed: int = Field(default=0, ge=0, description="shuffling seed for the worker's local epochs")
+
+
+JobStatus = Literal["assigned", "running", "complete", "failed", "cancelled"]
+
+
+class Progress(Record):
+    job_id: Id
+    training_id: Id
+    worker_id: Address
+    round: int = Field(ge=1)
+    status: JobStatus
+    epoch: int = Field(ge=0)
+    epochs: int = Field(ge=1)
+    progress: float = Field(ge=0.0, le=100.0)
+    loss: Finite | None = None
+    samples_per_s: Finite | None = Field(default=None, ge=0.0)
+    error: Text | None = None
+
+
+class JobResult(Record):
+    job_id: Id
+    training_id: Id
+    worker_id: Address
+    round: int = Field(ge=1)
+    checkpoint_cid: Cid
+    samples: int = Field(ge=1)
+    loss: Finite
+    train_seconds: Finite = Field(ge=0.0)
+    signature: str = Field(pattern=r"^0x[0-9a-fA-F]{130}$",
+                           description="the worker's sign_result over (chain, registry, training, round, checkpoint "
+                                       "CID): slashing evidence")
+
+
+class JobCancel(Record):
+    """The coordinator no longer wants a job's result (a speculative duplicate won, or it was reassigned)."""
+
+    job_id: Id
+    training_id: Id
+    reason: Text
+
+
+class ResendRequest(Record):
+    """The coordinator could not fetch (or verify) a result's checkpoint: upload it again and re-publish."""
+
+    job_id: Id
+    training_id: Id
+    cid: Cid
+    reason: Text
+    deadline_s: Finite = Field(gt=0.0)
+
+
+class Ping(Record):
+    nonce: Id  # names the pong's topic level
+    sent_at: Finite
+
+
+class Pong(Record):
+    nonce: Id
+    busy_jobs: int = Field(ge=0)
+
+
+class CheckpointRef(Record):
+    checkpoint_id: str = Field(max_length=limits.CID_MAX_LENGTH)
+    cid: Cid
+    job_id: Id
+    worker_id: Address
+    training_id: Id
+    round: int = Field(ge=1)
+    samples: int = Field(ge=1)
+    loss: Finite
+    train_seconds: Finite = Field(default=0.0, ge=0.0)
+    signature: str | None = None
+
+
+class ContractProposal(Record):
+    contract_id: Id
+    training_id: Id
+    coordinator: Address
+    price_wei: Wei
+    rounds: int = Field(ge=1)
+
+
+class ContractReply(Record):
+    contract_id: Id
+    accepted: bool
+    reason: Text | None = None
+    consent: str | None = Field(default=None, pattern=r"^0x[0-9a-fA-F]{130}$",
+                                description="with an acceptance: the provider's sign_consent to its escrow slot")
+
+
+class Heartbeat(Record):
+    provider: Address
+    sent_at: Finite
+    busy_jobs: int = Field(ge=0)
+
+

@@ -1,0 +1,169 @@
+"""What a training is: its model, job settings, policies, spec, record and shards."""
+
+from __future__ import annotations
+
+import time
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from .. import limits
+from .base import Address, Cid, Id, Record, Wei
+
+
+class TrainingPhase(StrEnum):
+    INITIALIZING = "initializing"
+    DISTRIBUTING = "distributing"
+    TRAINING = "training"
+    AGGREGATING = "aggregating"
+    COMPLETE = "complete"
+    FAILED = "failed"
+
+
+class ModelSpec(Record):
+    """A model a stranger asks a provider to build: bounded field by field, then by its estimated size."""
+
+    name: str = Field(max_length=64)
+    input_shape: tuple[Annotated[int, Field(ge=1, le=limits.MAX_FEATURES)], ...] = Field(
+        min_length=1, max_length=limits.MAX_INPUT_RANK)
+    num_classes: int = Field(ge=2, le=limits.MAX_CLASSES)
+    hidden: int = Field(default=128, ge=1, le=limits.MAX_HIDDEN)
+
+    @model_validator(mode="after")
+    def _buildable(self) -> ModelSpec:
+        features = 1
+        for dim in self.input_shape:
+            features *= dim
+        if features > limits.MAX_FEATURES:
+            raise ValueError(f"input_shape {self.input_shape} has {features} features, above {limits.MAX_FEATURES}")
+        if (problem := limits.model_size_problem(self.name, self.input_shape, self.num_classes,
+                                                 self.hidden)) is not None:
+            raise ValueError(problem)
+        return self
+
+
+class JobConfig(Record):
+    batch_size: int = Field(default=32, ge=1, le=65536)
+    learning_rate: float = Field(default=1e-3, gt=0.0, le=10.0)
+    epochs: int = Field(default=1, ge=1, le=1000)
+
+
+Partition = Literal["iid", "dirichlet"]
+AggregationName = Literal["fedavg", "median", "trimmed-mean", "krum", "multi-krum", "norm-clip"]
+
+
+class FaultPolicy(Record):
+    """How the coordinator detects and handles crashed, slow and dishonest workers.
+
+    Stored with the training, so a resumed coordinator applies the same rules.
+    """
+
+    heartbeat_timeout_s: float = Field(default=10.0, gt=0.0, description="silence after which a worker is pinged")
+    ping_timeout_s: float = Field(default=2.0, gt=0.0, description="no pong within this: the worker is failed")
+    straggler_gap_points: float = Field(default=20.0, gt=0.0, le=100.0,
+                                        description="progress this far below the average marks a straggler")
+    straggler_grace: float = Field(default=1.5, ge=1.0,
+                                   description="...once it ran this many times the median of finished jobs")
+    deadline_quantile: float = Field(default=0.9, gt=0.0, le=1.0)
+    deadline_factor: float = Field(default=2.0, ge=1.0, description="deadline = factor x quantile of past rounds")
+    min_deadline_s: float = Field(default=5.0, gt=0.0)
+    first_round_deadline_s: float = Field(default=120.0, gt=0.0, description="before a provider has history")
+    norm_bound: float = Field(default=5.0, gt=1.0, description="update norm limit, times the round's median")
+    val_loss_tolerance: float = Field(default=0.5, ge=0.0,
+                                      description="allowed relative rise of validation loss over the round's start")
+    val_loss_margin: float = Field(default=0.5, ge=0.0, description="allowed absolute rise, in nats")
+    val_samples: int = Field(default=256, ge=1)
+    fetch_timeout_s: float = Field(default=10.0, gt=0.0)
+    resend_timeout_s: float = Field(default=10.0, gt=0.0,
+                                    description="how long a worker has to re-send a missing or corrupt checkpoint")
+    max_replacements: int = Field(default=8, ge=0, description="per training, before it fails")
+
+
+class ElasticPolicy(Record):
+    """An elastic pool: hire below ``scale_up_below`` x target throughput, release above
+    ``scale_down_above`` x, both sustained ``window_rounds`` rounds; move data off slow workers."""
+
+    target_samples_per_s: float = Field(gt=0.0, description="samples trained per second of round time")
+    min_workers: int = Field(default=1, ge=1)
+    max_workers: int = Field(default=64, ge=1)
+    scale_up_below: float = Field(default=0.7, gt=0.0)
+    scale_down_above: float = Field(default=1.3, gt=0.0)
+    window_rounds: int = Field(default=2, ge=1)
+    rebalance_ratio: float = Field(default=1.5, gt=1.0, description="a round this many times the median is slow")
+    min_shard_samples: int = Field(default=16, ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ElasticPolicy:
+        if self.min_workers > self.max_workers:
+            raise ValueError("min_workers cannot exceed max_workers")
+        if self.scale_up_below >= self.scale_down_above:
+            raise ValueError("scale_up_below must be below scale_down_above")
+        return self
+
+
+class SampleRange(Record):
+    """Samples [start, end) of original shard ``shard``, in the shard's own order."""
+
+    shard: int = Field(ge=0)
+    start: int = Field(ge=0)
+    end: int = Field(ge=1)
+
+
+class TrainingSpec(Record):
+    model_type: str = Field(max_length=64)
+    target_workers: int = Field(ge=1, le=1024)
+    rounds: int = Field(default=5, ge=1, le=10_000)
+    job: JobConfig = JobConfig()
+    partition: Partition = "iid"
+    dirichlet_alpha: float = Field(default=0.5, gt=0.0)
+    test_fraction: float = Field(default=0.2, gt=0.0, lt=1.0)
+    seed: int = 0
+    max_price_wei: Wei | None = None
+    dataset_size: int | None = Field(default=None, ge=0, description="informational, as in the seed")
+    aggregation: AggregationName = "fedavg"
+    spare_workers: int = Field(default=0, ge=0, le=64, description="hired but unfunded, to replace failed workers")
+    faults: FaultPolicy = FaultPolicy()
+    elastic: ElasticPolicy | None = None
+
+
+class TrainingRecord(Record):
+    training_id: Id
+    spec: TrainingSpec
+    phase: TrainingPhase = TrainingPhase.INITIALIZING
+    round: int = Field(default=0, ge=0)
+    coordinator: Address
+    wallet: str | None = Field(default=None, description="wallet name of the coordinator, for later commands")
+    dataset_cid: Cid | None = None
+    manifest_cid: Cid | None = None
+    model_cid: Cid | None = None
+    escrow_id: str | None = None
+    created_at: float = Field(default_factory=time.time)
+
+    @property
+    def status(self) -> str:
+        return self.phase.value
+
+
+class Shard(Record):
+    shard_id: Id
+    index: int = Field(ge=0)
+    cid: Cid
+    samples: int = Field(ge=1)
+    label_counts: tuple[int, ...] = Field(max_length=limits.MAX_CLASSES)
+
+
+class ShardManifest(Record):
+    dataset_cid: Cid
+    test_cid: Cid
+    partition: Partition
+    seed: int
+    num_classes: int = Field(ge=2, le=limits.MAX_CLASSES)
+    feature_shape: tuple[int, ...] = Field(max_length=limits.MAX_INPUT_RANK)
+    shards: tuple[Shard, ...] = Field(max_length=limits.MAX_SHARDS)
+
+    @property
+    def total_samples(self) -> int:
+        return sum(s.samples for s in self.shards)
+
+
