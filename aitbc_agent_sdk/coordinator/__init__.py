@@ -7,7 +7,8 @@ from .._lazy import lazy_exports
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "phases": ("TRANSITIONS", "can_transition", "check_transition", "is_terminal"),
     "run": ("RunRequest", "drive_training", "fail_training", "prepare", "resume_training", "run_training"),
-    "service": ("Coordinator", "CoordinatorSettings"),
+    "service": ("Coordinator",),
+    "settings": ("CoordinatorSettings",),
     "settlement": ("EscrowAccount", "Payout", "earned_wei", "plan_payouts"),
     "store": ("TrainingStore",),
 }, globals())
@@ -15,6 +16,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
 if TYPE_CHECKING:
     from .phases import TRANSITIONS, can_transition, check_transition, is_terminal
     from .run import RunRequest, drive_training, fail_training, prepare, resume_training, run_training
-    from .service import Coordinator, CoordinatorSettings
+    from .service import Coordinator
+    from .settings import CoordinatorSettings
     from .settlement import EscrowAccount, Payout, earned_wei, plan_payouts
     from .store import TrainingStore

@@ -1,35 +1,31 @@
 """The coordinator's money steps: budget checks, funding the escrow, paying, settling.
 
-A mixin of ``Coordinator`` (service.py), kept apart so each file reads in one sitting.
+An object the coordinator holds (``coordinator.money``), with its own connections: the
+database, the escrow account and the audit logs.
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from ..errors import ConfigError, InsufficientFundsError, NotFoundError
 from ..models import Payment, Settlement, WorkerContract
-from .settlement import plan_payouts
-
-if TYPE_CHECKING:
-    from .listener import Observer
-    from .service import CoordinatorSettings
-    from .settlement import EscrowAccount
-    from .store import TrainingStore
+from .listener import Observer
+from .logbook import AuditLogs
+from .settlement import EscrowAccount, plan_payouts
+from .store import TrainingStore
 
 
-class MoneySteps:
-    db: TrainingStore
-    escrow: EscrowAccount
-    settings: CoordinatorSettings
-    observer: Observer | None
-
-    if TYPE_CHECKING:  # provided by Coordinator
-        address: str
-
-        async def audit(self, training_id: str, event: str, **fields: object) -> None: ...
+class EscrowSteps:
+    def __init__(self, db: TrainingStore, escrow: EscrowAccount, logs: AuditLogs, *, gas_reserve_wei: int,
+                 observer: Observer | None = None) -> None:
+        self.db = db
+        self.escrow = escrow
+        self.logs = logs
+        self.gas_reserve_wei = gas_reserve_wei
+        self.observer = observer
+        self._pay_lock = asyncio.Lock()
 
     async def check_budget(self, training_id: str) -> list[WorkerContract]:
         """Raise InsufficientFundsError unless the wallet covers every contract plus gas."""
@@ -39,17 +35,17 @@ class MoneySteps:
 
     async def ensure_funds(self, budget_wei: int, what: str) -> None:
         balance = await self.escrow.sender.balance()
-        if balance < budget_wei + self.settings.gas_reserve_wei:
+        if balance < budget_wei + self.gas_reserve_wei:
             raise InsufficientFundsError(
-                f"wallet {self.address} holds {balance} wei; {what} cost {budget_wei} wei plus "
-                f"{self.settings.gas_reserve_wei} wei for gas")
+                f"wallet {self.escrow.sender.address} holds {balance} wei; {what} cost {budget_wei} wei plus "
+                f"{self.gas_reserve_wei} wei for gas")
 
     async def fund_escrow(self, training_id: str) -> str:
         """Deposit every contract's full amount in one transaction; returns the tx hash."""
         contracts = await self.check_budget(training_id)
         tx = await self.escrow.open(training_id, contracts)
-        await self.audit(training_id, "escrow_funded", tx=tx, deposit_wei=sum(c.price for c in contracts),
-                         workers=[c.worker_id for c in contracts])
+        await self.logs.note(training_id, "escrow_funded", tx=tx, deposit_wei=sum(c.price for c in contracts),
+                             workers=[c.worker_id for c in contracts])
         await self.db.save_escrow(training_id, await self.escrow.summary(training_id))
         return tx
 
@@ -65,7 +61,7 @@ class MoneySteps:
             return
         await self.ensure_funds(contract.price, f"a slot for spare {worker_id}")
         tx = await self.escrow.add_slot(training_id, contract, contract.price)
-        await self.audit(training_id, "spare_funded", worker=worker_id, slot_wei=contract.price, tx=tx)
+        await self.logs.note(training_id, "spare_funded", worker=worker_id, slot_wei=contract.price, tx=tx)
 
     async def drop_unused_spares(self, training_id: str) -> None:
         """Take back the funded slots of spares that never took over a shard: their copies were not
@@ -76,7 +72,7 @@ class MoneySteps:
         for worker_id, (amount, paid) in (await self.escrow.slots_on_chain(training_id, spares)).items():
             if amount and not paid:
                 tx = await self.escrow.drop(training_id, worker_id)
-                await self.audit(training_id, "spare_slot_dropped", worker=worker_id, tx=tx)
+                await self.logs.note(training_id, "spare_slot_dropped", worker=worker_id, tx=tx)
 
     async def pay(self, training_id: str, worker_id: str | None = None, *,
                   amount_wei: int | None = None) -> list[Payment]:
@@ -88,8 +84,7 @@ class MoneySteps:
         landed gave its nonce back, so it cannot be mined after the new one either). Payments
         in one process run one at a time. ``amount_wei`` pays one worker less than it is owed, never more.
         """
-        lock = self.__dict__.setdefault("_pay_lock", asyncio.Lock())
-        async with lock:
+        async with self._pay_lock:
             await self.escrow.sender.wait_settled()
             return await self._pay_owed(training_id, worker_id, amount_wei)
 
@@ -109,8 +104,8 @@ class MoneySteps:
         payments = await self.escrow.release(training_id, payouts)
         for payment in payments:
             await self.db.save_payment(payment)
-            await self.audit(training_id, "payment", worker=payment.worker_id, amount_wei=payment.amount_wei,
-                             tx=payment.tx_hash, result_hash=payment.result_hash)
+            await self.logs.note(training_id, "payment", worker=payment.worker_id, amount_wei=payment.amount_wei,
+                                 tx=payment.tx_hash, result_hash=payment.result_hash)
             if self.observer is not None:
                 self.observer(payment)
         await self.db.save_escrow(training_id, await self.escrow.summary(training_id))
@@ -121,7 +116,7 @@ class MoneySteps:
         payments = await self.pay(training_id)
         await self.drop_unused_spares(training_id)
         refund_wei, refund_tx = await self.escrow.refund(training_id)
-        await self.audit(training_id, "refund", amount_wei=refund_wei, tx=refund_tx)
+        await self.logs.note(training_id, "refund", amount_wei=refund_wei, tx=refund_tx)
         summary = await self.escrow.summary(training_id)
         await self.db.save_escrow(training_id, summary)
         return Settlement(training_id=training_id, payments=tuple(payments), refund_wei=refund_wei,

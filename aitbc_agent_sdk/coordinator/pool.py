@@ -15,16 +15,17 @@ import numpy as np
 import torch
 
 from ..errors import InsufficientFundsError, MessagingError, NotEnoughWorkersError
-from ..models import ElasticPolicy, SampleRange, Shard, WorkerContract
+from ..models import ElasticPolicy, SampleRange, Shard, ShardManifest, WorkerContract
 from ..training import LabeledData, encode_data, label_counts
 from .elastic import count, needs_rebalance, plan_shares, reassign, scaling_decision
-from .rounds import RoundStats
 from .service import Coordinator
+from .stats import RoundStats
 
 log = logging.getLogger(__name__)
 
 
-async def adapt_pool(coordinator: Coordinator, tid: str, stats: RoundStats) -> None:
+async def adapt_pool(coordinator: Coordinator, tid: str, stats: RoundStats, manifest: ShardManifest) -> None:
+    """After a round (``stats``) of a training whose shards ``manifest`` lists."""
     record = await coordinator.db.training(tid)
     policy = record.spec.elastic
     assert policy is not None
@@ -42,10 +43,10 @@ async def adapt_pool(coordinator: Coordinator, tid: str, stats: RoundStats) -> N
     elif decision == "release":
         rates = {w: stats.worker_samples[w] / max(t, 1e-6) for w, t in stats.worker_seconds.items()}
         slowest = min(rates, key=rates.__getitem__)
-        await _release(coordinator, tid, slowest, measured | {"samples_per_s": round(rates[slowest], 2)})
+        await _release(coordinator, tid, slowest, manifest, measured | {"samples_per_s": round(rates[slowest], 2)})
         leaving = [slowest]
     if joining or leaving or needs_rebalance(stats.worker_seconds, policy):
-        await _rebalance(coordinator, tid, stats, joining, leaving, policy)
+        await _rebalance(coordinator, tid, stats, manifest, joining, leaving, policy)
 
 
 async def _hire(coordinator: Coordinator, tid: str, pool: list[WorkerContract], measured: dict) -> str | None:
@@ -56,9 +57,9 @@ async def _hire(coordinator: Coordinator, tid: str, pool: list[WorkerContract], 
     for worker in coordinator.select(found, len(found)):
         amount = worker.price * remaining
         try:
-            await coordinator.ensure_funds(amount, f"one more worker for {remaining} rounds")
+            await coordinator.money.ensure_funds(amount, f"one more worker for {remaining} rounds")
         except InsufficientFundsError as exc:
-            await coordinator.audit(tid, "scale_up_refused", reason=str(exc), **measured)
+            await coordinator.logs.note(tid, "scale_up_refused", reason=str(exc), **measured)
             log.warning("not hiring: %s", exc)
             return None
         try:
@@ -69,27 +70,27 @@ async def _hire(coordinator: Coordinator, tid: str, pool: list[WorkerContract], 
             log.warning("candidate %s declined: %s", worker.worker_id, exc)
             continue
         tx = await coordinator.escrow.add_slot(tid, contract, amount)
-        await coordinator.audit(tid, "worker_added", worker=worker.worker_id, slot_wei=amount, tx=tx, **measured)
+        await coordinator.logs.note(tid, "worker_added", worker=worker.worker_id, slot_wei=amount, tx=tx, **measured)
         return contract.worker_id
-    await coordinator.audit(tid, "scale_up_refused", reason=str(NotEnoughWorkersError("no free provider")), **measured)
+    await coordinator.logs.note(tid, "scale_up_refused", reason=str(NotEnoughWorkersError("no free provider")),
+                                **measured)
     return None
 
 
-async def _release(coordinator: Coordinator, tid: str, worker: str, measured: dict) -> None:
+async def _release(coordinator: Coordinator, tid: str, worker: str, manifest: ShardManifest, measured: dict) -> None:
     """Pay the worker for its accepted rounds now, then stop giving it work."""
-    payments = await coordinator.pay(tid, worker)
+    payments = await coordinator.money.pay(tid, worker)
     contract = next(c for c in await coordinator.db.contracts(tid, "worker") if c.worker_id == worker)
     # Its data is handed on by the rebalance that follows; spell it out so nothing is lost.
-    held = contract.ranges or tuple(_whole((await coordinator.manifest(tid)).shards, contract.shard_index))
+    held = contract.ranges or tuple(_whole(manifest.shards, contract.shard_index))
     await coordinator.db.save_contract(contract.model_copy(update={"role": "released", "ranges": held}))
-    await coordinator.audit(tid, "worker_released", worker=worker, paid_wei=sum(p.amount_wei for p in payments),
-                            **measured)
+    await coordinator.logs.note(tid, "worker_released", worker=worker, paid_wei=sum(p.amount_wei for p in payments),
+                                **measured)
 
 
-async def _rebalance(coordinator: Coordinator, tid: str, stats: RoundStats, joining: list[str],
-                     leaving: list[str], policy: ElasticPolicy) -> None:
+async def _rebalance(coordinator: Coordinator, tid: str, stats: RoundStats, manifest: ShardManifest,
+                     joining: list[str], leaving: list[str], policy: ElasticPolicy) -> None:
     """Shrink slow workers' shares, give joining workers theirs, hand on what leaving workers held."""
-    manifest = await coordinator.manifest(tid)
     contracts = {c.worker_id: c for c in await coordinator.db.contracts(tid) if c.role in ("worker", "released")}
     holdings = {w: list(c.ranges) if c.ranges or c.role == "released" else _whole(manifest.shards, c.shard_index)
                 for w, c in contracts.items()}
@@ -121,9 +122,9 @@ async def _rebalance(coordinator: Coordinator, tid: str, stats: RoundStats, join
             "moves": [{"from": a, "to": b, "shard": r.shard, "start": r.start, "end": r.end} for a, b, r in moves],
             "shares": {w: {"samples": count(r), "ranges": [x.model_dump() for x in r]} for w, r in new.items()}}
     plan_cid = await coordinator.store.add(json.dumps(plan, sort_keys=True).encode())
-    await coordinator.audit(tid, "rebalanced", round=round_, plan_cid=plan_cid,
-                            shares={w: count(r) for w, r in new.items()},
-                            moved=sum(r.end - r.start for _, _, r in moves))
+    await coordinator.logs.note(tid, "rebalanced", round=round_, plan_cid=plan_cid,
+                                shares={w: count(r) for w, r in new.items()},
+                                moved=sum(r.end - r.start for _, _, r in moves))
 
 
 def _whole(shards, index: int | None) -> list[SampleRange]:
@@ -135,7 +136,7 @@ async def _build_shard(coordinator: Coordinator, shard_id: str, index: int, rang
                        originals: dict[int, Shard], num_classes: int) -> Shard:
     pieces: list[LabeledData] = []
     for r in ranges:
-        source = await coordinator._data(originals[r.shard].cid)
+        source = await coordinator.data.get(originals[r.shard].cid)
         pieces.append(source.subset(np.arange(r.start, r.end)))
     data = LabeledData(torch.cat([p.features for p in pieces]), torch.cat([p.labels for p in pieces]), num_classes)
     cid = await coordinator.store.add(await asyncio.to_thread(encode_data, data))

@@ -15,20 +15,18 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
-import torch
-
 from ..errors import AitbcError, InsufficientFundsError, NotEnoughWorkersError, TrainingError
 from ..messaging import topics
-from ..models import (
-    CheckpointRef, FaultPolicy, JobAssignment, ModelSpec, Progress, ResendRequest, Shard, TrainingPhase,
-)
-from ..training import LabeledData, decode_state, encode_state, strategy_for_round
-from . import reassign
+from ..models import CheckpointRef, JobAssignment, Progress, ResendRequest, Shard, TrainingPhase, WorkerContract
+from ..training import decode_state, encode_state, strategy_for_round
 from .health import adaptive_deadline, confirmed_stragglers
+from .inputs import RoundInputs, new_job
 from .liveness import LivenessWatch
+from .logbook import AuditSink
+from .reassign import Reassigner, new_replacement
 from .service import Coordinator
-from .verification import Inspection, inspect_result, judge_norms, round_median, validation_loss
+from .stats import RoundStats
+from .verification import Inspection, inspect_result, judge_norms, round_median
 
 log = logging.getLogger(__name__)
 P = TrainingPhase
@@ -38,7 +36,7 @@ TICK_S = 0.25
 @dataclass
 class ShardSlot:
     shard: Shard
-    holder: str  # the worker whose escrow slot pays for this shard
+    contract: WorkerContract  # the holder's: the worker whose escrow slot pays for this shard
     jobs: dict[str, JobAssignment] = field(default_factory=dict)  # live jobs on the shard
     sent_at: dict[str, float] = field(default_factory=dict)
     winner: Inspection | None = None
@@ -49,40 +47,30 @@ class ShardSlot:
     reported: bool = False  # the holder was reported as a straggler
     market_tried: bool = False  # a spare for its copy was looked for on the market
 
+    @property
+    def holder(self) -> str:
+        return self.contract.worker_id
+
     def job_of(self, worker: str) -> JobAssignment | None:
         return next((j for j in self.jobs.values() if j.worker_id == worker), None)
 
 
-@dataclass(frozen=True)
-class RoundStats:
-    """How the round went: what the elastic pool plans the next one from."""
-
-    seconds: float  # first dispatch to last verified result
-    samples: int
-    worker_seconds: dict[str, float]  # each final holder's winning job time
-    worker_samples: dict[str, int]
-
-    @property
-    def throughput(self) -> float:
-        return self.samples / self.seconds if self.seconds > 0 else 0.0
-
-
-@dataclass(frozen=True)
-class RoundBaseline:
-    """What every result of the round is checked against."""
-
-    reference: dict[str, torch.Tensor]
-    spec: ModelSpec
-    validation: LabeledData
-    start_loss: float
-    earlier_cids: frozenset[str]
-
-
 class RoundRunner:
-    def __init__(self, coordinator: Coordinator, training_id: str, liveness: LivenessWatch,
-                 unusable: set[str]) -> None:
+    """One round, from its inputs (read once by the caller) to its aggregated model and stats.
+
+    Reassignment and the audit log are handed in; the coordinator serves the store, the
+    database, the listener and the market."""
+
+    def __init__(self, coordinator: Coordinator, inputs: RoundInputs, liveness: LivenessWatch, unusable: set[str],
+                 *, audit: AuditSink, reassign: Reassigner) -> None:
         self.c = coordinator
-        self.tid = training_id
+        self.inputs = inputs
+        self.tid = inputs.training_id
+        self.round = inputs.round
+        self.policy = inputs.policy
+        self.baseline = inputs.baseline
+        self.audit = audit
+        self.reassign = reassign
         self.liveness = liveness
         self.slots: dict[int, ShardSlot] = {}
         self.unusable = unusable  # spares that failed or cheated, shared across the training's rounds
@@ -91,21 +79,14 @@ class RoundRunner:
         self.asked: set[str] = set()  # jobs already asked once to re-send
 
     # -- the round, top to bottom ----------------------------------------------------------
-    async def run(self, timeout: float) -> tuple[str, float]:
-        record = await self.c.db.training(self.tid)
-        self.policy: FaultPolicy = record.spec.faults
-        self.round = record.round + 1
-        self.baseline = await self._baseline()
-        original = {s.index: s for s in (await self.c.manifest(self.tid)).shards}
-        derived = {s.shard_id: s for s in await self.c.db.shards(self.tid)}  # elastic pools rebuild shards
-        for contract in await self.c.db.contracts(self.tid, "worker"):
+    async def run(self, timeout: float) -> RoundStats:
+        for contract in self.inputs.contracts:
             assert contract.shard_index is not None
-            shard = derived[contract.shard_id] if contract.shard_id else original[contract.shard_index]
-            self.slots[contract.shard_index] = ShardSlot(shard, contract.worker_id)
+            self.slots[contract.shard_index] = ShardSlot(self.inputs.shards[contract.shard_index], contract)
         self.listener = await self.c.listener(self.tid)
         self.started = time.monotonic()
         for slot in self.slots.values():
-            await self._dispatch(slot, slot.holder)
+            await self._dispatch(slot, slot.contract)
         await self.c.update_phase(self.tid, P.TRAINING)
         async with asyncio.timeout(timeout):
             while not all(s.judged for s in self.slots.values()):
@@ -116,21 +97,12 @@ class RoundRunner:
                 await self._judge_norms()
         return await self._aggregate()
 
-    async def _baseline(self) -> RoundBaseline:
-        record = await self.c.db.training(self.tid)
-        assert record.model_cid is not None
-        reference = decode_state(await self.c.store.cat(record.model_cid))
-        manifest = await self.c.manifest(self.tid)
-        test = await self.c._data(manifest.test_cid)
-        validation = test.subset(np.arange(min(self.policy.val_samples, len(test))))
-        spec = await self.c.model_spec(self.tid)
-        start_loss = await asyncio.to_thread(validation_loss, spec, reference, validation)
-        earlier = frozenset(c.cid for c in await self.c.db.checkpoints(self.tid, None) if c.round < self.round)
-        return RoundBaseline(reference, spec, validation, start_loss, earlier)
-
-    async def _dispatch(self, slot: ShardSlot, worker: str) -> None:
-        record = await self.c.db.training(self.tid)
-        job = await self.c.send_job(worker, self.tid, slot.shard.shard_id, record.spec.job)
+    async def _dispatch(self, slot: ShardSlot, contract: WorkerContract) -> None:
+        """Send ``contract``'s worker the slot's job: built from the round's inputs, no reads."""
+        inputs = self.inputs
+        job = new_job(inputs.record, contract, slot.shard, inputs.model, inputs.record.spec.job,
+                      shard_bytes=inputs.sizes[slot.shard.cid], weights_bytes=inputs.sizes[inputs.model_cid])
+        await self.c.publish_job(job)
         slot.jobs[job.job_id] = job
         slot.sent_at[job.job_id] = time.monotonic()
 
@@ -152,8 +124,8 @@ class RoundRunner:
         if slot is None or slot.winner is not None:
             return  # a cancelled job, an earlier round, or the loser of a speculative race
         if isinstance(item, Progress):
-            await self.c.audit(self.tid, "job_failed", worker=item.worker_id, job_id=item.job_id,
-                               round=self.round, reason=item.error)
+            await self.audit.append("job_failed", worker=item.worker_id, job_id=item.job_id,
+                                    round=self.round, reason=item.error)
             await self._drop_worker(slot, item.worker_id, f"its job failed: {item.error}")
             return
         waited = self.resends.pop(item.job_id, None)
@@ -166,7 +138,7 @@ class RoundRunner:
             return
         slot.winner, slot.winner_ref = inspection, item
         slot.finished_s = time.monotonic() - slot.sent_at[item.job_id]
-        self.c.round_times.setdefault(item.worker_id, []).append(slot.finished_s)
+        await self.c.record_round_time(self.tid, item.worker_id, slot.finished_s)
         for job in list(slot.jobs.values()):
             if job.job_id != item.job_id:
                 await self._cancel(slot, job, "another copy of this shard's job finished first")
@@ -178,7 +150,7 @@ class RoundRunner:
     async def _inspect(self, slot: ShardSlot, ref: CheckpointRef) -> Inspection:
         try:
             async with asyncio.timeout(self.policy.fetch_timeout_s):
-                blob = await self.c.store.cat(ref.cid, max_bytes=await self.c.checkpoint_limit(self.tid))
+                blob = await self.c.store.cat(ref.cid, max_bytes=self.inputs.checkpoint_limit)
         except Exception as exc:  # a timeout, a missing block or a block that fails its hash: same verdict
             why = "not retrievable" if isinstance(exc, TimeoutError) else f"not intact ({exc})"
             return Inspection(ref.job_id, ref.worker_id, ref.cid, f"checkpoint {ref.cid} is {why}", fetched=False)
@@ -194,16 +166,16 @@ class RoundRunner:
             lambda: inspect_result(
                 job_id=ref.job_id, worker_id=ref.worker_id, domain=domain, key=key, round=ref.round, cid=ref.cid,
                 signature=ref.signature, state=state, reference=base.reference,
-                seen_before=ref.cid in base.earlier_cids or ref.cid in same_round, spec=base.spec,
+                seen_before=ref.cid in base.earlier_cids or ref.cid in same_round, spec=self.inputs.model,
                 validation=base.validation, start_loss=base.start_loss, policy=self.policy))
 
     async def _reject(self, slot: ShardSlot, ref: CheckpointRef, inspection: Inspection) -> None:
         assert inspection.problem is not None
         await self.c.db.save_checkpoint(ref, "rejected")
-        await self.c.audit(self.tid, "result_rejected", worker=ref.worker_id, job_id=ref.job_id, cid=ref.cid,
-                           round=self.round, reason=inspection.problem, slashable=inspection.slashable)
+        await self.audit.append("result_rejected", worker=ref.worker_id, job_id=ref.job_id, cid=ref.cid,
+                                round=self.round, reason=inspection.problem, slashable=inspection.slashable)
         if inspection.slashable and ref.signature:
-            await reassign.slash(self.c, self.tid, ref.worker_id, ref.cid, ref.signature, ref.round)
+            await self.reassign.slash(ref.worker_id, ref.cid, ref.signature, ref.round)
         await self._drop_worker(slot, ref.worker_id, f"result rejected: {inspection.problem}")
 
     async def _ask_resend(self, ref: CheckpointRef, inspection: Inspection) -> None:
@@ -212,8 +184,8 @@ class RoundRunner:
         self.asked.add(ref.job_id)
         self.resends[ref.job_id] = (time.monotonic() + self.policy.resend_timeout_s, ref, inspection)
         await self.c.db.save_strike(self.tid, ref.worker_id, ref.job_id, inspection.problem)
-        await self.c.audit(self.tid, "resend_requested", worker=ref.worker_id, job_id=ref.job_id, cid=ref.cid,
-                           round=self.round, reason=inspection.problem, deadline_s=self.policy.resend_timeout_s)
+        await self.audit.append("resend_requested", worker=ref.worker_id, job_id=ref.job_id, cid=ref.cid,
+                                round=self.round, reason=inspection.problem, deadline_s=self.policy.resend_timeout_s)
         try:
             await self.c.channel.publish(topics.resend(ref.worker_id), ResendRequest(
                 job_id=ref.job_id, training_id=self.tid, cid=ref.cid, reason=inspection.problem,
@@ -248,9 +220,9 @@ class RoundRunner:
                 if await self.liveness.ping(worker, self.policy.ping_timeout_s):
                     continue
                 detected = time.monotonic() - last
-                await self.c.audit(self.tid, "worker_failed", worker=worker, job_id=job.job_id, round=self.round,
-                                   reason="no heartbeat and no pong", silent_s=round(detected, 3),
-                                   heartbeat_timeout_s=self.policy.heartbeat_timeout_s)
+                await self.audit.append("worker_failed", worker=worker, job_id=job.job_id, round=self.round,
+                                        reason="no heartbeat and no pong", silent_s=round(detected, 3),
+                                        heartbeat_timeout_s=self.policy.heartbeat_timeout_s)
                 await self._drop_worker(slot, worker, f"silent for {detected:.1f}s")
 
     async def _check_stragglers(self) -> None:
@@ -277,9 +249,9 @@ class RoundRunner:
                 continue
             if not slot.reported:
                 slot.reported = True
-                await self.c.audit(self.tid, "straggler_detected", worker=slot.holder, round=self.round,
-                                   progress=self._progress(slot),
-                                   deadline_s=adaptive_deadline(self.c.round_times.get(slot.holder, []), self.policy))
+                deadline = adaptive_deadline(self.c.round_times.get(slot.holder, []), self.policy)
+                await self.audit.append("straggler_detected", worker=slot.holder, round=self.round,
+                                        progress=self._progress(slot), deadline_s=deadline)
             spare = await self._free_spare()
             if spare is None and index in overdue and not slot.market_tried:
                 # Past its deadline and no spare free: look for one on the market rather than
@@ -292,14 +264,14 @@ class RoundRunner:
             if spare is None:
                 continue  # every spare is busy: try again on a later tick
             try:  # a provider works only in a slot funded on chain, so the copy gets one
-                await self.c.fund_spare(self.tid, spare)
+                await self.c.money.fund_spare(self.tid, spare.worker_id)
             except InsufficientFundsError as exc:
                 log.warning("no speculative copy for shard %d: %s", index, exc)
                 continue
             slot.straggling = True
             await self._dispatch(slot, spare)
-            await self.c.audit(self.tid, "speculative_job", worker=spare, straggler=slot.holder,
-                               round=self.round, shard_index=index)
+            await self.audit.append("speculative_job", worker=spare.worker_id, straggler=slot.holder,
+                                    round=self.round, shard_index=index)
 
     def _progress(self, slot: ShardSlot) -> float:
         if slot.winner is not None:
@@ -314,16 +286,18 @@ class RoundRunner:
         job = slot.job_of(worker)
         if job is not None:
             del slot.jobs[job.job_id]
-            await reassign.cancel_job(self.c, self.tid, worker, job.job_id, reason)
+            await self.reassign.cancel_job(worker, job.job_id, reason)
         if worker != slot.holder:
             self.unusable.add(worker)  # a spare that failed its speculative job
             slot.straggling = False  # so another spare may take the copy
             return
         running_spare = next((j.worker_id for j in slot.jobs.values()), None)
-        replacement = running_spare or await self._free_spare() or await self._new_spare()
-        await self._replace(slot, replacement, reason)
-        if running_spare is None:
-            await self._dispatch(slot, replacement)
+        if running_spare is not None:
+            await self._replace(slot, running_spare, reason)
+            return
+        spare = await self._free_spare() or await self._new_spare()
+        await self._replace(slot, spare.worker_id, reason)
+        await self._dispatch(slot, slot.contract)
 
     async def _replace(self, slot: ShardSlot, replacement: str, reason: str) -> None:
         replaced = [c for c in await self.c.db.contracts(self.tid, "replaced")]
@@ -331,28 +305,28 @@ class RoundRunner:
             raise TrainingError(f"{len(replaced)} workers replaced already; giving up (max_replacements)")
         contracts = {c.worker_id: c for c in await self.c.db.contracts(self.tid) if c.role != "replaced"}
         old = contracts[slot.holder]
-        await reassign.take_over_slot(self.c, self.tid, old, contracts[replacement], reason)
+        promoted = await self.reassign.take_over_slot(old, contracts[replacement], reason)
         self.unusable.add(slot.holder)
-        slot.holder = replacement
+        slot.contract = promoted
         slot.straggling = slot.reported = False
 
-    async def _free_spare(self) -> str | None:
+    async def _free_spare(self) -> WorkerContract | None:
         busy = {j.worker_id for s in self.slots.values() for j in s.jobs.values()}
         busy |= {s.holder for s in self.slots.values()}
         for contract in await self.c.db.contracts(self.tid, "spare"):
             if contract.worker_id not in busy and contract.worker_id not in self.unusable:
-                return contract.worker_id
+                return contract
         return None
 
-    async def _new_spare(self) -> str:
+    async def _new_spare(self) -> WorkerContract:
         known = {c.worker_id for c in await self.c.db.contracts(self.tid)}
-        contract = await reassign.new_replacement(self.c, self.tid, known)
-        await self.c.audit(self.tid, "spare_hired", worker=contract.worker_id, price_wei=contract.price_wei)
-        return contract.worker_id
+        contract = await new_replacement(self.c, self.tid, known, max_price_wei=self.inputs.record.spec.max_price_wei)
+        await self.audit.append("spare_hired", worker=contract.worker_id, price_wei=contract.price_wei)
+        return contract
 
     async def _cancel(self, slot: ShardSlot, job: JobAssignment, reason: str) -> None:
         del slot.jobs[job.job_id]
-        await reassign.cancel_job(self.c, self.tid, job.worker_id, job.job_id, reason)
+        await self.reassign.cancel_job(job.worker_id, job.job_id, reason)
 
     # -- the round's norm check and aggregation --------------------------------------------
     async def _judge_norms(self) -> None:
@@ -378,22 +352,23 @@ class RoundRunner:
 
     async def _ensure_running(self, slot: ShardSlot) -> None:
         if not slot.jobs:
-            await self._dispatch(slot, slot.holder)
+            await self._dispatch(slot, slot.contract)
 
-    async def _aggregate(self) -> tuple[str, float]:
+    async def _aggregate(self) -> RoundStats:
         await self.c.update_phase(self.tid, P.AGGREGATING)
-        record = await self.c.db.training(self.tid)
         slots = [self.slots[i] for i in sorted(self.slots)]
-        strategy = strategy_for_round(record.spec.aggregation, len(slots), self.baseline.reference)
+        strategy = strategy_for_round(self.inputs.record.spec.aggregation, len(slots), self.baseline.reference)
         strategy.begin()
         for slot in slots:
             assert slot.winner_ref is not None
             # Weighted by the samples the coordinator put in the shard, not the worker's own claim.
-            await self.c.fold(strategy, slot.winner_ref, float(slot.shard.samples))
+            await self.c.fold(strategy, slot.winner_ref, float(slot.shard.samples),
+                              max_bytes=self.inputs.checkpoint_limit)
             await self.c.db.save_checkpoint(slot.winner_ref, "accepted")
         model = await asyncio.to_thread(lambda: encode_state(strategy.result()))
-        self.stats = RoundStats(
-            seconds=time.monotonic() - self.started, samples=sum(s.shard.samples for s in slots),
+        seconds = time.monotonic() - self.started
+        return RoundStats(
+            model_cid=await self.c.store.add(model), seconds=seconds, samples=sum(s.shard.samples for s in slots),
+            slowest_s=max(s.winner_ref.train_seconds for s in slots if s.winner_ref),
             worker_seconds={s.holder: s.finished_s or 0.0 for s in slots},
             worker_samples={s.holder: s.shard.samples for s in slots})
-        return await self.c.store.add(model), max(s.winner_ref.train_seconds for s in slots if s.winner_ref)

@@ -20,7 +20,7 @@ from ..training import LabeledData, load_dataset, model_spec_for
 from .liveness import LivenessWatch
 from .pool import adapt_pool
 from .phases import is_terminal
-from .reassign import cancel_job, hire, reconcile_replacements
+from .reassign import hire, reassigner_for
 from .rounds import RoundRunner
 from .service import Coordinator
 
@@ -48,8 +48,8 @@ async def prepare(coordinator: Coordinator, request: RunRequest) -> tuple[Labele
             f"asked for {spec.target_workers} workers but only {len(found)} suitable providers answered")
     ranked = coordinator.select(found, spec.target_workers + spec.spare_workers)
     selected, spares = ranked[:spec.target_workers], ranked[spec.target_workers:]
-    await coordinator.ensure_funds(sum(w.price for w in selected) * spec.rounds,
-                                   f"{spec.target_workers} workers x {spec.rounds} rounds")
+    await coordinator.money.ensure_funds(sum(w.price for w in selected) * spec.rounds,
+                                         f"{spec.target_workers} workers x {spec.rounds} rounds")
     return data, selected, spares
 
 
@@ -62,7 +62,7 @@ async def run_training(coordinator: Coordinator, request: RunRequest) -> Trainin
         await coordinator.attach_data(tid, data)
         await coordinator.create_shards(tid, len(selected))
         await hire(coordinator, tid, selected, spares)
-        await coordinator.fund_escrow(tid)
+        await coordinator.money.fund_escrow(tid)
     except (AitbcError, asyncio.CancelledError) as exc:
         await fail_training(coordinator, tid, str(exc) or type(exc).__name__)
         raise
@@ -81,19 +81,22 @@ async def drive_training(coordinator: Coordinator, tid: str, *,
     try:
         record = await coordinator.db.training(tid)
         await _assign_shards(coordinator, tid)
+        await coordinator.load_round_times()
         compute = 0.0
         unusable: set[str] = set()
+        audit, reassign = coordinator.logs.of(tid), reassigner_for(coordinator, tid)
         async with LivenessWatch(coordinator.channel) as liveness:
             while record.round < record.spec.rounds:
                 await coordinator.update_phase(tid, P.DISTRIBUTING)
-                runner = RoundRunner(coordinator, tid, liveness, unusable)
-                model_cid, slowest = await runner.run(round_timeout_s)
-                compute += slowest
-                await coordinator.save_results(tid, model_cid, stats=runner.stats)
+                inputs = await coordinator.round_inputs(tid)
+                runner = RoundRunner(coordinator, inputs, liveness, unusable, audit=audit, reassign=reassign)
+                stats = await runner.run(round_timeout_s)
+                compute += stats.slowest_s
+                await coordinator.save_results(tid, stats.model_cid, stats=stats, inputs=inputs)
                 record = await coordinator.db.training(tid)
                 if record.spec.elastic is not None and record.round < record.spec.rounds:
-                    await adapt_pool(coordinator, tid, runner.stats)
-        settlement = await coordinator.settle(tid)
+                    await adapt_pool(coordinator, tid, stats, inputs.manifest)
+        settlement = await coordinator.money.settle(tid)
         await coordinator.update_phase(tid, P.COMPLETE)
         return settlement, compute
     except (AitbcError, asyncio.CancelledError, TimeoutError) as exc:
@@ -135,15 +138,16 @@ async def resume_training(coordinator: Coordinator, tid: str, *,
     if not state.exists:
         raise TrainingError(f"the escrow of training {tid} is not on this chain "
                             "(an embedded chain does not outlive its process)")
-    await reconcile_replacements(coordinator, tid)  # a crash mid-replacement: the chain says who holds the slot
+    reassign = reassigner_for(coordinator, tid)
+    await reassign.reconcile()  # a crash mid-replacement: the chain says who holds the slot
     interrupted = [j for j in await coordinator.db.jobs(tid, record.round + 1)
                    if await coordinator.db.checkpoint(j.job_id) is None]
-    await coordinator.audit(tid, "training_resumed", round=record.round + 1, phase=record.phase.value,
-                            escrow_closed=state.closed, interrupted_jobs=len(interrupted))
+    await reassign.audit.append("training_resumed", round=record.round + 1, phase=record.phase.value,
+                                escrow_closed=state.closed, interrupted_jobs=len(interrupted))
     for job in interrupted:
-        await cancel_job(coordinator, tid, job.worker_id, job.job_id, "the coordinator restarted this round")
+        await reassign.cancel_job(job.worker_id, job.job_id, "the coordinator restarted this round")
     if state.closed:  # died after the refund: only the bookkeeping is left
-        settlement = await coordinator.settle(tid)
+        settlement = await coordinator.money.settle(tid)
         await coordinator.update_phase(tid, P.COMPLETE)
         return settlement, 0.0
     return await drive_training(coordinator, tid, round_timeout_s=round_timeout_s)
@@ -152,11 +156,11 @@ async def resume_training(coordinator: Coordinator, tid: str, *,
 async def fail_training(coordinator: Coordinator, tid: str, reason: str = "") -> None:
     """Mark the training failed and refund whatever the escrow still holds for it."""
     try:
-        await coordinator.audit(tid, "training_failed", reason=reason)
+        await coordinator.logs.note(tid, "training_failed", reason=reason)
         await coordinator.update_phase(tid, P.FAILED)
         if (await coordinator.db.escrow(tid)) is not None:
             refunded, tx = await coordinator.escrow.refund(tid)
-            await coordinator.audit(tid, "refund", amount_wei=refunded, tx=tx, after="failure")
+            await coordinator.logs.note(tid, "refund", amount_wei=refunded, tx=tx, after="failure")
             await coordinator.db.save_escrow(tid, await coordinator.escrow.summary(tid))
     except AitbcError as exc:  # keep the original error; note the cleanup failure
         log.error("cleanup of failed training %s: %s", tid, exc)

@@ -13,10 +13,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from ..chain.registry import RegistryClient
 from ..errors import ConfigError, MessagingError, NotFoundError, TrainingError
@@ -28,39 +26,32 @@ from ..messaging import SignedChannel, topics
 from ..models import (
     AggregateResult, CheckpointRef, ContractProposal, ContractReply, JobAssignment, JobConfig, ModelSpec, Offer,
     Progress, RoundMetrics, Shard, ShardManifest, TrainingPhase, TrainingRecord, TrainingSpec, TrainingStatus,
-    Worker, WorkerContract, id_path, new_id,
+    Worker, WorkerContract, new_id,
 )
 from ..storage import DEFAULT_MAX_BYTES, ContentStore
 from ..training import (
-    AggregationStrategy, FedAvg, LabeledData, build_model, decode_data, decode_state, dirichlet_partition, encode_data,
-    encode_state, evaluate, fit_normalization, iid_partition, label_counts, load_dataset, model_spec_for,
-    sample_weights, train_test_split,
+    AggregationStrategy, FedAvg, LabeledData, decode_state, encode_data, encode_state, label_counts, load_dataset,
+    model_spec_for, sample_weights,
 )
-from ..audit import AuditLog
+from .datasets import DatasetCache
+from .inputs import CHECKPOINT_HEADER_SLACK, RoundInputs, load_round_inputs, new_job
 from .listener import Observer, TrainingListener
-from .money import MoneySteps
+from .logbook import AuditLogs, audit_path
+from .money import EscrowSteps
 from .phases import check_transition
+from .settings import CoordinatorSettings
 from .settlement import EscrowAccount
+from .sharding import evaluate_state, initial_model, plan_shards
+from .stats import RoundStats
 from .store import TrainingStore
 from .verification import checkpoint_problem, result_signer
 
-if TYPE_CHECKING:
-    from .rounds import RoundStats
-
-
-CHECKPOINT_HEADER_SLACK = 64 * 1024  # safetensors headers differ in offsets' digits and metadata
+__all__ = ["Coordinator", "CoordinatorSettings", "audit_path"]  # audit_path: where tests and tools read a log
+ROUND_TIMES_KEPT = 256  # per provider, loaded on start: its adaptive deadline needs recent rounds only
 
 
 @dataclass
-class CoordinatorSettings:
-    discovery_timeout_s: float = 2.0
-    reply_timeout_s: float = 10.0
-    gas_reserve_wei: int = 10**16  # kept back for the open/release/refund transactions
-    audit_dir: Path | None = None  # one hash-chained JSONL log per training under here
-
-
-@dataclass
-class Coordinator(MoneySteps):
+class Coordinator:
     channel: SignedChannel
     store: ContentStore
     db: TrainingStore
@@ -72,20 +63,30 @@ class Coordinator(MoneySteps):
     registry: RegistryClient | None = None  # provider bonds and on-chain reputation, when deployed
     round_times: dict[str, list[float]] = field(default_factory=dict)  # provider -> seconds per delivered round
     _listeners: dict[str, TrainingListener] = field(default_factory=dict)
-    _audit_logs: dict[str, AuditLog] = field(default_factory=dict)
-    _data_cache: dict[str, LabeledData] = field(default_factory=dict)
+    logs: AuditLogs = field(init=False)  # one audit log per training, under settings.audit_dir
+    data: DatasetCache = field(init=False)
+    money: EscrowSteps = field(init=False)  # budget, funding, paying, settling
+
+    def __post_init__(self) -> None:
+        self.logs = AuditLogs(self.settings.audit_dir)
+        self.data = DatasetCache(self.store)
+        self.money = EscrowSteps(self.db, self.escrow, self.logs, gas_reserve_wei=self.settings.gas_reserve_wei,
+                                 observer=self.observer)
 
     @property
     def address(self) -> str:
         return self.channel.address
 
-    async def audit(self, training_id: str, event: str, **fields: object) -> None:
-        """Append to the training's audit log (when the coordinator keeps one)."""
-        if self.settings.audit_dir is None:
-            return
-        if training_id not in self._audit_logs:
-            self._audit_logs[training_id] = AuditLog(audit_path(self.settings.audit_dir, training_id))
-        await self._audit_logs[training_id].append(event, **fields)
+    async def round_inputs(self, training_id: str) -> RoundInputs:
+        return await load_round_inputs(self.db, self.store, self.data, training_id)
+
+    async def load_round_times(self) -> None:
+        """Every provider's delivered round times as stored: a resumed coordinator keeps their history."""
+        self.round_times = await self.db.round_times(ROUND_TIMES_KEPT)
+
+    async def record_round_time(self, training_id: str, worker_id: str, seconds: float) -> None:
+        self.round_times.setdefault(worker_id, []).append(seconds)
+        await self.db.save_round_time(training_id, worker_id, seconds)
 
     async def close(self) -> None:
         for listener in self._listeners.values():
@@ -118,40 +119,29 @@ class Coordinator(MoneySteps):
         record = await self.db.training(training_id)
         model_spec_for(record.spec.model_type, data)  # fail now on an unknown model, not mid-run
         cid = await self.store.add(await asyncio.to_thread(encode_data, data))
-        self._data_cache[cid] = data
+        self.data.put(cid, data)
         await self.db.save_training(record.model_copy(update={"dataset_cid": cid}))
         return cid
 
-    async def _data(self, cid: str) -> LabeledData:
-        if cid not in self._data_cache:
-            # Its own dataset or test split: bounded by what its own root declares, however large.
-            blob = await self.store.cat(cid, max_bytes=None)
-            self._data_cache[cid] = await asyncio.to_thread(decode_data, blob)
-        return self._data_cache[cid]
-
     async def manifest(self, training_id: str) -> ShardManifest:
-        record = await self.db.training(training_id)
+        return await self._manifest_of(await self.db.training(training_id))
+
+    async def _manifest_of(self, record: TrainingRecord) -> ShardManifest:
         if record.manifest_cid is None:
-            raise NotFoundError(f"training {training_id} has no shards yet")
+            raise NotFoundError(f"training {record.training_id} has no shards yet")
         return ShardManifest.model_validate_json(await self.store.cat(record.manifest_cid))
 
     async def create_shards(self, training_id: str, num_shards: int) -> list[Shard]:
         """Split the training set into content-addressed shards; also store the test split and round-0 model."""
         record = await self.db.training(training_id)
         if record.manifest_cid is not None:
-            return list((await self.manifest(training_id)).shards)
+            return list((await self._manifest_of(record)).shards)
         if record.dataset_cid is None:
             raise ConfigError(f"training {training_id} has no dataset; upload one first")
         spec = record.spec
-        data = await self._data(record.dataset_cid)
-        train, test = train_test_split(data, spec.test_fraction, spec.seed)
-        if num_shards < 1 or num_shards > len(train):
-            raise ConfigError(f"cannot make {num_shards} shards from {len(train)} training samples")
+        data = await self.data.get(record.dataset_cid)
+        train, test, parts = plan_shards(spec, data, num_shards)
         labels = train.labels.numpy()
-        if spec.partition == "iid":
-            parts = iid_partition(len(train), num_shards, spec.seed)
-        else:
-            parts = dirichlet_partition(labels, num_shards, spec.dirichlet_alpha, spec.seed)
         shards = []
         for i, indices in enumerate(parts):
             blob = await asyncio.to_thread(encode_data, train.subset(np.sort(indices)))
@@ -163,8 +153,8 @@ class Coordinator(MoneySteps):
                                  seed=spec.seed, num_classes=data.num_classes, feature_shape=data.feature_shape,
                                  shards=tuple(shards))
         manifest_cid = await self.store.add(manifest.model_dump_json(indent=1).encode())
-        model_cid = await self.store.add(await asyncio.to_thread(_initial_model, spec, train))
-        self._data_cache[test_cid] = test
+        model_cid = await self.store.add(await asyncio.to_thread(initial_model, spec, train))
+        self.data.put(test_cid, test)
         await self.db.save_shards(training_id, shards)
         await self.db.save_training(record.model_copy(update={"manifest_cid": manifest_cid, "model_cid": model_cid}))
         return shards
@@ -232,6 +222,7 @@ class Coordinator(MoneySteps):
         return self._listeners[training_id]
 
     async def send_job(self, worker_id: str, training_id: str, shard_id: str, config: JobConfig) -> JobAssignment:
+        """One job, read from the database (the seed's step); the round loop builds its jobs from its inputs."""
         record = await self.db.training(training_id)
         shard = next((s for s in await self.db.shards(training_id) if s.shard_id == shard_id), None)
         if shard is None:
@@ -241,24 +232,25 @@ class Coordinator(MoneySteps):
         if contract is None:
             raise NotFoundError(f"worker {worker_id} has no contract for training {training_id}")
         assert record.model_cid is not None  # create_shards stores the round-0 model
-        round_ = record.round + 1
         # Exact sizes of content this coordinator stored itself: the provider fetches no more.
-        job = JobAssignment(job_id=new_id("job"), training_id=training_id, round=round_, worker_id=worker_id,
-                            contract_id=contract.contract_id, shard_cid=shard.cid,
-                            shard_bytes=await self.store.size(shard.cid), weights_cid=record.model_cid,
-                            weights_bytes=await self.store.size(record.model_cid),
-                            model=await self.model_spec(training_id),
-                            config=config, seed=(record.spec.seed * 7919 + round_ * 104729 + shard.index) % 2**31)
-        await self.listener(training_id)  # subscribed before the job goes out, so no result is missed
-        await self.db.save_job(job)
-        await self.channel.publish(topics.jobs(worker_id), job)
+        job = new_job(record, contract, shard, await self._model_spec_of(record), config,
+                      shard_bytes=await self.store.size(shard.cid),
+                      weights_bytes=await self.store.size(record.model_cid))
+        await self.publish_job(job)
         return job
+
+    async def publish_job(self, job: JobAssignment) -> None:
+        await self.listener(job.training_id)  # subscribed before the job goes out, so no result is missed
+        await self.db.save_job(job)
+        await self.channel.publish(topics.jobs(job.worker_id), job)
 
     async def model_spec(self, training_id: str) -> ModelSpec:
         """The model's shape follows the data: built from the (cached) test split."""
-        record = await self.db.training(training_id)
-        manifest = await self.manifest(training_id)
-        return model_spec_for(record.spec.model_type, await self._data(manifest.test_cid))
+        return await self._model_spec_of(await self.db.training(training_id))
+
+    async def _model_spec_of(self, record: TrainingRecord) -> ModelSpec:
+        manifest = await self._manifest_of(record)
+        return model_spec_for(record.spec.model_type, await self.data.get(manifest.test_cid))
 
     async def progress(self, job_id: str) -> Progress:
         progress = await self.db.progress(job_id)
@@ -285,8 +277,8 @@ class Coordinator(MoneySteps):
             problem = "result is not signed by the worker"
         if problem is not None:
             await self.db.save_checkpoint(ref, "rejected")
-            await self.audit(ref.training_id, "result_rejected", worker=worker_id, job_id=job_id, cid=ref.cid,
-                             round=ref.round, reason=problem)
+            await self.logs.note(ref.training_id, "result_rejected", worker=worker_id, job_id=job_id, cid=ref.cid,
+                                 round=ref.round, reason=problem)
             raise TrainingError(f"checkpoint {ref.cid} from {worker_id} rejected: {problem}")
         await self.db.save_checkpoint(ref, "accepted")
         return ref
@@ -341,19 +333,21 @@ class Coordinator(MoneySteps):
                                samples=sum(c.samples for c in checkpoints), loss=loss,
                                contributors=tuple(c.worker_id for c in checkpoints))
 
-    async def fold(self, strategy: AggregationStrategy, ref: CheckpointRef, weight: float) -> None:
-        """Fetch one checkpoint and fold it into ``strategy``; only this one is decoded at a time."""
-        blob = await self.store.cat(ref.cid, max_bytes=await self.checkpoint_limit(ref.training_id))
+    async def fold(self, strategy: AggregationStrategy, ref: CheckpointRef, weight: float, *,
+                   max_bytes: int | None = None) -> None:
+        """Fetch one checkpoint and fold it into ``strategy``; only this one is decoded at a time.
+        ``max_bytes`` defaults to :meth:`checkpoint_limit` (the round loop knows it already)."""
+        limit = max_bytes if max_bytes is not None else await self.checkpoint_limit(ref.training_id)
+        blob = await self.store.cat(ref.cid, max_bytes=limit)
         await asyncio.to_thread(lambda: strategy.accumulate(decode_state(blob), weight))
 
     async def save_results(self, training_id: str, model_cid: str, metrics: dict[str, object] | None = None,
-                           *, stats: RoundStats | None = None) -> RoundMetrics:
+                           *, stats: RoundStats | None = None, inputs: RoundInputs | None = None) -> RoundMetrics:
         """Evaluate the aggregated model on the held-out test split and close the round."""
-        record = await self.db.training(training_id)
-        manifest = await self.manifest(training_id)
-        test = await self._data(manifest.test_cid)
+        record = await self.db.training(training_id)  # fresh: the round moved its phase on
+        test = inputs.test if inputs is not None else await self.data.get((await self._manifest_of(record)).test_cid)
         state = decode_state(await self.store.cat(model_cid))
-        result = await asyncio.to_thread(_evaluate_state, record.spec, test, state)
+        result = await asyncio.to_thread(evaluate_state, record.spec, test, state)
         round_ = record.round + 1
         jobs = await self.db.jobs(training_id, round_)
         round_metrics = RoundMetrics(
@@ -386,18 +380,3 @@ class Coordinator(MoneySteps):
                               rounds=record.spec.rounds, workers=len(await self.db.contracts(training_id, "worker")),
                               accuracy=rounds[-1].accuracy if rounds else None, model_cid=record.model_cid)
 
-
-def audit_path(audit_dir: Path, training_id: str) -> Path:
-    return id_path(audit_dir, training_id) / "audit.jsonl"
-
-
-def _initial_model(spec: TrainingSpec, train: LabeledData) -> bytes:
-    model = build_model(model_spec_for(spec.model_type, train), seed=spec.seed)
-    fit_normalization(model, train)
-    return encode_state({k: v.detach().contiguous() for k, v in model.state_dict().items()})
-
-
-def _evaluate_state(spec: TrainingSpec, test: LabeledData, state: dict[str, torch.Tensor]):
-    model = build_model(model_spec_for(spec.model_type, test))
-    model.load_state_dict(state, strict=True)
-    return evaluate(model, test)

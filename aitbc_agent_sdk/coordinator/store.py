@@ -1,4 +1,4 @@
-"""SQLite persistence for trainings, shards, contracts, jobs, results, rounds and payments.
+"""SQLite persistence for trainings, shards, contracts, jobs, results, rounds, round times and payments.
 
 Records are stored as validated JSON next to the columns we query by; every write
 goes through one connection, serialised and run off the event loop.
@@ -49,28 +49,51 @@ CREATE TABLE IF NOT EXISTS escrows (
 CREATE TABLE IF NOT EXISTS intents (
   intent_id TEXT PRIMARY KEY, training_id TEXT NOT NULL, kind TEXT NOT NULL, status TEXT NOT NULL,
   data TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS round_times (
+  worker_id TEXT NOT NULL, training_id TEXT NOT NULL, seconds REAL NOT NULL, at REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS jobs_by_training ON jobs (training_id, round);
 CREATE INDEX IF NOT EXISTS checkpoints_by_training ON checkpoints (training_id, round);
 """
 
 
+class _FirstWrite(Exception):
+    """A transaction on the empty stand-in database wrote: it is rolled back and run on the file."""
+
+
 class TrainingStore:
+    """The database file is created by the first write, not by opening: a command that only reads
+    (or fails before writing) leaves no file behind. Until then reads see an empty schema."""
+
     def __init__(self, path: Path) -> None:
         self._path = path
         self._conn: sqlite3.Connection | None = None
+        self._on_disk = False
         self._lock = asyncio.Lock()
 
     async def open(self) -> TrainingStore:
-        def connect() -> sqlite3.Connection:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(self._path, check_same_thread=False, isolation_level=None)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA busy_timeout=5000")
-            conn.executescript(SCHEMA)
-            return conn
-
-        self._conn = await asyncio.to_thread(connect)
+        self._conn = await asyncio.to_thread(self._connect_disk if self._path.exists() else self._connect_empty)
         return self
+
+    def _connect_disk(self) -> sqlite3.Connection:
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(self._path, check_same_thread=False, isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA busy_timeout=5000")
+        conn.executescript(SCHEMA)
+        self._on_disk = True
+        return conn
+
+    def _connect_empty(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+        conn.executescript(SCHEMA)
+        self._on_disk = False
+        return conn
+
+    def _to_disk(self) -> sqlite3.Connection:
+        assert self._conn is not None
+        self._conn.close()
+        self._conn = self._connect_disk()
+        return self._conn
 
     async def close(self) -> None:
         if self._conn is not None:
@@ -86,12 +109,24 @@ class TrainingStore:
     async def _run(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
         if self._conn is None:
             raise RuntimeError("TrainingStore is not open")
-        conn = self._conn
 
-        def in_transaction() -> Any:
+        def attempt(conn: sqlite3.Connection) -> Any:
             with conn:  # BEGIN/COMMIT, ROLLBACK on error: nothing half-written
                 conn.execute("BEGIN")
-                return fn(conn)
+                before = conn.total_changes
+                result = fn(conn)
+                if not self._on_disk and conn.total_changes != before:
+                    raise _FirstWrite
+                return result
+
+        def in_transaction() -> Any:
+            if not self._on_disk and self._path.exists():  # another process created it meanwhile
+                self._to_disk()
+            assert self._conn is not None
+            try:
+                return attempt(self._conn)
+            except _FirstWrite:
+                return attempt(self._to_disk())
 
         async with self._lock:
             return await asyncio.to_thread(in_transaction)
@@ -203,6 +238,20 @@ class TrainingStore:
     async def rounds(self, training_id: str) -> list[RoundMetrics]:
         return await self._rows("SELECT data FROM rounds WHERE training_id=? ORDER BY round",
                                 [training_id], RoundMetrics)
+
+    async def save_round_time(self, training_id: str, worker_id: str, seconds: float) -> None:
+        """How long a provider's winning job of a round took: its history for the adaptive deadline."""
+        await self._run(lambda c: c.execute("INSERT INTO round_times VALUES (?,?,?,?)",
+                                            (worker_id, training_id, seconds, time.time())))
+
+    async def round_times(self, last: int | None = None) -> dict[str, list[float]]:
+        """Every provider's round times across trainings, oldest first; ``last``: only its latest that many."""
+        def read(c: sqlite3.Connection) -> dict[str, list[float]]:
+            times: dict[str, list[float]] = {}
+            for worker, seconds in c.execute("SELECT worker_id, seconds FROM round_times ORDER BY rowid"):
+                times.setdefault(worker, []).append(seconds)
+            return {w: t[-last:] if last else t for w, t in times.items()}
+        return await self._run(read)
 
     async def save_escrow(self, training_id: str, summary: EscrowSummary) -> None:
         await self._run(lambda c: c.execute(
