@@ -223,3 +223,34 @@ def test_cli_create_and_list(tmp_path):
     assert json.loads(listed.stdout) == {"clusters": ["lab"]}
     bad = runner.invoke(app, ["cluster", "create", "x", "--host", "no-address", "--home", str(tmp_path)])
     assert bad.exit_code != 0
+
+
+@pytest.mark.parametrize("argv", [
+    ["cluster", "inventory", "--timeout", "-1"],
+    ["cluster", "inventory", "--timeout", "0"],
+    ["cluster", "monitor", "--cluster", "lab", "--wait", "0"],
+    ["cluster", "train", "--cluster", "lab", "--wallet", "w", "--script", "/t.py", "--hosts", "0"],
+    ["cluster", "train", "--cluster", "lab", "--wallet", "w", "--script", "/t.py", "--hosts", "2", "--min-hosts", "3"],
+    ["cluster", "train", "--cluster", "lab", "--wallet", "w", "--script", "/t.py", "--nproc-per-node", "0"],
+    ["cluster", "train", "--cluster", "lab", "--wallet", "w", "--script", "/t.py", "--host-timeout", "-5"],
+    ["cluster", "mount", "--cluster", "lab", "--wallet", "w", "--mountpoint", "/m", "--s3", "b", "--timeout", "0"],
+])
+def test_out_of_range_numbers_are_usage_errors_and_json_errors_are_objects(argv, tmp_path, capsys):
+    from aitbc_cli.app import main
+
+    with pytest.raises(SystemExit) as ended:
+        main([*argv, "--home", str(tmp_path), "--json"])
+    assert ended.value.code == 2
+    error = json.loads(capsys.readouterr().out)
+    assert error["code"] == 2 and error["error"]
+    assert not (tmp_path / "clusters").exists()  # nothing ran
+
+
+def test_every_cluster_command_documents_its_parameters_and_shows_an_example():
+    import typer.main
+
+    group = typer.main.get_command(app).commands["cluster"]
+    for name, command in group.commands.items():
+        assert "Example: aitbc cluster " + name in (command.help or ""), name
+        for param in command.params:
+            assert getattr(param, "help", None) or param.name == "help", f"cluster {name}: {param.name} has no help"

@@ -23,16 +23,17 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import get_args
 
 import pytest
 from eth_account import Account
 
 from aitbc_agent_sdk.cluster import ClusterSpec, HostSpec
-from aitbc_agent_sdk.cluster.agent import AgentConfig, ClusterAgent
-from aitbc_agent_sdk.cluster.launch import TrainingCoordinator
+from aitbc_agent_sdk.cluster.host_agent import ClusterAgent, HostAgentConfig
+from aitbc_agent_sdk.cluster.launcher import TrainingCoordinator
 from aitbc_agent_sdk.cluster.mounts import (
-    PROBE_PREFIX, MountCommand, MountReport, MountSettings, check_access, compare_manifests, ensure_client,
-    hash_manifest, make_manifest, measure_io, summarize_mounts,
+    MOUNT_BACKENDS, PROBE_PREFIX, MountCommand, MountReport, MountSettings, MountSource, check_access,
+    compare_manifests, ensure_client, hash_manifest, make_manifest, measure_io, perform_mount, summarize_mounts,
 )
 from aitbc_agent_sdk.audit import AuditLog
 from aitbc_agent_sdk.messaging import InMemoryBus, SignedChannel
@@ -120,6 +121,17 @@ def test_a_missing_client_is_installed_with_apt_or_the_failure_is_reported(tmp_p
     assert "not installed" in error and "other-pkg" in error
 
 
+async def test_each_source_kind_goes_to_its_own_backend(tmp_path):
+    """One table entry per source kind; two refusals no backend but the right one gives (no I/O needed)."""
+    assert set(MOUNT_BACKENDS) == set(get_args(MountSource))
+    handle, no_api = await perform_mount(MountCommand(source="ipfs", target="bafy", mountpoint=str(tmp_path / "i")),
+                                         host="h0")
+    assert handle is None and no_api.method == "ipfs-fetch" and not no_api.ok and "no IPFS API" in no_api.problems[0]
+    handle, bad = await perform_mount(MountCommand(source="nfs", target="no-colon", mountpoint=str(tmp_path / "n")),
+                                      host="h0")
+    assert handle is None and bad.source == "nfs" and bad.method == "none" and "SERVER:/path" in bad.problems[0]
+
+
 # --- IPFS: two agents fetch and verify the same CID -------------------------------------------
 
 async def test_ipfs_source_is_fetched_verified_and_identical_on_every_host(ipfs_daemon, tmp_path):
@@ -134,7 +146,7 @@ async def test_ipfs_source_is_fetched_verified_and_identical_on_every_host(ipfs_
     spec = ClusterSpec(name="lab", hosts=tuple(HostSpec(name=n, address=c.address) for n, c in hosts.items()),
                        coordinators=(coord.address,))
     settings = MountSettings(ipfs_api=ipfs_daemon)
-    agents = [ClusterAgent(c, spec, config=AgentConfig(work_root=tmp_path / n, mounts=settings))
+    agents = [ClusterAgent(c, spec, config=HostAgentConfig(work_root=tmp_path / n, mounts=settings))
               for n, c in hosts.items()]
     coordinator = TrainingCoordinator(coord, spec, audit=AuditLog(tmp_path / "audit.jsonl"))
     try:

@@ -8,6 +8,7 @@ bubblewrap is required (setup installs it). The unshare + setpriv fallback runs 
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import subprocess
 import sys
@@ -134,6 +135,35 @@ async def test_verify_reports_what_is_in_effect(tmp_path, secret_home, backend):
     assert report.network_isolated and report.pid_isolated and report.capabilities_dropped and report.no_new_privs
     assert str(secret_home) in report.hidden_paths and str(Path.home()) in report.hidden_paths
     assert report.writable_paths == (str((tmp_path / "job").resolve()),)
+
+
+def _path_with_only(tmp_path: Path, tools: tuple[str, ...]) -> str:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in tools:
+        if found := shutil.which(tool):
+            (bin_dir / tool).symlink_to(found)
+    return str(bin_dir)
+
+
+async def test_the_best_working_runner_is_chosen_in_table_order(tmp_path, monkeypatch, backend):
+    """bwrap when it works; without bwrap on PATH (a real condition) the unshare fallback, which says what it
+    lacks; a runner asked for by name that does not work here is refused."""
+    spec = SandboxSpec(command=(sys.executable, "-c", "print('inside')"), work_dir=tmp_path / "job")
+    if backend == "unshare":
+        monkeypatch.setenv("PATH", _path_with_only(tmp_path, ("unshare", "setpriv", "sh", "mount", "awk")))
+    available_backends.cache_clear()
+    try:
+        result = await run_sandboxed(spec, timeout=60)
+        assert result.returncode == 0 and result.stdout == b"inside\n", result.stderr
+        assert result.report.backend == backend
+        assert result.report.filesystem == {"bwrap": "private-root", "unshare": "host-read-only"}[backend]
+        assert any("no private root" in n for n in result.report.notes) == (backend == "unshare")
+        if backend == "unshare":
+            with pytest.raises(SandboxError, match="'bwrap' is not usable here"):
+                await run_sandboxed(spec, timeout=60, backend="bwrap")
+    finally:
+        available_backends.cache_clear()
 
 
 # --- rlimits ----------------------------------------------------------------------------------------

@@ -23,9 +23,8 @@ from eth_account import Account
 from aitbc_agent_sdk.cluster import ClusterSpec, HostSpec
 from aitbc_agent_sdk.cluster.errors import ClusterError
 from aitbc_agent_sdk.cluster.inventory import ClusterInventory, GpuInventory, HostInventory
-from aitbc_agent_sdk.cluster.launch import (
-    RendezvousParser, TorchrunSpec, parse_metric_line, plan_launch, torchrun_argv, torchrun_env,
-)
+from aitbc_agent_sdk.cluster.plan import plan_launch, torchrun_argv, torchrun_env
+from aitbc_agent_sdk.cluster.protocol import RendezvousParser, TorchrunSpec, parse_metric_line
 from aitbc_agent_sdk.cluster.recovery import choose_spare, verify_step_log
 from aitbc_agent_sdk.audit import AuditLogError, read_log, verify_log
 
@@ -154,31 +153,8 @@ def test_spare_choice_skips_used_and_unhealthy_hosts():
 
 # --- real hosts: network namespaces -----------------------------------------------------------
 
-PLAIN_DDP = '''
-"""A user's plain DDP script: nothing from the SDK."""
-import hashlib, json, sys
-import torch
-import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
-
-dist.init_process_group("gloo")
-rank, world = dist.get_rank(), dist.get_world_size()
-data = torch.load(sys.argv[1])
-x, y = data["x"][rank::world], data["y"][rank::world]
-torch.manual_seed(0)
-model = DDP(torch.nn.Linear(x.shape[1], 1))
-opt = torch.optim.SGD(model.parameters(), lr=0.05)
-steps = int(sys.argv[2])
-for step in range(1, steps + 1):
-    opt.zero_grad()
-    loss = torch.nn.functional.mse_loss(model(x), y)
-    loss.backward()
-    opt.step()
-    print(json.dumps({"rank": rank, "step": step, "loss": loss.item()}), flush=True)
-digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.module.parameters())).hexdigest()
-print("FINAL " + json.dumps({"rank": rank, "world": world, "digest": digest}), flush=True)
-dist.destroy_process_group()
-'''
+# A user's plain DDP script, nothing from the SDK: the example users start from.
+DDP_EXAMPLE = REPO / "examples" / "train_ddp.py"
 
 
 @pytest.fixture
@@ -211,8 +187,7 @@ def test_three_hosts_train_plain_ddp_with_identical_weights_and_falling_loss(net
 
     shared = tmp_path / "shared"
     shared.mkdir()
-    script = shared / "train_plain.py"
-    script.write_text(PLAIN_DDP)
+    script = DDP_EXAMPLE  # run in place: each host's sandbox binds its directory read-only
     g = torch.Generator().manual_seed(7)
     x = torch.randn(96, 4, generator=g)
     torch.save({"x": x, "y": x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]]) + 0.1}, shared / "data.pt")
@@ -585,12 +560,48 @@ def test_an_oom_on_one_rank_shrinks_its_batch_and_training_goes_on_exactly(tmp_p
 
 # --- aitbc cluster monitor ---------------------------------------------------------------------
 
+async def test_cluster_monitor_keeps_the_latest_row_per_rank_of_this_job_from_its_hosts_only():
+    import asyncio
+
+    from aitbc_agent_sdk.cluster import ClusterMonitor
+    from aitbc_agent_sdk.cluster.protocol import HostStatus, JobEvent, events_topic, status_topic
+    from aitbc_agent_sdk.messaging import InMemoryBus, SignedChannel
+
+    bus = InMemoryBus()
+    host, impostor = Account.create(), Account.create()
+    spec = ClusterSpec(name="mon", hosts=(HostSpec(name="gpu-1", address=host.address),))
+    heard: list[dict] = []
+    monitor = ClusterMonitor(SignedChannel(bus, Account.create()), spec, job="job-1", on_metric=heard.append)
+    ready = asyncio.Event()
+    watching = asyncio.create_task(monitor.watch(None, on_ready=ready.set))
+    await asyncio.wait_for(ready.wait(), 10)
+    ours, theirs = SignedChannel(bus, host), SignedChannel(bus, impostor)
+    for seq, (channel, job, step) in enumerate(((theirs, "job-1", 99), (ours, "job-1", 1), (ours, "job-1", 2),
+                                                (ours, "job-2", 50))):
+        await channel.publish(events_topic("mon", job, host.address),
+                              JobEvent(job_id=job, host="gpu-1", seq=seq, kind="metric",
+                                       metric={"rank": 0, "step": step}))
+    gpu = {"index": 0, "memory_total_bytes": 2 << 30, "memory_free_bytes": 1 << 30}
+    await ours.publish(status_topic("mon", host.address),
+                       HostStatus(host="gpu-1", job_id="job-1", state="running", gpus=(gpu,)), retain=True)
+    async with asyncio.timeout(10):
+        while ("gpu-1", "gpu0") not in monitor.latest:
+            await asyncio.sleep(0.01)
+    watching.cancel()
+    await asyncio.gather(watching, return_exceptions=True)
+    await bus.close()
+    assert [r["step"] for r in heard] == [1, 2]  # the impostor's and the other job's metrics are not there
+    assert monitor.latest[("gpu-1", "0")] == {"rank": 0, "step": 2, "host": "gpu-1", "job": "job-1"}
+    assert monitor.latest[("gpu-1", "gpu0")]["gpu"] == gpu
+    assert [r["host"] for r in monitor.rows()] == ["gpu-1", "gpu-1"]
+
+
 async def test_monitor_streams_signed_per_rank_metrics_and_ignores_strangers(mosquitto, aitbc_home, aitbc_cmd, cli_env):
     """A host publishes metrics over the real broker while ``aitbc cluster monitor --follow`` runs;
     an impostor's message on the same topic (signed, but not by a cluster host) is not shown."""
     import asyncio
 
-    from aitbc_agent_sdk.cluster.launch import HostStatus, JobEvent, events_topic, status_topic
+    from aitbc_agent_sdk.cluster.protocol import HostStatus, JobEvent, events_topic, status_topic
     from aitbc_agent_sdk.cluster.spec import save_cluster
     from aitbc_agent_sdk.messaging.mqtt import MqttBus
     from aitbc_agent_sdk.profile import BusSettings
@@ -608,7 +619,9 @@ async def test_monitor_streams_signed_per_rank_metrics_and_ignores_strangers(mos
         from aitbc_agent_sdk.messaging import SignedChannel
 
         ours, theirs = SignedChannel(bus, host), SignedChannel(bus, impostor)
-        await asyncio.sleep(6)  # the monitor subscribes (its start includes importing the CLI)
+        assert follow.stderr is not None
+        ready = await asyncio.wait_for(follow.stderr.readline(), 120)  # subscribed (after importing the CLI)
+        assert b"following cluster mon" in ready, ready
         for seq, channel in enumerate((theirs, ours, theirs)):
             fake = {**metric, "step": 99} if channel is theirs else metric
             event = JobEvent(job_id="job-1", host="gpu-1", seq=seq, kind="metric", metric=fake)

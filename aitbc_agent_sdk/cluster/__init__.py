@@ -7,9 +7,14 @@
 - :mod:`.balance`: ``plan_batches`` / ``shrink_after_oom`` (pure) and
   ``weighted_allreduce_gradients`` (torch.distributed), so uneven batches train exactly.
 - :mod:`.sandbox`: ``run_sandboxed`` / ``start_sandboxed`` under bubblewrap (or unshare + setpriv).
-- :mod:`.launch`: ``plan_launch`` / ``torchrun_argv`` (pure) and ``TrainingCoordinator`` (torchrun on N hosts).
-- :mod:`.agent`: ``ClusterAgent``, the per-host daemon (inventory, preflight, torchrun, mounts).
+- :mod:`.protocol`: the wire protocol (topics, control messages, job events) and torchrun log parsing (pure).
+- :mod:`.plan`: ``plan_launch`` / ``torchrun_argv`` / ``torchrun_env`` (pure).
+- :mod:`.launcher` / :mod:`.job_watch` / :mod:`.job`: ``TrainingCoordinator`` (torchrun on N hosts), the
+  watch of a launched job, and ``TrainRequest`` / ``TrainResult``.
+- :mod:`.host_agent`: ``ClusterAgent`` and ``HostAgentConfig``, the per-host daemon (inventory, preflight,
+  torchrun, mounts), with :mod:`.preflight`, :mod:`.host_job` and :mod:`.rendezvous_port`.
 - :mod:`.recovery`: ``choose_spare`` and ``verify_step_log`` (crash recovery, pure).
+- :mod:`.monitor`: ``ClusterMonitor``, the latest per-rank metrics of the running jobs.
 - :mod:`.mounts`: NFS / s3fs / IPFS datasets with access, hash-manifest and speed checks.
 - :mod:`.ddp`: helpers for training scripts (setup, ``Checkpointer``, ``BalancedStep``, metrics).
 
@@ -34,9 +39,12 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
                 "weighted_allreduce_gradients"),
     "sandbox": ("SandboxLimits", "SandboxReport", "SandboxResult", "SandboxSpec", "available_backends",
                 "build_command", "run_sandboxed", "start_sandboxed", "verify_sandbox"),
-    "launch": ("LaunchPlan", "TorchrunSpec", "TrainRequest", "TrainResult", "TrainingCoordinator", "plan_launch",
-               "torchrun_argv", "torchrun_env"),
-    "agent": ("AgentConfig", "ClusterAgent"),
+    "protocol": ("ControlReply", "HostStatus", "JobEvent", "PreflightReport", "TorchrunSpec", "new_job_id"),
+    "plan": ("HostSlot", "LaunchPlan", "plan_launch", "torchrun_argv", "torchrun_env"),
+    "job": ("HostOutcome", "TrainRequest", "TrainResult"),
+    "launcher": ("TrainingCoordinator",),
+    "host_agent": ("ClusterAgent", "HostAgentConfig"),
+    "monitor": ("ClusterMonitor",),
     "recovery": ("ContinuityReport", "choose_spare", "verify_step_log"),
     "mounts": ("ClusterMountReport", "Manifest", "MountCommand", "MountReport", "MountSettings", "compare_manifests",
                "hash_manifest", "perform_mount", "summarize_mounts"),
@@ -44,21 +52,22 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
 }, globals())
 
 if TYPE_CHECKING:
-    from .agent import AgentConfig, ClusterAgent
     from .balance import (
         BatchPlan, RankBudget, budgets_from_inventory, plan_batches, shrink_after_oom, weighted_allreduce_gradients,
     )
     from .ddp import BalancedStep, Checkpointer, DistInfo, emit, global_batch_indices, weights_digest
     from .errors import BatchPlanError, ClusterError, SandboxError
     from .inventory import ClusterInventory, GpuInventory, HostInventory, read_gpus, read_local_inventory
-    from .launch import (
-        LaunchPlan, TorchrunSpec, TrainingCoordinator, TrainRequest, TrainResult, plan_launch, torchrun_argv,
-        torchrun_env,
-    )
+    from .host_agent import ClusterAgent, HostAgentConfig
+    from .job import HostOutcome, TrainRequest, TrainResult
+    from .launcher import TrainingCoordinator
+    from .monitor import ClusterMonitor
     from .mounts import (
         ClusterMountReport, Manifest, MountCommand, MountReport, MountSettings, compare_manifests, hash_manifest,
         perform_mount, summarize_mounts,
     )
+    from .plan import HostSlot, LaunchPlan, plan_launch, torchrun_argv, torchrun_env
+    from .protocol import ControlReply, HostStatus, JobEvent, PreflightReport, TorchrunSpec, new_job_id
     from .recovery import ContinuityReport, choose_spare, verify_step_log
     from .report import inventory_html
     from .sandbox import (

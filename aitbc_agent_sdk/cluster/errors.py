@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
-from ..errors import AitbcError, ConfigError
+from ..errors import AitbcError, ConfigError, NotFoundError
 
 
 class ClusterError(AitbcError):
     """A cluster operation failed: no spec, an unusable host list, a broken inventory."""
+
+
+class ClusterConfigError(ClusterError, ConfigError):
+    """A cluster spec, or a request of it, that cannot work as given: fix the file or the command line."""
+
+
+class UnknownClusterError(ClusterError, NotFoundError):
+    """No cluster of that name is defined under the home directory."""
+
+
+class PreflightError(ClusterConfigError):
+    """A host cannot run the job as given: script or dataset unreadable, checkpoint directory not
+    writable, or the master's rendezvous port out of its reach."""
 
 
 class BatchPlanError(ConfigError):

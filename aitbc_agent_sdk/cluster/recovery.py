@@ -3,7 +3,7 @@ whether the optimizer steps after a restart continue exactly from the last check
 
 What recovers a job is torchrun's elastic agent (``--nnodes MIN:MAX --max-restarts R``): when a
 node dies the others' workers fail, their agents re-rendezvous and restart the workers, which
-load the last checkpoint. The coordinator (:mod:`.launch`) only adds the decisions here:
+load the last checkpoint. The coordinator (:mod:`.job_watch`) only adds the decisions here:
 
 * :func:`choose_spare`: the first healthy, unused spare (spares are kept most capable first);
   it is launched with the same rendezvous id and joins as a new node;
@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .launch import HostSlot
+from .plan import HostSlot
 
 
 def choose_spare(spares: Sequence[HostSlot], *, used: Iterable[str], unhealthy: Iterable[str]) -> HostSlot | None:
@@ -63,26 +63,8 @@ def verify_step_log(records: Iterable[Mapping[str, Any]]) -> ContinuityReport:
     once per worker start, ``{"event": "step", "attempt": A, "step": k}`` after each optimizer
     step, ``{"event": "checkpoint", "step": k}`` after each checkpoint is durably in place.
     """
-    ordered = sorted(records, key=lambda r: float(r.get("time", 0.0)))
-    attempts: dict[str, dict[str, Any]] = {}
-    saved: list[int] = []
+    attempts, saved = _attempts(records)
     problems: list[str] = []
-    for record in ordered:
-        event = record.get("event")
-        if event == "checkpoint":
-            saved.append(int(record["step"]))
-            continue
-        if event not in ("resume", "step"):
-            continue  # other metric lines (oom, final, ...) say nothing about continuity
-        attempt = str(record.get("attempt", "?"))
-        entry = attempts.setdefault(attempt, {"resumed_from": None, "last_saved": max(saved, default=0),
-                                              "steps": []})
-        if event == "resume":
-            entry["resumed_from"] = int(record["resumed_from"])
-            entry["last_saved"] = max(saved, default=0)
-        elif event == "step":
-            entry["steps"].append(int(record["step"]))
-
     names = list(attempts)
     summaries: list[AttemptSummary] = []
     effective: list[int] = []
@@ -118,6 +100,29 @@ def verify_step_log(records: Iterable[Mapping[str, Any]]) -> ContinuityReport:
         problems.append("no optimizer step recorded")
     return ContinuityReport(ok=not problems, attempts=tuple(summaries), checkpoints=tuple(saved),
                             effective_steps=len(effective), rolled_back_steps=rolled_back, problems=tuple(problems))
+
+
+def _attempts(records: Iterable[Mapping[str, Any]]) -> tuple[dict[str, dict[str, Any]], list[int]]:
+    """Rank 0's records by attempt, in time order: where each resumed from, the last checkpoint saved
+    before it, its steps; and every checkpoint's step."""
+    attempts: dict[str, dict[str, Any]] = {}
+    saved: list[int] = []
+    for record in sorted(records, key=lambda r: float(r.get("time", 0.0))):
+        event = record.get("event")
+        if event == "checkpoint":
+            saved.append(int(record["step"]))
+            continue
+        if event not in ("resume", "step"):
+            continue  # other metric lines (oom, final, ...) say nothing about continuity
+        attempt = str(record.get("attempt", "?"))
+        entry = attempts.setdefault(attempt, {"resumed_from": None, "last_saved": max(saved, default=0),
+                                              "steps": []})
+        if event == "resume":
+            entry["resumed_from"] = int(record["resumed_from"])
+            entry["last_saved"] = max(saved, default=0)
+        elif event == "step":
+            entry["steps"].append(int(record["step"]))
+    return attempts, saved
 
 
 def _abbrev(steps: Sequence[int], limit: int = 12) -> str:

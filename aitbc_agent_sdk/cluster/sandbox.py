@@ -1,6 +1,6 @@
 """Run a training command isolated from the host: its own filesystem view, no network, no capabilities.
 
-Backends, best first:
+Backends, best first (one adapter each, in :data:`.sandbox_runners.SANDBOX_RUNNERS`):
 
 * **bwrap** (bubblewrap): a private root holding only /usr, a few /etc files, the Python
   environment (read-only), the work directory (read-write) and optional extra read-only
@@ -11,7 +11,7 @@ Backends, best first:
   filesystem remounted read-only in a private mount namespace except the work directory, the
   same hidden paths, new pid/ipc/uts/net namespaces, then no capabilities and no new privileges.
 
-Both scrub the environment (:func:`aitbc_agent_sdk.provider.process.scrubbed_env`) and set
+Both scrub the environment (:func:`.sandbox_plan.scrubbed_env`) and set
 rlimits before exec. :func:`verify_sandbox` checks from inside what is really in effect.
 """
 
@@ -23,9 +23,7 @@ import functools
 import json
 import os
 import resource
-import shutil
 import signal
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,14 +32,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from ..config import default_home
-from ..provider.process import scrubbed_env
 from .errors import SandboxError
-from .sandbox_plan import (
-    GPU_DEVICE_PATTERN, NOBODY, Backend, SandboxLimits, SandboxSpec, bwrap_argv, cover_paths, mount_plan, unshare_argv,
-)
+from .sandbox_plan import NOBODY, Backend, SandboxLimits, SandboxSpec, scrubbed_env
+from .sandbox_runners import SANDBOX_RUNNERS, available_backends, choose_runner, gpu_devices, python_paths
 
 __all__ = ["Backend", "SandboxLimits", "SandboxReport", "SandboxResult", "SandboxSpec", "available_backends",
-           "build_command", "run_sandboxed", "start_sandboxed", "verify_sandbox"]
+           "build_command", "gpu_devices", "python_paths", "run_sandboxed", "start_sandboxed", "verify_sandbox"]
 
 _RLIMITS = {"cpu_seconds": resource.RLIMIT_CPU, "address_space_bytes": resource.RLIMIT_AS,
             "open_files": resource.RLIMIT_NOFILE, "processes": resource.RLIMIT_NPROC,
@@ -77,62 +73,10 @@ class SandboxResult:
 
 # --- host facts -------------------------------------------------------------------------------
 
-def _probe_ok(argv: list[str]) -> bool:
-    try:
-        return subprocess.run(argv, capture_output=True, timeout=10).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
-@functools.cache
-def available_backends() -> tuple[Backend, ...]:
-    """The backends that can really start a sandbox here (each tried once per process)."""
-    found: list[Backend] = []
-    bwrap = shutil.which("bwrap")
-    if bwrap and _probe_ok([bwrap, "--ro-bind", "/", "/", "--unshare-pid", "--unshare-net", "--cap-drop", "ALL",
-                            "--proc", "/proc", "--", "/bin/true"]):
-        found.append("bwrap")
-    unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
-    if unshare and setpriv:
-        root_flag = [] if os.geteuid() == 0 else ["--map-root-user"]
-        if _probe_ok([unshare, "--mount", "--pid", "--fork", "--mount-proc", "--net", *root_flag, "--",
-                      setpriv, "--no-new-privs", "--bounding-set=-all", "--", "/bin/true"]):
-            found.append("unshare")
-    return tuple(found)
-
-
-def _choose(backend: Backend | None) -> Backend:
-    found = available_backends()
-    if backend is None:
-        if not found:
-            raise SandboxError("no sandbox backend works here: install bubblewrap (apt-get install bubblewrap) "
-                               "or util-linux's unshare and setpriv")
-        return found[0]
-    if backend not in found:
-        raise SandboxError(f"sandbox backend {backend!r} is not usable here (usable: {', '.join(found) or 'none'})")
-    return backend
-
-
 def default_hidden_paths(spec: SandboxSpec) -> tuple[Path, ...]:
     """$HOME, the AITBC home (keystore, devnet password) and the spec's own, resolved."""
     paths = [Path.home(), default_home(), *spec.hidden_paths]
     return tuple(dict.fromkeys(p.expanduser().resolve() for p in paths))
-
-
-def python_paths() -> tuple[Path, ...]:
-    """This interpreter's prefixes (venv and base install) and the SDK's source root (editable installs)."""
-    import aitbc_agent_sdk
-
-    paths = [Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent.parent,
-             Path(aitbc_agent_sdk.__file__).resolve().parent.parent]
-    resolved = [p.resolve() for p in paths if p.exists()]
-    # Drop paths inside another one: a single bind already shows them.
-    return tuple(p for p in dict.fromkeys(resolved) if not any(q != p and p.is_relative_to(q) for q in resolved))
-
-
-def gpu_devices() -> tuple[Path, ...]:
-    dev = Path("/dev")
-    return tuple(sorted(p for p in dev.iterdir() if GPU_DEVICE_PATTERN.match(p.name))) if dev.is_dir() else ()
 
 
 def _resolved(spec: SandboxSpec) -> SandboxSpec:
@@ -143,17 +87,7 @@ def _resolved(spec: SandboxSpec) -> SandboxSpec:
 def build_command(spec: SandboxSpec, backend: Backend) -> list[str]:
     """The full argv that runs ``spec.command`` in the sandbox (``spec.work_dir`` must exist)."""
     spec = _resolved(spec)
-    hidden = default_hidden_paths(spec)
-    if backend == "bwrap":
-        plan = mount_plan(spec, hidden=hidden, python_paths=python_paths() if spec.bind_python else (),
-                          gpu_devices=gpu_devices() if spec.gpus else ())
-        return bwrap_argv(spec, plan, bwrap=shutil.which("bwrap") or "bwrap", as_root=os.geteuid() == 0,
-                          setpriv=shutil.which("setpriv") or "/usr/bin/setpriv")
-    keep = (*(python_paths() if spec.bind_python else ()), spec.work_dir, *spec.read_only_paths)
-    if spec.work_dir in hidden:
-        raise SandboxError(f"the working directory {spec.work_dir} is also a path to hide")
-    return unshare_argv(spec, covers=cover_paths(hidden, keep), map_root=os.geteuid() != 0,
-                        unshare=shutil.which("unshare") or "unshare")
+    return SANDBOX_RUNNERS[backend].argv(spec, default_hidden_paths(spec))
 
 
 def sandbox_env(spec: SandboxSpec) -> dict[str, str]:
@@ -181,13 +115,12 @@ def _set_rlimits(pairs: list[tuple[int, int]]) -> None:
 
 def describe(spec: SandboxSpec, backend: Backend) -> SandboxReport:
     """What the backend sets up for ``spec``, as designed (``verified=False``)."""
-    notes = []
-    if backend == "unshare":
-        notes.append("no private root: the host filesystem is visible read-only, apart from the hidden paths")
-    if os.geteuid() == 0 and not (spec.drop_root and backend == "bwrap"):
+    runner = SANDBOX_RUNNERS[backend]
+    notes = list(runner.notes)
+    if os.geteuid() == 0 and not (spec.drop_root and runner.can_drop_root):
         notes.append("the process keeps real uid 0 without capabilities: files it can see are readable by owner bits")
     return SandboxReport(
-        backend=backend, verified=False, filesystem="private-root" if backend == "bwrap" else "host-read-only",
+        backend=backend, verified=False, filesystem=runner.filesystem,
         network_isolated=not spec.allow_network, pid_isolated=True, capabilities_dropped=True, no_new_privs=True,
         hidden_paths=tuple(str(p) for p in default_hidden_paths(spec)), writable_paths=(str(spec.work_dir.resolve()),),
         rlimits=_rlimit_values(spec.limits), notes=tuple(notes))
@@ -200,16 +133,16 @@ async def start_sandboxed(spec: SandboxSpec, *, backend: Backend | None = None, 
 
     The process leads its own session, so ``os.killpg(proc.pid, SIGKILL)`` ends the whole sandbox.
     """
-    chosen = _choose(backend)
+    runner = choose_runner(backend)
     spec.work_dir.mkdir(parents=True, exist_ok=True)
-    if spec.drop_root and chosen == "bwrap" and os.geteuid() == 0:
+    if spec.drop_root and runner.can_drop_root and os.geteuid() == 0:
         os.chown(spec.work_dir, NOBODY, NOBODY)  # the one directory nobody may write
-    argv = build_command(spec, chosen)
+    argv = build_command(spec, runner.name)
     limits = _rlimit_values(spec.limits)
     proc = await asyncio.create_subprocess_exec(
         *argv, stdin=stdin, stdout=stdout, stderr=stderr, cwd=spec.work_dir, env=sandbox_env(spec),
         start_new_session=True, preexec_fn=functools.partial(_set_rlimits, _lowered(limits)))
-    return proc, describe(spec, chosen)
+    return proc, describe(spec, runner.name)
 
 
 async def run_sandboxed(spec: SandboxSpec, *, timeout: float, backend: Backend | None = None,

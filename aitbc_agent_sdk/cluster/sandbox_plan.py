@@ -1,4 +1,4 @@
-"""What a sandbox is made of, as data: the spec, the mount plan, and each backend's argv.
+"""What a sandbox is made of, as data: the spec, its environment, the mount plan, and each backend's argv.
 
 Nothing here starts or changes anything; it only looks at which paths exist. So the exact
 command lines are testable on their own. :mod:`.sandbox` gathers the host facts (paths to
@@ -12,7 +12,9 @@ depth a hide comes after a bind, so hiding always wins over exposing the same pa
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -31,6 +33,19 @@ ETC_ENTRIES = ("passwd", "group", "hosts", "nsswitch.conf", "resolv.conf", "host
                "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "ssl", "ca-certificates", "alternatives", "mime.types")
 _SECRET_WORDS = {"KEY", "TOKEN", "PASSPHRASE", "CREDENTIALS"}
 GPU_DEVICE_PATTERN = re.compile(r"^nvidia(\d+|ctl|-uvm|-uvm-tools|-modeset|-caps)$")
+# Only these variables reach a sandboxed (or training) process; wallet passwords, keys and
+# AITBC_* settings never do.
+ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "TZ", "PYTHONHASHSEED", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
+             "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+
+
+def scrubbed_env(work_dir: Path, threads: int, source: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The allow-listed variables of ``source`` (default: this process), with HOME and TMPDIR in ``work_dir``."""
+    source = os.environ if source is None else source
+    env = {k: v for k, v in source.items() if k in ENV_ALLOW}
+    env.update(HOME=str(work_dir), TMPDIR=str(work_dir), AITBC_WORKER_THREADS=str(threads),
+               OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
+    return env
 
 
 class SandboxLimits(BaseModel):

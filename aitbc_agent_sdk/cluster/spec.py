@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from ..models import Address
 from ..profile import BusSettings
-from .errors import ClusterError
+from .errors import ClusterConfigError, UnknownClusterError
 
 CLUSTERS_DIR = "clusters"
 # A cluster or host name is one MQTT topic level and one file name: no '/', '+', '#' or dots first.
@@ -73,7 +73,7 @@ def load_cluster(home: Path, name: str) -> ClusterSpec:
     for path in (cluster_path(home, name), cluster_path(home, name).with_suffix(".toml")):
         if path.is_file():
             return read_cluster_file(path)
-    raise ClusterError(f"no cluster {name!r} in {home / CLUSTERS_DIR} (create it with 'aitbc cluster create')")
+    raise UnknownClusterError(f"no cluster {name!r} in {home / CLUSTERS_DIR} (create it with 'aitbc cluster create')")
 
 
 def read_cluster_file(path: Path) -> ClusterSpec:
@@ -82,7 +82,7 @@ def read_cluster_file(path: Path) -> ClusterSpec:
             return ClusterSpec.model_validate(tomllib.loads(path.read_text()))
         return ClusterSpec.model_validate_json(path.read_text())
     except (OSError, ValueError, ValidationError) as exc:
-        raise ClusterError(f"unreadable cluster file {path}: {exc}") from exc
+        raise ClusterConfigError(f"unreadable cluster file {path}: {exc}") from exc
 
 
 def list_clusters(home: Path) -> list[str]:

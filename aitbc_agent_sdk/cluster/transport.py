@@ -27,7 +27,7 @@ from ..errors import MessagingError
 from ..messaging.channel import SignedChannel
 from ..messaging.envelope import Verified
 from ..messaging.topics import PREFIX
-from .errors import ClusterError
+from .errors import ClusterConfigError
 from .inventory import ClusterInventory, HostInventory, read_local_inventory
 from .spec import NAME_PATTERN, ClusterSpec, HostSpec
 
@@ -77,7 +77,7 @@ class InventoryResponder:
         """The responder of the host that ``channel`` signs for, as listed in ``spec``."""
         host = spec.host(channel.address)
         if host is None:
-            raise ClusterError(f"{channel.address} is not a host of cluster {spec.name!r}")
+            raise ClusterConfigError(f"{channel.address} is not a host of cluster {spec.name!r}")
         allowed = spec.coordinators or None
         return cls(channel, spec.name, name=host.name, allowed_requesters=allowed, **kwargs)  # type: ignore[arg-type]
 

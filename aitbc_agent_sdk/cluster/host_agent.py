@@ -3,7 +3,7 @@
 ``aitbc cluster serve`` runs it. Over the signed MQTT channel it
 
 * answers inventory requests (:class:`~.transport.InventoryResponder`);
-* takes control requests (:mod:`.launch` protocol) from the cluster's allow-listed
+* takes control requests (:mod:`.protocol`) from the cluster's allow-listed
   coordinators only: reserve a rendezvous port, preflight, launch, stop, mount;
 * runs torchrun in the sandbox (:mod:`.sandbox`, network shared so the ranks reach each
   other) or, with ``sandbox=False``, in a pid namespace of its own; either way it owns every
@@ -22,16 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
-import functools
 import json
 import logging
 import os
-import shutil
 import signal
-import socket
-import struct
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -44,26 +38,29 @@ from ..audit import AuditLog
 from ..errors import MessagingError
 from ..messaging.channel import SignedChannel
 from ..messaging.envelope import Verified
-from ..provider.process import scrubbed_env
-from .errors import ClusterError
-from .launch import (
-    ControlReply, ControlRequest, CoordinatorBeat, HostStatus, JobEvent, Launch, Preflight, PreflightReport,
-    RendezvousParser, ReservePort, Stop, TorchrunSpec, beat_topic, control_reply_topic, control_topic, events_topic,
-    parse_metric_line, status_topic, torchrun_argv, torchrun_env,
-)
+from .errors import ClusterConfigError
+from .host_job import HostJob, start_plain, start_sandboxed
 from .mounts import MountCommand, MountHandle, MountSettings, perform_mount
+from .plan import torchrun_argv, torchrun_env
+from .preflight import interface_of, route_source, run_preflight
+from .protocol import (
+    ControlReply, ControlRequest, CoordinatorBeat, HostStatus, JobEvent, Launch, Preflight, RendezvousParser,
+    ReservePort, Stop, beat_topic, control_reply_topic, control_topic, events_topic, parse_metric_line, status_topic,
+)
+from .rendezvous_port import PortReservations
 from .spec import ClusterSpec
 from .transport import InventoryResponder
 
 log = logging.getLogger(__name__)
 
-_SIOCGIFADDR = 0x8915
 _LOG_BATCH_S = 0.25
 _LOG_BATCH_LINES = 64
 _STOP_GRACE_S = 3.0
 
 
-class AgentConfig(BaseModel):
+class HostAgentConfig(BaseModel):
+    """How this host's agent runs its jobs."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     work_root: Path = Field(description="local directory for jobs without a checkpoint dir, status and audit")
@@ -74,142 +71,14 @@ class AgentConfig(BaseModel):
     mounts: MountSettings = MountSettings()
 
 
-# --- host facts -------------------------------------------------------------------------------
-
-def route_source(dest: str) -> str:
-    """The local address the kernel uses to reach ``dest`` (a UDP connect sends nothing)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect((dest, 9))
-        return str(probe.getsockname()[0])
-
-
-def interface_of(address: str) -> str | None:
-    """The interface that holds IPv4 ``address``, or None."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        for _, name in socket.if_nameindex():
-            try:
-                raw = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
-            except OSError:
-                continue
-            if socket.inet_ntoa(raw[20:24]) == address:
-                return name
-    return None
-
-
-def check_readable(path: str) -> str:
-    """'ok' when ``path`` (a file, or a directory and a file in it) can be read, else the error."""
-    p = Path(path)
-    try:
-        if p.is_dir():
-            for entry in sorted(p.rglob("*"))[:64]:
-                if entry.is_file():
-                    with entry.open("rb") as fh:
-                        fh.read(4096)
-                    return "ok"
-            os.listdir(p)
-            return "ok"
-        with p.open("rb") as fh:
-            fh.read(4096)
-        return "ok"
-    except OSError as exc:
-        return f"{type(exc).__name__}: {exc}"
-
-
-def check_writable(directory: Path) -> str | None:
-    """None when a file can be created, written and removed in ``directory`` (made if missing)."""
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        probe = directory / f".aitbc-probe-{os.getpid()}-{time.time_ns()}"
-        probe.write_bytes(b"x")
-        probe.unlink()
-        return None
-    except OSError as exc:
-        return f"{type(exc).__name__}: {exc}"
-
-
-def run_preflight(command: Preflight, host: str, *, connect_timeout: float = 3.0) -> PreflightReport:
-    problems: list[str] = []
-    local_addr = ifname = None
-    try:
-        local_addr = route_source(command.master_addr)
-        ifname = interface_of(local_addr)
-    except OSError as exc:
-        problems.append(f"no route to the master {command.master_addr}: {exc}")
-    reachable, connect_ms = False, None
-    started = time.perf_counter()
-    try:
-        with socket.create_connection((command.master_addr, command.port), timeout=connect_timeout):
-            pass
-        reachable, connect_ms = True, (time.perf_counter() - started) * 1000
-    except OSError as exc:
-        problems.append(f"cannot open TCP to the master's rendezvous port {command.master_addr}:{command.port}: {exc}")
-    script = check_readable(command.script)
-    if script != "ok":
-        problems.append(f"script {command.script} unreadable: {script}")
-    datasets = {path: check_readable(path) for path in command.datasets}
-    problems += [f"dataset {p} unreadable: {why}" for p, why in datasets.items() if why != "ok"]
-    writable = None
-    if command.checkpoint_dir:
-        why = check_writable(Path(command.checkpoint_dir))
-        writable = why is None
-        if why:
-            problems.append(f"checkpoint directory {command.checkpoint_dir} not writable: {why}")
-    return PreflightReport(host=host, local_addr=local_addr, ifname=ifname, master_reachable=reachable,
-                           connect_ms=connect_ms, script_readable=script == "ok", datasets=datasets,
-                           checkpoint_writable=writable, problems=tuple(problems))
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL when the agent dies, so a killed agent takes its job along."""
-    import ctypes
-
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-@functools.cache
-def pid_namespace_prefix() -> tuple[str, ...]:
-    """``unshare`` arguments that give a command its own pid namespace, dying with it; () if impossible."""
-    unshare = shutil.which("unshare")
-    if not unshare:
-        return ()
-    for extra in ((), ("--user", "--map-root-user")):
-        argv = (unshare, "--pid", "--fork", "--kill-child", *extra)
-        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-            if subprocess.run([*argv, "/bin/true"], capture_output=True, timeout=10).returncode == 0:
-                return argv
-    return ()
-
-
-# --- one running job --------------------------------------------------------------------------
-
-class _Job:
-    def __init__(self, spec: TorchrunSpec, proc: asyncio.subprocess.Process, work_dir: Path,
-                 command: list[str]) -> None:
-        self.spec = spec
-        self.proc = proc
-        self.work_dir = work_dir
-        self.command = command
-        self.started = time.time()
-        self.seq = 0
-        self.last_beat = time.monotonic()
-        self.stop_reason: str | None = None
-        self.ranks: dict[str, dict[str, Any]] = {}
-        self.tasks: list[asyncio.Task[Any]] = []
-        self.done = asyncio.Event()
-
-    def next_seq(self) -> int:
-        self.seq += 1
-        return self.seq
-
-
 class ClusterAgent:
     """``async with ClusterAgent(channel, spec, config=...)``: this host's agent, until the block ends."""
 
-    def __init__(self, channel: SignedChannel, spec: ClusterSpec, *, config: AgentConfig,
+    def __init__(self, channel: SignedChannel, spec: ClusterSpec, *, config: HostAgentConfig,
                  broker_host: str | None = None) -> None:
         host = spec.host(channel.address)
         if host is None:
-            raise ClusterError(f"{channel.address} is not a host of cluster {spec.name!r}")
+            raise ClusterConfigError(f"{channel.address} is not a host of cluster {spec.name!r}")
         self.channel = channel
         self.spec = spec
         self.host = host
@@ -219,8 +88,8 @@ class ClusterAgent:
         self._responder = InventoryResponder.for_spec(channel, spec)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._control: asyncio.Task[None] | None = None
-        self._reserved: dict[str, tuple[socket.socket, asyncio.Task[None]]] = {}
-        self._job: _Job | None = None
+        self._ports = PortReservations()
+        self._job: HostJob | None = None
         self._mounts: list[MountHandle] = []
         self.audit = AuditLog(config.work_root / "agent-audit.jsonl")
         self._address: str | None = None
@@ -258,10 +127,7 @@ class ClusterAgent:
                         tb: TracebackType | None) -> None:
         if self._job is not None:
             await self._kill(self._job, "agent shutting down")
-        for sock, task in self._reserved.values():
-            task.cancel()
-            sock.close()
-        self._reserved.clear()
+        self._ports.release_all()
         for handle in reversed(self._mounts):
             with contextlib.suppress(Exception):
                 await handle.unmount()
@@ -326,52 +192,12 @@ class ClusterAgent:
         return ControlReply(ok=False, error=f"unknown command {command!r}")
 
     async def _reserve(self, command: ReservePort) -> ControlReply:
-        old = self._reserved.pop(command.job_id, None)
-        if old is not None:
-            old[1].cancel()
-            old[0].close()
         address = self.network_address
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((address, command.port))
-            sock.listen(64)
-            sock.setblocking(False)
+            port = self._ports.reserve(command.job_id, address, command.port)
         except OSError as exc:
-            sock.close()
             return ControlReply(ok=False, error=f"cannot bind {address}:{command.port}: {exc}")
-        port = sock.getsockname()[1]
-        self._reserved[command.job_id] = (sock, asyncio.create_task(self._accept_probes(sock)))
         return ControlReply(ok=True, data={"address": address, "port": port})
-
-    @staticmethod
-    async def _accept_probes(sock: socket.socket) -> None:
-        """Accept preflight connections; the prober closes first, so no TIME_WAIT holds the port here."""
-        loop = asyncio.get_running_loop()
-
-        async def drain(conn: socket.socket) -> None:
-            with conn, contextlib.suppress(OSError, TimeoutError):
-                conn.setblocking(False)
-                async with asyncio.timeout(10):
-                    while await loop.sock_recv(conn, 1024):
-                        pass
-
-        pending: set[asyncio.Task[None]] = set()
-        try:
-            while True:
-                conn, _ = await loop.sock_accept(sock)
-                task = asyncio.create_task(drain(conn))
-                pending.add(task)
-                task.add_done_callback(pending.discard)
-        finally:
-            for task in pending:
-                task.cancel()
-
-    def _release(self, job_id: str) -> None:
-        held = self._reserved.pop(job_id, None)
-        if held is not None:
-            held[1].cancel()
-            held[0].close()
 
     # -- running torchrun ------------------------------------------------------------------
 
@@ -385,13 +211,13 @@ class ClusterAgent:
         env = torchrun_env(spec, ifname=ifname, gpus=self._gpus)
         work_dir = Path(spec.checkpoint_dir) if spec.checkpoint_dir else self.config.work_root / "jobs" / spec.job_id
         work_dir.mkdir(parents=True, exist_ok=True)
-        self._release(spec.job_id)  # the master's store binds the reserved port next
+        self._ports.release(spec.job_id)  # the master's store binds the reserved port next
         sandboxed = spec.sandbox and self.config.sandbox
         if sandboxed:
-            proc, shown = await self._start_sandboxed(spec, argv, env, work_dir)
+            proc, shown = await start_sandboxed(spec, argv, env, work_dir, gpus=self._gpus)
         else:
-            proc, shown = await self._start_plain(argv, env, work_dir)
-        job = _Job(spec, proc, work_dir, shown)
+            proc, shown = await start_plain(argv, env, work_dir)
+        job = HostJob(spec, proc, work_dir, shown)
         self._job = job
         await self.audit.append("launch-accepted", job=spec.job_id, is_master=command.is_master, sandbox=sandboxed,
                                 local_addr=local_addr, ifname=ifname, pid=proc.pid)
@@ -402,42 +228,17 @@ class ClusterAgent:
         return ControlReply(ok=True, data={"command": argv, "sandbox": sandboxed, "local_addr": local_addr,
                                            "ifname": ifname, "pid": proc.pid})
 
-    async def _start_sandboxed(self, spec: TorchrunSpec, argv: list[str], env: dict[str, str],
-                               work_dir: Path) -> tuple[asyncio.subprocess.Process, list[str]]:
-        from .sandbox import SandboxLimits, SandboxSpec, start_sandboxed
-
-        read_only = [Path(spec.script).parent, *(Path(p) for p in spec.datasets if Path(p).exists())]
-        # The rendezvous and gloo/NCCL use ports picked at run time on every host, and bwrap cannot
-        # filter by address: the network is shared (README, "What a sandboxed rank can still reach").
-        # The private root still hides the host's path-based UNIX sockets.
-        sandbox = SandboxSpec(command=tuple(argv), work_dir=work_dir, env=env, threads=1, allow_network=True,
-                              read_only_paths=tuple(dict.fromkeys(read_only)), gpus=self._gpus,
-                              limits=SandboxLimits(open_files=65536))
-        proc, _ = await start_sandboxed(sandbox, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
-        return proc, argv
-
-    async def _start_plain(self, argv: list[str], env: dict[str, str],
-                           work_dir: Path) -> tuple[asyncio.subprocess.Process, list[str]]:
-        prefix = list(pid_namespace_prefix())
-        if not prefix:
-            log.warning("no pid namespace available: a killed torchrun may leave workers behind")
-        full_env = {**scrubbed_env(work_dir, 1), **env}
-        proc = await asyncio.create_subprocess_exec(
-            *prefix, *argv, cwd=work_dir, env=full_env, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
-        return proc, [*prefix, *argv]
-
-    async def _publish(self, job: _Job, event: JobEvent) -> None:
+    async def _publish(self, job: HostJob, event: JobEvent) -> None:
         with contextlib.suppress(MessagingError):
             await self.channel.publish(events_topic(self.spec.name, job.spec.job_id, self.channel.address), event)
 
-    async def _publish_status(self, job: _Job | None, state: str, gpus: tuple[dict[str, Any], ...] = ()) -> None:
+    async def _publish_status(self, job: HostJob | None, state: str, gpus: tuple[dict[str, Any], ...] = ()) -> None:
         status = HostStatus(host=self.name, job_id=job.spec.job_id if job else None, state=state,
                             ranks=dict(job.ranks) if job else {}, gpus=gpus)
         with contextlib.suppress(MessagingError):
             await self.channel.publish(status_topic(self.spec.name, self.channel.address), status, retain=True)
 
-    async def _pump(self, job: _Job) -> None:
+    async def _pump(self, job: HostJob) -> None:
         """Forward torchrun's and the ranks' output: log lines batched, metrics and rendezvous at once."""
         assert job.proc.stdout is not None
         parser = RendezvousParser()
@@ -483,7 +284,7 @@ class ClusterAgent:
                     await flush()
             await flush()
 
-    async def _heartbeat(self, job: _Job) -> None:
+    async def _heartbeat(self, job: HostJob) -> None:
         from .inventory import read_gpus
 
         while not job.done.is_set():
@@ -497,7 +298,7 @@ class ClusterAgent:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(job.done.wait(), self.config.beat_interval_s)
 
-    async def _watch_coordinator(self, job: _Job) -> None:
+    async def _watch_coordinator(self, job: HostJob) -> None:
         """Stop the job when its coordinator has been silent for ``coordinator_timeout_s``."""
         async with self.channel.subscribe(beat_topic(self.spec.name, job.spec.job_id), CoordinatorBeat) as beats:
             async def listen() -> None:
@@ -520,7 +321,7 @@ class ClusterAgent:
                 with contextlib.suppress(asyncio.CancelledError, MessagingError):
                     await listener
 
-    async def _reap(self, job: _Job) -> None:
+    async def _reap(self, job: HostJob) -> None:
         returncode = await job.proc.wait()
         # torchrun is gone: whatever it left (in its pid namespace or process group) goes too.
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -545,7 +346,7 @@ class ClusterAgent:
         for task in job.tasks[1:3]:
             task.cancel()
 
-    async def _kill(self, job: _Job, reason: str) -> None:
+    async def _kill(self, job: HostJob, reason: str) -> None:
         if job.done.is_set():
             return
         job.stop_reason = reason
@@ -560,7 +361,7 @@ class ClusterAgent:
             await asyncio.wait_for(job.done.wait(), 10.0)
 
     async def _stop(self, command: Stop) -> ControlReply:
-        self._release(command.job_id)
+        self._ports.release(command.job_id)
         job = self._job
         if job is None or job.spec.job_id != command.job_id or job.done.is_set():
             return ControlReply(ok=True, data={"running": False})
