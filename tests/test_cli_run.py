@@ -1,6 +1,8 @@
-"""`aitbc distributed-training run` as a user runs it: a separate process, JSON out, exit codes."""
+"""`aitbc distributed-training run` as a user runs it: a separate process, JSON out, exit codes,
+the money preview, and the tables at 80 columns."""
 
 import json
+import re
 import sqlite3
 import subprocess
 
@@ -8,9 +10,10 @@ import numpy as np
 import pytest
 
 
-def run_cli(aitbc_cmd, env, *args, timeout=300):
-    return subprocess.run([*aitbc_cmd, "distributed-training", "run", *args], env=env, capture_output=True,
-                          text=True, timeout=timeout)
+def run_cli(aitbc_cmd, env, *args, timeout=300, yes=True):
+    """No terminal here: a run that spends needs --yes (or refuses, see below)."""
+    return subprocess.run([*aitbc_cmd, "distributed-training", "run", *(["--yes"] if yes else []), *args], env=env,
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=timeout)
 
 
 def trainings(home) -> list:
@@ -34,10 +37,11 @@ def test_json_output_is_one_object_with_the_promised_keys(aitbc_cmd, cli_env, ai
     assert len(report["workers"]) == 3
     for worker in report["workers"]:
         assert {"address", "samples", "paid_wei", "status"} <= worker.keys()
-        assert worker["status"] == "paid" and worker["paid_wei"] > 0
+        assert worker["status"] == "paid" and int(worker["paid_wei"]) > 0
     escrow = report["escrow"]
-    assert escrow["deposited_wei"] == escrow["paid_wei"] + escrow["refunded_wei"]
-    assert escrow["paid_wei"] == sum(w["paid_wei"] for w in report["workers"])
+    assert all(isinstance(v, str) for k, v in escrow.items() if k.endswith("_wei"))  # jq-safe: strings
+    assert int(escrow["deposited_wei"]) == int(escrow["paid_wei"]) + int(escrow["refunded_wei"])
+    assert int(escrow["paid_wei"]) == sum(int(w["paid_wei"]) for w in report["workers"])
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert trainings(aitbc_home) == [(report["training_id"], "complete")]
 
@@ -48,8 +52,8 @@ def test_json_output_is_one_object_with_the_promised_keys(aitbc_cmd, cli_env, ai
     assert audit.returncode == 0, audit.stderr
     log = json.loads(audit.stdout)
     assert log["ok"] and [e["event"] for e in log["entries"]] == ["escrow_funded"] + ["payment"] * 3 + ["refund"]
-    paid = {e["fields"]["worker"]: e["fields"]["amount_wei"] for e in log["entries"] if e["event"] == "payment"}
-    assert paid == {w["address"]: w["paid_wei"] for w in report["workers"]}
+    paid = {e["fields"]["worker"]: int(e["fields"]["amount_wei"]) for e in log["entries"] if e["event"] == "payment"}
+    assert paid == {w["address"]: int(w["paid_wei"]) for w in report["workers"]}
     # editing a line is detected
     path = aitbc_home / "trainings" / tid / "audit.jsonl"
     lines = path.read_text().splitlines(keepends=True)
@@ -74,18 +78,19 @@ def test_a_csv_file_with_a_label_column_trains(aitbc_cmd, cli_env, aitbc_home, t
     assert json.loads(done.stdout)["final_accuracy"] > 0.85
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--data-path", "/nonexistent/data.npz"], "not found"),
-    (["--model", "resnet9000"], "unknown model"),
-    (["--workers", "3", "--providers", "2"], "only 2"),
-    (["--wallet-funds-eth", "0.01"], "wei"),
-    (["--rounds", "0"], "rounds"),
-    (["--target-throughput", "10", "--min-workers", "3", "--max-workers", "2"], "min_workers cannot exceed"),
-    (["--aggregation", "mean-of-everything"], "aggregation"),
+@pytest.mark.parametrize("args,message,code", [
+    (["--data-path", "/nonexistent/data.npz"], "not found", 2),
+    (["--model", "resnet9000"], "'resnet9000' is", 2),  # the choices are listed too
+    (["--workers", "3", "--providers", "2"], "only 2", 4),  # not enough providers: a runtime failure
+    (["--wallet-funds-eth", "0.01"], "wei", 5),  # the wallet cannot pay
+    (["--rounds", "0"], "rounds", 2),
+    (["--lr", "0"], "0 < lr <= 10", 2),  # the range said x>=0 and refused 0; now they agree
+    (["--target-throughput", "10", "--min-workers", "3", "--max-workers", "2"], "min_workers cannot exceed", 2),
+    (["--aggregation", "mean-of-everything"], "aggregation", 2),
 ])
-def test_bad_input_exits_2_and_leaves_no_training(aitbc_cmd, cli_env, aitbc_home, args, message):
+def test_bad_input_exits_with_its_code_and_leaves_no_training(aitbc_cmd, cli_env, aitbc_home, args, message, code):
     done = run_cli(aitbc_cmd, cli_env, "--providers", "2", "--workers", "2", *args)
-    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.returncode == code, done.stdout + done.stderr
     assert message in (done.stderr + done.stdout)
     assert "Traceback" not in done.stderr
     assert trainings(aitbc_home) == []
@@ -121,3 +126,67 @@ def test_an_elastic_run_grows_its_pool_and_shows_it_in_json_monitor_and_plot(ait
     assert len(added) == 1 and added[0]["throughput"] < 0.7 * 1_000_000
     rebalanced = [e for e in snap["events"] if e["event"] == "rebalanced"]
     assert rebalanced and rebalanced[0]["round"] == 2 and len(rebalanced[0]["shares"]) == 3  # the joiner got data
+
+
+def test_without_a_terminal_or_yes_run_refuses_before_spending(aitbc_cmd, cli_env, aitbc_home):
+    done = run_cli(aitbc_cmd, cli_env, "--workers", "2", "--providers", "2", yes=False)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "--yes" in done.stderr and "--dry-run" in done.stderr and "Traceback" not in done.stderr
+    assert not (aitbc_home / "aitbc.db").exists()
+
+
+def test_a_dry_run_shows_the_cost_and_touches_neither_home_nor_chain(aitbc_cmd, cli_env, aitbc_home):
+    done = run_cli(aitbc_cmd, cli_env, "--workers", "2", "--providers", "3", "--spares", "1", "--rounds", "3",
+                   "--dry-run", "--json", yes=False)
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout)
+    assert plan["dry_run"] is True
+    workers = [w for w in plan["workers"] if w["role"] == "worker"]
+    spares = [w for w in plan["workers"] if w["role"] == "spare"]
+    assert len(workers) == 2 and len(spares) == 1
+    deposit = sum(int(w["price_wei"]) for w in workers) * 3
+    assert plan["cost"]["deposit_wei"] == str(deposit)  # workers x price x rounds, as a string
+    assert int(plan["total_wei"]) == deposit + int(spares[0]["price_wei"]) * 3  # plus what the spare could take
+    assert "escrow deposit: 2 workers" in done.stderr and "dry run: nothing spent" in done.stderr
+    assert not aitbc_home.exists()  # no database, no wallet, nothing
+
+
+def test_an_unwritable_plot_fails_before_anything_is_paid(aitbc_cmd, cli_env, aitbc_home, tmp_path):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a regular file")
+    done = run_cli(aitbc_cmd, cli_env, "--workers", "1", "--providers", "1", "--plot", str(blocker / "c.png"))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "--plot" in done.stderr and "not a directory" in done.stderr and "Traceback" not in done.stderr
+    assert not (aitbc_home / "aitbc.db").exists()  # stopped before the stack started: nothing funded
+
+
+@pytest.mark.parametrize("name,content,message", [
+    ("latin1.csv", "a,b,label\n1,2,caf\xe9\n3,4,th\xe9\n".encode("latin-1"), "UTF-8"),
+    ("empty.npz", b"", "cannot read"),
+])
+def test_an_unreadable_dataset_is_a_clear_usage_error(aitbc_cmd, cli_env, aitbc_home, tmp_path, name, content,
+                                                       message):
+    path = tmp_path / name
+    path.write_bytes(content)
+    done = run_cli(aitbc_cmd, cli_env, "--data-path", str(path), "--label-column", "label", "--workers", "1",
+                   "--providers", "1")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert message in done.stderr and name in done.stderr
+    assert "Traceback" not in done.stderr and "Aborted" not in done.stderr
+
+
+def test_the_final_tables_fit_80_columns(aitbc_cmd, cli_env, aitbc_home):
+    env = {**cli_env, "COLUMNS": "80"}
+    done = run_cli(aitbc_cmd, env, "--workers", "2", "--providers", "2", "--rounds", "1", "--epochs", "1")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80, "\n".join(lines)
+    start = next(i for i, line in enumerate(lines) if line.strip() == "Workers")
+    rows = [line for line in lines[start:] if re.match(r"\s*0x[0-9a-fA-F]{4}…[0-9a-fA-F]{4}\s", line)]
+    assert len(rows) == 2, "\n".join(lines)
+    for row in rows:
+        cells = row.split()
+        # short address, hardware, samples, rounds, ETH/round and paid with 4 decimals, the payment's tx short
+        assert cells[1] == "cpu" and int(cells[2]) > 0 and cells[3] == "1"
+        assert re.fullmatch(r"\d\.\d{4}", cells[4]) and cells[4] == cells[5]  # one round: paid its price
+        assert re.fullmatch(r"0x[0-9a-f]{4}…[0-9a-f]{4}", cells[6])

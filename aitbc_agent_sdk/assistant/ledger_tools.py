@@ -71,7 +71,7 @@ async def pay_workers(ctx: ToolContext, a: TrainingArgs) -> ToolResult:
     await ctx.acting_on(tid)
     with training_lock(ctx.home, tid):  # no daemon may start paying while this does
         async with sdk.devnet_agent(ctx, account) as agent:
-            paid = await agent.coordinator.pay(tid)
+            paid = await agent.coordinator.money.pay(tid)
     total = sum(p.amount_wei for p in paid)
     summary = (f"Paid {len(paid)} workers of {tid} {sdk.eth(total)} ETH for their accepted work."
                if paid else f"Nothing is owed to the workers of {tid}: every accepted round is already paid.")

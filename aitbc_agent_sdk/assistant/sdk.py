@@ -3,15 +3,13 @@ the coordinator daemon's start. They call the SDK only; nothing here shells out 
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import AitbcError, ConfigError, NotFoundError
+from ..errors import NotFoundError
 
 if TYPE_CHECKING:
     from eth_account.signers.local import LocalAccount
@@ -45,24 +43,16 @@ async def unlock(ctx: ToolContext, wallet: str) -> LocalAccount:
 
 @asynccontextmanager
 async def devnet_agent(ctx: ToolContext, account: LocalAccount) -> AsyncIterator[Agent]:
-    from ..agent import Agent
-    from ..config import AgentConfig
+    from ..flow import devnet_agent as flow_agent
 
-    agent = Agent(AgentConfig(name="aitbc-assistant", blockchain_network="devnet", home=ctx.home), account=account)
-    async with agent:
-        w3 = agent.stack.sender.w3
-        try:
-            yield agent
-        finally:
-            # The devnet stack leaves its JSON-RPC session open; one process here runs several agents.
-            await w3.provider.disconnect()
+    async with flow_agent(ctx.home, account, "aitbc-assistant") as agent:
+        yield agent
 
 
 async def training(home: Path, training_id: str) -> TrainingRecord:
-    from ..coordinator.store import TrainingStore
+    from ..flow import load_training
 
-    async with TrainingStore(db_path(home)) as db:
-        return await db.training(training_id)
+    return await load_training(home, training_id)
 
 
 async def resolve_training(ctx: ToolContext, training_id: str | None) -> str:
@@ -84,10 +74,9 @@ async def resolve_training(ctx: ToolContext, training_id: str | None) -> str:
 
 
 async def wallet_of(home: Path, training_id: str) -> str:
-    record = await training(home, training_id)
-    if record.wallet is None:
-        raise ConfigError(f"training {training_id} has no wallet recorded")
-    return record.wallet
+    from ..flow import wallet_of as flow_wallet_of
+
+    return await flow_wallet_of(home, training_id)
 
 
 async def snapshot_of(home: Path, training_id: str) -> Snapshot:
@@ -101,15 +90,6 @@ async def snapshot_of(home: Path, training_id: str) -> Snapshot:
 async def wait_for_daemon(ready: Callable[[], Awaitable[bool]], home: Path, training_id: str, pid: int,
                           what: str, timeout: float = 60.0) -> None:
     """Return once ``ready()``; fail with the daemon's last log lines if it exited first."""
-    from ..devnet.service import pid_alive, tail
-    from ..profile import training_dir
+    from ..flow import wait_for_daemon as flow_wait
 
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if await ready():
-            return
-        if not pid_alive(pid):
-            log = training_dir(home, training_id) / "coordinator.log"
-            raise AitbcError(f"the coordinator daemon exited; last log lines:\n{tail(log)}")
-        await asyncio.sleep(0.2)
-    raise AitbcError(f"the coordinator daemon did not {what} within {timeout:.0f}s")
+    await flow_wait(ready, home, training_id, pid, what, timeout)

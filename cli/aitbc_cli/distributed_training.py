@@ -1,32 +1,44 @@
-"""``aitbc distributed-training``: run a federated training end to end."""
+"""``aitbc distributed-training``: run a federated training end to end, or step by step."""
 
 from __future__ import annotations
 
 import asyncio
-import json
-from decimal import Decimal
+import os
+import sys
+import tempfile
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 from rich.console import Console
 
+from aitbc_agent_sdk import flow
 from aitbc_agent_sdk.config import AgentConfig
-from aitbc_agent_sdk.models import FaultPolicy, JobConfig, TrainingReport, TrainingSpec
 from aitbc_agent_sdk.errors import ConfigError
+from aitbc_agent_sdk.models import FaultPolicy, JobConfig, TrainingReport, TrainingSpec
 
-from . import steps
+from . import steps, training_views
 from .common import (
-    AggregationOption, HeartbeatOption, MaxWorkersOption, MinWorkersOption, ScaleWindowOption, SparesOption,
-    TargetThroughputOption, elastic_policy,
+    ConfirmationRequired, DryRunOption, HeartbeatOption, HomeOption, JsonOption, MaxWorkersOption, MinWorkersOption,
+    ScaleWindowOption, SparesOption, SpendPreview, TargetThroughputOption, YesOption, confirm_spend,
+    elastic_policy, eth_amount_option, print_json,
 )
 from .plot import plot_report
-from .render import LiveTraining, report_tables
+from .render import LiveTraining
+from .report_view import report_tables
+from .training_options import (
+    JOB, AggregationChoiceOption, BatchSizeOption, EpochsOption, LrOption, MinGpuOption, ModelType, ModelTypeOption,
+    PartitionOption, PlotOption, RoundsOption, SeedOption, TargetWorkersOption,
+)
 
-app = typer.Typer(help="Coordinate federated training across GPU providers.", no_args_is_help=True)
+if TYPE_CHECKING:
+    from aitbc_agent_sdk.agent import Agent
+
+app = typer.Typer(help="Coordinate federated training across GPU providers: `run` does it all in one process; "
+                       "init, upload-data, discover-workers, distribute follow the seed's steps on the devnet; "
+                       "list, logs, monitor, stop and resume manage what runs.", no_args_is_help=True)
 steps.register(app)
-
-WEI_PER_ETH = 10**18
+training_views.register(app)
 
 
 @app.command()
@@ -34,49 +46,74 @@ def run(
     dataset: Annotated[str, typer.Option(help="bundled dataset name (digits)")] = "digits",
     data_path: Annotated[Optional[Path], typer.Option(help=".npz, .pt or .csv file; overrides --dataset")] = None,
     label_column: Annotated[Optional[str], typer.Option(help="label column of a CSV file")] = None,
-    model: Annotated[str, typer.Option(help="mlp, cnn or transformer")] = "mlp",
-    workers: Annotated[int, typer.Option(min=1, help="workers to hire")] = 4,
-    rounds: Annotated[int, typer.Option(min=1, help="federated rounds")] = 5,
-    epochs: Annotated[int, typer.Option(min=1, help="local epochs per round")] = 2,
-    batch_size: Annotated[int, typer.Option(min=1)] = 32,
-    lr: Annotated[float, typer.Option(min=0.0, help="Adam learning rate (tuned on digits; see bench/bench_accuracy.py)")] = 1e-2,
-    partition: Annotated[str, typer.Option(help="iid or dirichlet")] = "iid",
-    alpha: Annotated[float, typer.Option(help="Dirichlet concentration (non-IID skew)")] = 0.5,
-    seed: Annotated[int, typer.Option()] = 0,
+    model_type: ModelTypeOption = ModelType.mlp,
+    target_workers: TargetWorkersOption = 4,
+    rounds: RoundsOption = 5,
+    epochs: EpochsOption = JOB["epochs"].default,
+    batch_size: BatchSizeOption = JOB["batch_size"].default,
+    lr: LrOption = JOB["learning_rate"].default,
+    partition: PartitionOption = "iid",
+    alpha: Annotated[float, typer.Option(help="Dirichlet concentration, above 0: lower is more "
+                                                       "skewed (with --partition dirichlet)")] = 0.5,
+    seed: SeedOption = 0,
     spares: SparesOption = 0,
-    aggregation: AggregationOption = "fedavg",
+    aggregation: AggregationChoiceOption = "fedavg",
     heartbeat_timeout: HeartbeatOption = 10.0,
     target_throughput: TargetThroughputOption = None,
     min_workers: MinWorkersOption = 1,
     max_workers: MaxWorkersOption = 64,
     scale_window: ScaleWindowOption = 2,
-    providers: Annotated[Optional[int], typer.Option(min=0, help="local provider agents on the embedded stack (default: workers + spares)")] = None,
-    wallet_funds_eth: Annotated[Decimal, typer.Option(help="embedded wallet funding, in ETH")] = Decimal(100),
-    home: Annotated[Optional[Path], typer.Option(help="state directory (default $AITBC_HOME or ~/.aitbc)")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object and nothing else")] = False,
-    plot: Annotated[Optional[Path], typer.Option(help="write accuracy/loss curves to this PNG")] = None,
+    min_gpu: MinGpuOption = None,
+    providers: Annotated[Optional[int], typer.Option(
+        min=0, help="local provider agents on the embedded stack [default: workers + spares]")] = None,
+    wallet_funds: Annotated[int, eth_amount_option("--wallet-funds", "--wallet-funds-eth",
+                                                   help="embedded wallet funding")] = 100 * 10**18,
+    yes: YesOption = False,
+    dry_run: DryRunOption = False,
+    home: HomeOption = None,
+    as_json: JsonOption = False,
+    plot: PlotOption = None,
 ) -> None:
-    """Train across several workers with FedAvg, pay them on-chain, print the result."""
+    """Train across several workers with FedAvg, pay them on-chain, print the result.
+
+    Before the escrow is funded it shows the cost (workers x price x rounds, plus what spares could add) and asks; --yes skips the question, --dry-run only plans (no training is kept).
+
+    Example: aitbc distributed-training run --dataset digits --target-workers 4 --rounds 5 --yes --plot curves.png
+    """
+    # Long because: typer declares every option in the signature; the body is some 40 lines.
     if data_path is not None and not data_path.is_file():
         raise ConfigError(f"dataset file not found: {data_path}")
-    if plot is not None and plot.suffix.lower() != ".png":
-        raise ConfigError(f"--plot must name a .png file, got {plot}")
-    spec = TrainingSpec(model_type=model, target_workers=workers, rounds=rounds, partition=partition,  # type: ignore[arg-type]
-                        dirichlet_alpha=alpha, seed=seed, spare_workers=spares,
-                        aggregation=aggregation,  # type: ignore[arg-type]
+    if plot is not None:
+        check_writable_png(plot)  # before anything is paid, not after
+    if not (yes or dry_run) and not sys.stdin.isatty():
+        raise ConfirmationRequired("run funds an escrow and there is no terminal to ask: pass --yes to confirm, "
+                                   "or --dry-run to see the plan and its cost")
+    source = data_path or dataset
+    flow.check_dataset(source, label_column)  # a bad file: a clear error now, not a traceback mid-run
+    spec = TrainingSpec(model_type=ModelType(model_type).value, target_workers=target_workers, rounds=rounds,
+                        partition=getattr(partition, "value", partition), dirichlet_alpha=alpha, seed=seed,
+                        spare_workers=spares, aggregation=getattr(aggregation, "value", aggregation),
                         faults=FaultPolicy(heartbeat_timeout_s=heartbeat_timeout),
                         elastic=elastic_policy(target_throughput, min_workers, max_workers, scale_window),
                         job=JobConfig(batch_size=batch_size, learning_rate=lr, epochs=epochs))
-    settings = {"providers": workers + spares if providers is None else providers, "wallet_funding_wei": int(wallet_funds_eth * WEI_PER_ETH)}
+    settings: dict[str, Any] = {"providers": target_workers + spares if providers is None else providers,
+                                "wallet_funding_wei": wallet_funds}
+    console = Console(stderr=True, quiet=as_json)
+    if dry_run:  # the embedded stack in a scratch home: this home and its chain stay untouched
+        with tempfile.TemporaryDirectory(prefix="aitbc-dry-run-") as scratch:
+            config = AgentConfig(name="aitbc-cli", home=Path(scratch), **settings)
+            plan = asyncio.run(_plan(config, spec, source, label_column, min_gpu, console))
+        if as_json:
+            print_json({"dry_run": True, **plan})
+        return
     if home is not None:
         settings["home"] = home
     config = AgentConfig(name="aitbc-cli", **settings)
-    console = Console(stderr=True, quiet=as_json)
-    report = asyncio.run(_run(config, spec, data_path or dataset, label_column, console, live=not as_json))
+    report = asyncio.run(_run(config, spec, source, label_column, min_gpu, console, yes=yes, live=not as_json))
     if plot is not None:
         plot_report(report, plot)
     if as_json:
-        typer.echo(json.dumps(report.model_dump(mode="json"), sort_keys=True))
+        print_json(report.model_dump(mode="json"))
         return
     out = Console()
     for table in report_tables(report):
@@ -86,17 +123,66 @@ def run(
         out.print(f"plot written to {plot}")
 
 
-async def _run(config: AgentConfig, spec: TrainingSpec, dataset: str | Path, label_column: str | None,
-               console: Console, *, live: bool) -> TrainingReport:
+def check_writable_png(path: Path) -> None:
+    """A .png that can be written: its directory exists (or can be made) and is writable."""
+    if path.suffix.lower() != ".png":
+        raise ConfigError(f"--plot must name a .png file, got {path}")
+    if path.is_dir():
+        raise ConfigError(f"--plot {path} is a directory; name a .png file")
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"--plot {path}: {parent} is a file, not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ConfigError(f"--plot {path}: cannot write there (permission denied)")
+
+
+async def _start(config: AgentConfig, console: Console, view: LiveTraining | None = None) -> Agent:
     from aitbc_agent_sdk.agent import Agent  # torch and web3: import only when a run starts
 
-    view = LiveTraining(console, spec) if live else None
     with console.status("starting the embedded stack (bus, content store, chain, providers)..."):
-        agent = await Agent(config, observer=view.observe if view else None).start()
+        return await Agent(config, observer=view.observe if view else None).start()
+
+
+async def _cost(agent: Agent, spec: TrainingSpec, source: str | Path, label_column: str | None,
+                min_gpu: str | None) -> tuple[flow.CostPreview, list[Any], list[Any]]:
+    """Everything ``run`` checks before it writes (data, model, market, funds), and the escrow's cost."""
+    from aitbc_agent_sdk.coordinator import RunRequest, prepare
+
+    request = RunRequest(spec=spec, dataset=source, label_column=label_column, min_gpu=min_gpu)
+    _, selected, spares = await prepare(agent.coordinator, request)
+    return flow.preview([w.price for w in selected], [w.price for w in spares], spec.rounds), selected, spares
+
+
+async def _plan(config: AgentConfig, spec: TrainingSpec, source: str | Path, label_column: str | None,
+                min_gpu: str | None, console: Console) -> dict[str, Any]:
+    agent = await _start(config, console)
     try:
+        cost, selected, spares = await _cost(agent, spec, source, label_column, min_gpu)
+    finally:
+        await agent.stop()
+    spend = SpendPreview("fund the escrow of a new training", tuple(cost.items()))
+    confirm_spend(spend, yes=False, dry_run=True)
+    workers = [{"worker_id": w.worker_id, "role": role, "gpu": w.gpu_type, "price_wei": w.price}
+               for role, group in (("worker", selected), ("spare", spares)) for w in group]
+    return {"cost": cost.as_json(), "workers": workers, **spend.as_json()}
+
+
+async def _run(config: AgentConfig, spec: TrainingSpec, source: str | Path, label_column: str | None,
+               min_gpu: str | None, console: Console, *, yes: bool, live: bool) -> TrainingReport:
+    view = LiveTraining(console, spec) if live else None
+    agent = await _start(config, console, view)
+    try:
+        cost, _, _ = await _cost(agent, spec, source, label_column, min_gpu)
+        spend = SpendPreview("fund the escrow of a new training", tuple(cost.items()))
+        # Asked off the event loop: the embedded providers keep answering meanwhile.
+        await asyncio.to_thread(confirm_spend, spend, yes=yes, dry_run=False)
         if view is None:
-            return await agent.run_distributed_training(spec, dataset=dataset, label_column=label_column)
+            return await agent.run_distributed_training(spec, dataset=source, label_column=label_column,
+                                                        min_gpu=min_gpu)
         with view:
-            return await agent.run_distributed_training(spec, dataset=dataset, label_column=label_column)
+            return await agent.run_distributed_training(spec, dataset=source, label_column=label_column,
+                                                        min_gpu=min_gpu)
     finally:
         await agent.stop()

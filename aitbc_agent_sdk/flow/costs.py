@@ -1,0 +1,59 @@
+"""What funding a training costs, before anything is paid (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+WEI_PER_ETH = 10**18
+
+
+def eth_text(wei: int, decimals: int = 4) -> str:
+    """Wei as ETH with a fixed number of decimals, exact (no float rounding of large amounts)."""
+    scale = 10 ** (18 - decimals)
+    rounded = (int(wei) + scale // 2) // scale
+    whole, frac = divmod(rounded, 10**decimals)
+    return f"{whole}.{frac:0{decimals}d}"
+
+
+@dataclass(frozen=True)
+class CostPreview:
+    """The escrow deposit (every worker's price x rounds) and the most the spares can add."""
+
+    workers: int
+    rounds: int
+    prices_wei: tuple[int, ...]  # per worker, per round
+    spares: int
+    spare_prices_wei: tuple[int, ...]
+
+    @property
+    def deposit_wei(self) -> int:
+        return sum(self.prices_wei) * self.rounds
+
+    @property
+    def spares_wei(self) -> int:
+        """A spare's slot is funded only when it steps in; at most its price for every round."""
+        return sum(self.spare_prices_wei) * self.rounds
+
+    @property
+    def most_wei(self) -> int:
+        return self.deposit_wei + self.spares_wei
+
+    def items(self) -> list[tuple[str, int]]:
+        """(what, wei) lines of the preview: the deposit, then what the spares could add."""
+        low, high = min(self.prices_wei, default=0), max(self.prices_wei, default=0)
+        price = eth_text(low) if low == high else f"{eth_text(low)}-{eth_text(high)}"
+        lines = [(f"escrow deposit: {self.workers} workers x {price} ETH x {self.rounds} rounds", self.deposit_wei)]
+        if self.spares:
+            lines.append((f"at most, if the {self.spares} spare(s) step in", self.spares_wei))
+        return lines
+
+    def as_json(self) -> dict[str, object]:
+        return {"workers": self.workers, "rounds": self.rounds, "spares": self.spares,
+                "deposit_wei": str(self.deposit_wei), "spares_wei": str(self.spares_wei),
+                "most_wei": str(self.most_wei)}
+
+
+def preview(prices_wei: Sequence[int], spare_prices_wei: Sequence[int], rounds: int) -> CostPreview:
+    return CostPreview(workers=len(prices_wei), rounds=rounds, prices_wei=tuple(prices_wei),
+                       spares=len(spare_prices_wei), spare_prices_wei=tuple(spare_prices_wei))

@@ -1,0 +1,242 @@
+"""The seed's step-by-step flow, one function per step: create, upload, hire, distribute, resume.
+
+Each step is its own process in the CLI (``aitbc distributed-training init`` ...) and a tool in
+the assistant; both call these, so a training started from chat is the one the CLI starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import zipfile
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import AitbcError, ConfigError, DatasetError, NotEnoughWorkersError, NotFoundError
+from ..models import TrainingPhase, TrainingRecord, TrainingSpec
+from ..profile import training_dir
+from .costs import CostPreview, preview
+
+if TYPE_CHECKING:
+    from eth_account.signers.local import LocalAccount
+
+    from ..agent import Agent
+
+Ready = Callable[[], Awaitable[bool]]
+
+
+def db_path(home: Path) -> Path:
+    return home / "aitbc.db"
+
+
+def coordinator_log(home: Path, training_id: str) -> Path:
+    return training_dir(home, training_id) / "coordinator.log"
+
+
+async def load_training(home: Path, training_id: str) -> TrainingRecord:
+    from ..coordinator.store import TrainingStore
+
+    if not db_path(home).exists():  # opening would create an empty database
+        raise NotFoundError(f"no training {training_id!r}: no trainings yet in {home}")
+    async with TrainingStore(db_path(home)) as db:
+        return await db.training(training_id)
+
+
+async def wallet_of(home: Path, training_id: str) -> str:
+    record = await load_training(home, training_id)
+    if record.wallet is None:
+        raise ConfigError(f"training {training_id} has no wallet recorded")
+    return record.wallet
+
+
+@asynccontextmanager
+async def devnet_agent(home: Path, account: LocalAccount, name: str = "aitbc-cli") -> AsyncIterator[Agent]:
+    """A devnet agent signing as ``account``, its JSON-RPC session closed on the way out."""
+    from ..agent import Agent
+    from ..config import AgentConfig
+
+    async with Agent(AgentConfig(name=name, network="devnet", home=home), account=account) as agent:
+        w3 = agent.stack.sender.w3
+        try:
+            yield agent
+        finally:
+            # The devnet stack leaves its session open; one process may run several agents.
+            await w3.provider.disconnect()
+
+
+async def create_training(agent: Agent, spec: TrainingSpec, wallet: str) -> TrainingRecord:
+    """Step 1: the training's record; nothing is spent."""
+    return await agent.coordinator.initialize(spec, wallet=wallet)
+
+
+def dataset_source(data_path: str | Path) -> str | Path:
+    """'digits' (the bundled set) or an existing file; ConfigError otherwise."""
+    if str(data_path) == "digits":
+        return "digits"
+    path = Path(data_path).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"dataset file not found: {path} (give a .npz, .pt or .csv file, or 'digits')")
+    return path
+
+
+def check_dataset(source: str | Path, label_column: str | None = None) -> None:
+    """Load the dataset once so a bad file fails here, with a reason, before anything connects."""
+    from ..training import load_dataset
+
+    try:
+        load_dataset(source, label_column=label_column)
+    except UnicodeDecodeError as exc:
+        raise DatasetError(f"{source}: not UTF-8 text (byte {exc.start}); save the CSV as UTF-8") from exc
+    except (EOFError, zipfile.BadZipFile, OSError, KeyError) as exc:
+        raise DatasetError(f"{source}: cannot read it ({type(exc).__name__}: {exc or 'empty file'})") from exc
+
+
+async def upload_data(agent: Agent, training_id: str, source: str | Path, label_column: str | None = None) -> str:
+    """Step 2: validate the dataset and store it by CID."""
+    return await agent.upload_training_data(training_id, source, label_column=label_column)
+
+
+@dataclass(frozen=True)
+class HiredWorker:
+    worker_id: str
+    role: str
+    gpu: str
+    price_wei: int
+    reputation: float
+    score: float
+    contract_id: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+async def hire_workers(agent: Agent, training_id: str, required: int | None = None, *, min_gpu: str | None = None,
+                       max_price_wei: int | None = None) -> list[HiredWorker]:
+    """Step 3: discover offers, score them, sign contracts with the best (plus the training's spares)."""
+    from ..coordinator.reassign import hire
+
+    record = await agent.coordinator.db.training(training_id)
+    wanted = required or record.spec.target_workers
+    workers = await agent.discover_gpu_workers(min_gpu=min_gpu, max_price_wei=max_price_wei)
+    if len(workers) < wanted:
+        cap = f" at or under {max_price_wei} wei" if max_price_wei is not None else ""
+        raise NotEnoughWorkersError(f"asked for {wanted} workers ({min_gpu or 'any hardware'}{cap}); "
+                                    f"{len(workers)} suitable offers on the market")
+    scores = dict(zip([w.worker_id for w in workers], agent.scoring.score(workers), strict=True))
+    ranked = await agent.select_best_workers(workers, wanted + record.spec.spare_workers)
+    by_id = {w.worker_id: w for w in ranked}
+    contracts = await hire(agent.coordinator, training_id, ranked[:wanted], ranked[wanted:])
+    return [HiredWorker(c.worker_id, c.role, by_id[c.worker_id].gpu_type, c.price_wei,
+                        by_id[c.worker_id].reputation, float(scores[c.worker_id]), c.contract_id)
+            for c in contracts]
+
+
+async def distribution_cost(home: Path, training_id: str) -> CostPreview:
+    """What ``distribute`` will deposit, from the contracts signed (no chain, no writes)."""
+    from ..coordinator.store import TrainingStore
+
+    record = await load_training(home, training_id)
+    _check_distributable(record)
+    async with TrainingStore(db_path(home)) as db:
+        workers = await db.contracts(training_id, "worker")
+        spares = await db.contracts(training_id, "spare")
+    if not workers:
+        raise ConfigError(f"no workers under contract for {training_id}; run discover-workers first")
+    return preview([c.price_wei for c in workers], [c.price_wei for c in spares], record.spec.rounds)
+
+
+def _check_distributable(record: TrainingRecord) -> None:
+    if record.phase != TrainingPhase.INITIALIZING:
+        raise ConfigError(f"training {record.training_id} is already {record.phase.value}")
+    if record.dataset_cid is None:
+        raise ConfigError(f"no dataset for {record.training_id}; run upload-data first")
+
+
+@dataclass(frozen=True)
+class Started:
+    """A detached coordinator daemon now drives the training."""
+
+    training_id: str
+    pid: int
+    log: Path
+    escrow_tx: str | None = None
+    workers: int = 0
+    round: int = 0
+    phase: str = ""
+
+
+async def distribute(home: Path, training_id: str, account: LocalAccount, password: str) -> Started:
+    """Step 4: fund the escrow, shard the data, and start the detached coordinator daemon."""
+    async with devnet_agent(home, account) as agent:
+        record = await agent.coordinator.db.training(training_id)
+        _check_distributable(record)
+        contracts = await agent.coordinator.db.contracts(training_id, "worker")
+        if not contracts:
+            raise ConfigError(f"no workers under contract for {training_id}; run discover-workers first")
+        await agent.coordinator.money.check_budget(training_id)  # before anything is written
+        await agent.create_data_shards(training_id, len(contracts))
+        tx = await agent.fund_escrow(training_id)
+    assert record.wallet is not None
+    pid = await start_coordinator(home, record.wallet, password, training_id)
+    return Started(training_id, pid, coordinator_log(home, training_id), escrow_tx=tx, workers=len(contracts))
+
+
+def resume_blocker(home: Path, record: TrainingRecord) -> str | None:
+    """Why ``resume`` has nothing to do for this training, or None when it can go on."""
+    from ..coordinator.lock import is_driven
+    from ..coordinator.phases import is_terminal
+
+    if is_terminal(record.phase):
+        return f"training {record.training_id} already ended ({record.phase.value}); nothing to resume"
+    if is_driven(home, record.training_id):
+        return f"training {record.training_id} already has a running coordinator"
+    return None
+
+
+async def resume(home: Path, training_id: str, password: str) -> Started:
+    """Carry on a funded training whose coordinator died, in a new detached daemon."""
+    record = await load_training(home, training_id)
+    if (reason := resume_blocker(home, record)) is not None:
+        raise ConfigError(reason)
+    wallet = await wallet_of(home, training_id)
+    pid = await start_coordinator(home, wallet, password, training_id, resume=True)
+    return Started(training_id, pid, coordinator_log(home, training_id), round=record.round,
+                   phase=record.phase.value)
+
+
+async def start_coordinator(home: Path, wallet: str, password: str, training_id: str, *, resume: bool = False,
+                            timeout: float = 60.0) -> int:
+    """Spawn the daemon and return its pid once it has taken the training over (or fail with its log)."""
+    from .daemon import spawn_coordinator
+    from ..coordinator.lock import is_driven
+
+    proc = spawn_coordinator(home, wallet, password, training_id, resume=resume)
+    if resume:
+        async def ready() -> bool:
+            return is_driven(home, training_id)
+        what = "take the training over"
+    else:
+        async def ready() -> bool:
+            return (await load_training(home, training_id)).phase != TrainingPhase.INITIALIZING
+        what = "start the training"
+    await wait_for_daemon(ready, home, training_id, proc.pid, what, timeout)
+    return proc.pid
+
+
+async def wait_for_daemon(ready: Ready, home: Path, training_id: str, pid: int, what: str,
+                          timeout: float = 60.0) -> None:
+    """Return once ``ready()``; fail with the daemon's last log lines if it exited first."""
+    from ..devnet.service import pid_alive, tail
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await ready():
+            return
+        if not pid_alive(pid):
+            raise AitbcError(f"the coordinator daemon exited; last log lines:\n"
+                             f"{tail(coordinator_log(home, training_id))}")
+        await asyncio.sleep(0.2)
+    raise AitbcError(f"the coordinator daemon did not {what} within {timeout:.0f}s")

@@ -1,0 +1,64 @@
+"""Tables of a training, designed for an 80-column terminal: short addresses and hashes
+(0x2FD8…a91C), hardware in a word, ETH with 4 decimals. ``--json`` has the full values."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich import box
+from rich.console import Group
+from rich.table import Table
+
+from aitbc_agent_sdk import TrainingReport
+from aitbc_agent_sdk.flow import eth_text
+
+_VENDOR_WORDS = ("nvidia", "geforce", "amd", "radeon", "intel", "tesla")
+
+
+def short(value: str, head: int = 6, tail: int = 4) -> str:
+    """0x2FD8…a91C: enough to tell addresses, hashes and CIDs apart; the full value is in --json."""
+    return value if len(value) <= head + tail + 1 else f"{value[:head]}…{value[-tail:]}"
+
+
+def hardware(gpu_type: str, width: int = 10) -> str:
+    """'NVIDIA GeForce RTX 3090' -> 'RTX 3090': the model, without the vendor's words."""
+    words = [w for w in gpu_type.split() if w.lower() not in _VENDOR_WORDS] or [gpu_type]
+    text = " ".join(words)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def narrow_table(title: str, *columns: str, right: tuple[str, ...] = ()) -> Table:
+    """A table without side borders, one space between columns: 80 columns go a long way."""
+    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0),
+                  title_justify="left")
+    for col in columns:
+        table.add_column(col, justify="right" if col in right else "left", no_wrap=True)
+    return table
+
+
+def report_tables(report: TrainingReport) -> list[Any]:
+    rounds = narrow_table(f"Training {report.training_id}", "round", "accuracy", "loss", "workers", "model CID",
+                          right=("round", "accuracy", "loss", "workers"))
+    for r in report.rounds:
+        rounds.add_row(str(r.round), f"{r.accuracy:.4f}", f"{r.loss:.4f}", str(r.workers or "-"),
+                       short(r.model_cid, 8, 6))
+
+    workers = narrow_table("Workers", "worker", "hardware", "samples", "rounds", "ETH/round", "paid ETH", "paid in",
+                           right=("samples", "rounds", "ETH/round", "paid ETH"))
+    for w in report.workers:  # "paid in": the payment's tx, else why not (replaced, unpaid)
+        why_not = w.role if w.role != "worker" else w.status
+        workers.add_row(short(w.address), hardware(w.gpu_type, 8), str(w.samples), str(w.rounds_accepted),
+                        eth_text(w.price_wei), eth_text(w.paid_wei), short(w.tx_hash) if w.tx_hash else why_not)
+
+    e = report.escrow
+    escrow = narrow_table(f"Escrow {short(e.address)}", "deposited ETH", "paid ETH", "refunded ETH", "refund tx",
+                          "wall s", "compute s", right=("deposited ETH", "paid ETH", "refunded ETH", "wall s",
+                                                        "compute s"))
+    escrow.add_row(eth_text(e.deposited_wei), eth_text(e.paid_wei), eth_text(e.refunded_wei),
+                   short(report.refund_tx) if report.refund_tx else "-", f"{report.wall_seconds:.1f}",
+                   f"{report.compute_seconds:.1f}")
+    return [rounds, workers, escrow]
+
+
+def report_group(report: TrainingReport) -> Group:
+    return Group(*report_tables(report))
