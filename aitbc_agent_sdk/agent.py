@@ -16,7 +16,7 @@ from typing import Any
 
 from .config import AgentConfig, default_home
 from .coordinator import (
-    Coordinator, CoordinatorSettings, EscrowAccount, RunRequest, TrainingStore, is_terminal, resume_training,
+    Coordinator, EscrowAccount, RunRequest, TrainingStore, is_terminal, resume_training,
     run_training,
 )
 from .coordinator.liveness import ping
@@ -29,7 +29,7 @@ from .models import (
     Settlement, Shard, TrainingPhase, TrainingRecord, TrainingReport, TrainingSpec, TrainingStatus, Worker,
     WorkerContract,
 )
-from .stack import STACK_BUILDERS, Stack
+from .stack import Stack, build_stack
 from .training import FedAvg
 
 __all__ = ["Agent", "AgentConfig", "default_home"]
@@ -56,14 +56,15 @@ class Agent:
         exits = AsyncExitStack()
         try:
             cfg = self.config
-            stack = await STACK_BUILDERS[cfg.blockchain_network](cfg, self._account, exits)
+            stack = await build_stack(cfg, self._account, exits)
             db = await exits.enter_async_context(TrainingStore(cfg.home / "aitbc.db"))
+            settings = cfg.coordinator
+            if settings.audit_dir is None:  # an agent keeps its trainings' audit logs in its home
+                settings = settings.model_copy(update={"audit_dir": cfg.home / "trainings"})
             coordinator = Coordinator(
                 channel=SignedChannel(stack.bus, stack.account), store=stack.store, db=db,
                 escrow=EscrowAccount(stack.sender, stack.escrow), scoring=self.scoring, aggregation=FedAvg,
-                settings=CoordinatorSettings(discovery_timeout_s=cfg.discovery_timeout_s,
-                                             reply_timeout_s=cfg.reply_timeout_s, audit_dir=cfg.home / "trainings"),
-                observer=self._observer, registry=stack.registry)
+                settings=settings, observer=self._observer, registry=stack.registry)
             exits.push_async_callback(coordinator.close)
         except BaseException:
             await exits.aclose()
@@ -171,7 +172,7 @@ class Agent:
         return await self.coordinator.negotiate(worker_id, training_id, price)
 
     async def fund_escrow(self, training_id: str) -> str:
-        return await self.coordinator.fund_escrow(training_id)
+        return await self.coordinator.money.fund_escrow(training_id)
 
     async def send_training_job(self, worker_id: str, training_id: str, shard_id: str,
                                 config: JobConfig | Mapping[str, Any] | None = None) -> JobAssignment:
@@ -202,11 +203,11 @@ class Agent:
         contract = await self.coordinator.db.contract(contract_id)
         if contract.worker_id != worker_id:
             raise ConfigError(f"contract {contract_id} belongs to {contract.worker_id}, not {worker_id}")
-        payments = await self.coordinator.pay(contract.training_id, worker_id, amount_wei=amount)
+        payments = await self.coordinator.money.pay(contract.training_id, worker_id, amount_wei=amount)
         return payments[0]
 
     async def settle_training(self, training_id: str) -> Settlement:
-        return await self.coordinator.settle(training_id)
+        return await self.coordinator.money.settle(training_id)
 
     async def refund_remainder(self, training_id: str) -> int:
         refunded, _ = await self.coordinator.escrow.refund(training_id)

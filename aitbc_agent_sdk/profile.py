@@ -14,12 +14,43 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .devnet.service import ServiceProcess
 from .errors import ConfigError
 from .messaging.settings import BusSettings  # noqa: F401 - the broker's settings, re-exported here
 from .models import Address, id_path
+from .settings import NetworkSettings, parse_broker
 
 PROFILE_FILE = "profile.json"
+LOCALHOST = "127.0.0.1"
+
+
+class ServiceProcess(BaseModel):
+    """A detached server the devnet started: what ``devnet down`` and the tests need to stop it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    pid: int
+    host: str = LOCALHOST
+    port: int
+    log: Path
+
+    def alive(self) -> bool:
+        return pid_alive(self.pid)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child still answers kill(0); treat it as dead.
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 class StoreSettings(BaseModel):
@@ -52,6 +83,22 @@ class Profile(BaseModel):
     chain: ChainSettings
     services: tuple[ServiceProcess, ...] = ()
     providers: tuple[str, ...] = Field(default=(), description="wallet names of the devnet's provider daemons")
+
+
+def network_profile(name: str, network: NetworkSettings) -> Profile:
+    """A configured network as a profile: the servers a remote stack connects to (nothing is started)."""
+    host, port, tls = parse_broker(network.broker)
+    if network.rpc_url is None:
+        raise ConfigError(f"network {name!r} has no rpc_url")
+    try:
+        bus = BusSettings(host=host, port=port, tls=tls, ca_file=network.broker_ca_file,
+                          username=network.broker_username, password_file=network.broker_password_file)
+    except ValueError as exc:  # pydantic's ValidationError: e.g. a CA file for a broker without TLS
+        raise ConfigError(f"network {name!r}: broker settings: {exc}") from None
+    return Profile(
+        name=name, bus=bus, store=StoreSettings(kind="kubo", api=network.ipfs_api),
+        chain=ChainSettings(rpc_url=network.rpc_url, chain_id=network.chain_id, escrow=network.escrow,
+                            deployed_block=network.deployed_block, confirmations=network.confirmations))
 
 
 def training_dir(home: Path, training_id: str) -> Path:

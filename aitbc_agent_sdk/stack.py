@@ -15,13 +15,15 @@ from eth_account.signers.local import LocalAccount
 
 from .chain import EscrowClient, TransactionSender, connect_rpc, deploy, load_artifact, start_embedded_chain
 from .chain.registry import RegistryClient
+from .chain.revert import CHAIN_EXCEPTIONS, map_chain_error
 from .config import AgentConfig
 from .errors import ConfigError, MessagingError
 from .messaging import Bus, InMemoryBus
-from .profile import Profile, load_profile
-from .provider.agent import ProviderAgent, ProviderConfig
+from .profile import Profile, load_profile, network_profile
+from .provider.node import ProviderAgent, ProviderConfig
 from .provider.hardware import detect_hardware
 from .provider.onchain import ProviderChain
+from .settings import BUILTIN_NETWORKS, NetworkSettings, load_settings
 from .storage import ContentStore, LocalContentStore
 
 ETH = 10**18
@@ -171,7 +173,40 @@ async def build_devnet(config: AgentConfig, account: LocalAccount | None, exits:
     """Connect to the servers named in $AITBC_HOME/profile.json; the signer must be passed in."""
     if account is None:
         raise ConfigError("a devnet agent needs a wallet: unlock one and pass it as Agent(config, account=...)")
-    profile = load_profile(config.home)
+    return await connect_profile(load_profile(config.home), config, account, exits)
+
+
+async def build_remote(config: AgentConfig, account: LocalAccount | None, exits: AsyncExitStack) -> Stack:
+    """Connect to a configured network's servers by URL: its broker, IPFS API, RPC node and contracts."""
+    name, network = resolve_network(config.network)
+    if account is None:
+        raise ConfigError(f"network {name!r} needs a wallet: unlock one and pass it as Agent(config, account=...)")
+    stack = await connect_profile(network_profile(name, network), config, account, exits)
+    # The configuration could point at the wrong chain or contract: check before anything is signed.
+    try:
+        chain_id = int(await stack.sender.w3.eth.chain_id)
+    except CHAIN_EXCEPTIONS as exc:
+        raise map_chain_error(exc, action=f"read the chain id of network {name!r}") from exc
+    if chain_id != network.chain_id:
+        raise ConfigError(f"network {name!r}: the node at {network.rpc_url} serves chain {chain_id},"
+                          f" the configuration says chain_id = {network.chain_id}")
+    if network.registry is not None and network.registry != stack.registry.address:
+        raise ConfigError(f"network {name!r}: the escrow {network.escrow} uses the registry"
+                          f" {stack.registry.address}, the configuration says registry = {network.registry}")
+    return stack
+
+
+def resolve_network(network: str | NetworkSettings) -> tuple[str, NetworkSettings]:
+    """A configured network's name and settings (a NetworkSettings given outright is named 'custom')."""
+    settings = load_settings()
+    if isinstance(network, str):
+        return network, settings.network_settings(network)
+    return "custom", settings.with_default_rpc("custom", network)
+
+
+async def connect_profile(profile: Profile, config: AgentConfig, account: LocalAccount,
+                          exits: AsyncExitStack) -> Stack:
+    """The bus, store and chain a profile names, with ``account`` signing."""
     client_id = config.client_id or f"{config.name}-{account.address[2:10]}-{os.getpid()}"
     # Only a chosen client id names a session that a later process resumes: persist its nonces.
     bus = await open_bus(profile, client_id, exits, identity=account.address, home=config.home,
@@ -185,4 +220,15 @@ async def build_devnet(config: AgentConfig, account: LocalAccount | None, exits:
 
 
 StackBuilder = Callable[[AgentConfig, LocalAccount | None, AsyncExitStack], Awaitable[Stack]]
-STACK_BUILDERS: dict[str, StackBuilder] = {"embedded": build_embedded, "devnet": build_devnet}
+# Keyed by stack_kind(): the two built-in networks, and every configured one.
+STACK_BUILDERS: dict[str, StackBuilder] = {"embedded": build_embedded, "devnet": build_devnet, "remote": build_remote}
+
+
+def stack_kind(network: str | NetworkSettings) -> str:
+    """'embedded' or 'devnet' for the built-in networks, 'remote' for a configured one."""
+    return network if isinstance(network, str) and network in BUILTIN_NETWORKS else "remote"
+
+
+async def build_stack(config: AgentConfig, account: LocalAccount | None, exits: AsyncExitStack) -> Stack:
+    """The stack ``config.network`` names; what it opens closes with ``exits``."""
+    return await STACK_BUILDERS[stack_kind(config.network)](config, account, exits)

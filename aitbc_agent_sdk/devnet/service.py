@@ -17,28 +17,12 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
-
 from ..errors import AitbcError
-
-LOCALHOST = "127.0.0.1"
+from ..profile import LOCALHOST, ServiceProcess, pid_alive  # noqa: F401 - these live with the profile that stores them
 
 
 class ServiceError(AitbcError):
     """A devnet server could not be found, started or reached."""
-
-
-class ServiceProcess(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    name: str
-    pid: int
-    host: str = LOCALHOST
-    port: int
-    log: Path
-
-    def alive(self) -> bool:
-        return pid_alive(self.pid)
 
 
 def check_bind_host(host: str) -> str:
@@ -60,21 +44,6 @@ def free_port(host: str = LOCALHOST) -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child still answers kill(0); treat it as dead.
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(") ", 1)[1][0] != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 def spawn(name: str, argv: Sequence[str], *, port: int, log: Path, host: str = LOCALHOST,

@@ -295,7 +295,7 @@ async def main():
         settings = {"home": args.home} if args.home else {}
         config = AgentConfig(
             name="distributed-training",
-            blockchain_network="embedded",  # changed: the embedded stack, not mainnet
+            network="embedded",  # changed: the embedded stack, not mainnet (the seed's blockchain_network= works too)
             wallet_name="training-wallet",
             providers=args.workers,
             **settings,

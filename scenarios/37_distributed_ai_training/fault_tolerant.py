@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # changed: the che
 from aitbc_agent_sdk import Agent, AgentConfig, JobConfig, TrainingSpec  # noqa: E402
 from aitbc_agent_sdk.devnet.network import wallet_store  # noqa: E402
 from aitbc_agent_sdk.profile import devnet_password  # noqa: E402
-from aitbc_agent_sdk.coordinator import is_terminal, read_log  # noqa: E402
+from aitbc_agent_sdk.audit import read_log  # noqa: E402
+from aitbc_agent_sdk.coordinator import is_terminal  # noqa: E402
 from aitbc_agent_sdk.coordinator.service import audit_path  # noqa: E402
 from aitbc_agent_sdk.models import ElasticPolicy, FaultPolicy  # noqa: E402
 from aitbc_agent_sdk.provider import ProviderAgent  # noqa: E402
@@ -185,7 +186,7 @@ async def main():
     account = None
     if args.devnet:  # changed: a real devnet and its funded 'dev' wallet
         account = await wallet_store(home).unlock("dev", devnet_password(home))
-        config = AgentConfig(name="fault-tolerant", home=home, blockchain_network="devnet")
+        config = AgentConfig(name="fault-tolerant", home=home, network="devnet")
     else:  # changed: the embedded stack (in-process bus, local store, py-evm) instead of mainnet
         config = AgentConfig(name="fault-tolerant", home=home, providers=args.workers + 1)
 
