@@ -17,7 +17,8 @@ _EXPORTS = {
     "errors": (
         "AitbcError", "ChainError", "ConfigError", "ContentNotFoundError", "ContractRevertError", "DatasetError",
         "InsufficientFundsError", "IntegrityError", "MessagingError", "NotEnoughWorkersError", "NotFoundError",
-        "PhaseError", "SignatureError", "StorageError", "TrainingError", "UnknownModelError",
+        "PhaseError", "SignatureError", "StorageError", "TrainingError", "UnknownModelError", "UnreachableError",
+        "BrokerUnreachableError", "ChainUnreachableError", "StoreUnreachableError",
     ),
     "market": ("ScoringStrategy", "WeightedScore"),
     "models": (
@@ -35,7 +36,8 @@ if TYPE_CHECKING:  # static tools see ordinary imports
     from .errors import (
         AitbcError, ChainError, ConfigError, ContentNotFoundError, ContractRevertError, DatasetError,
         InsufficientFundsError, IntegrityError, MessagingError, NotEnoughWorkersError, NotFoundError, PhaseError,
-        SignatureError, StorageError, TrainingError, UnknownModelError,
+        SignatureError, StorageError, TrainingError, UnknownModelError, UnreachableError, BrokerUnreachableError,
+        ChainUnreachableError, StoreUnreachableError,
     )
     from .market import ScoringStrategy, WeightedScore
     from .models import (

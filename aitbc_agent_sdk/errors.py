@@ -39,8 +39,16 @@ class NotFoundError(AitbcError):
     """A training, job, worker or contract id that is not known."""
 
 
+class UnreachableError(AitbcError):
+    """A service (chain RPC node, MQTT broker, IPFS API) could not be reached or did not answer in time."""
+
+
 class StorageError(AitbcError):
     """The content store failed to store or return content."""
+
+
+class StoreUnreachableError(StorageError, UnreachableError):
+    """The IPFS API (or another store backend) is down or did not answer in time."""
 
 
 class ContentNotFoundError(StorageError):
@@ -59,12 +67,20 @@ class MessagingError(AitbcError):
     """The message bus failed, or a request got no reply in time."""
 
 
+class BrokerUnreachableError(MessagingError, UnreachableError):
+    """The MQTT broker could not be reached (refused credentials are a plain MessagingError)."""
+
+
 class SignatureError(MessagingError):
     """An envelope is unsigned, forged, replayed or stale."""
 
 
 class ChainError(AitbcError):
     """A chain call failed: dead RPC, revert, or a transaction that did not land."""
+
+
+class ChainUnreachableError(ChainError, UnreachableError):
+    """The JSON-RPC node is down or did not answer in time."""
 
 
 class ContractRevertError(ChainError):

@@ -54,7 +54,7 @@ class Cli:
 
 @pytest.fixture
 def cli(cli_env: dict[str, str]) -> Cli:
-    env = {k: v for k, v in cli_env.items() if k != "AITBC_RPC_URL"}
+    env = {k: v for k, v in cli_env.items() if k not in ("AITBC_RPC_URL", "ETH_RPC_URL", "AITBC_CONFIG")}
     env["AITBC_WALLET_PASSWORD"] = PASSWORD
     return Cli(env)
 
@@ -89,7 +89,7 @@ async def test_duplicate_name_and_missing_rpc_exit_2(cli: Cli) -> None:
     await cli.run("create", "alice")
     dup, no_rpc = await asyncio.gather(cli.run("create", "alice", ok=False), cli.run("balance", "alice", ok=False))
     assert dup.returncode == 2 and "wallet 'alice' already exists" in dup.stderr
-    assert no_rpc.returncode == 2 and "pass --rpc URL or set $AITBC_RPC_URL" in " ".join(no_rpc.stderr.split())
+    assert no_rpc.returncode == 2 and "pass --rpc-url URL" in " ".join(no_rpc.stderr.split())
     assert "Traceback" not in dup.stderr + no_rpc.stderr
     cli.assert_no_secrets()
 
@@ -108,8 +108,8 @@ async def test_balance_and_send_against_anvil(cli: Cli, tmp_path: Path, anvil_w3
     await fund_accounts(funder, [wallet["address"]], 3 * ETH // 2)
     as_json, text = await asyncio.gather(
         cli.run("balance", "rich", "--rpc", url, "--json"),
-        # $AITBC_RPC_URL works as well as --rpc, and the human output shows both units.
-        cli.run("balance", "rich", env={**cli.env, "AITBC_RPC_URL": url}),
+        # $ETH_RPC_URL (Foundry's) works as well as --rpc, and the human output shows both units.
+        cli.run("balance", "rich", env={**cli.env, "ETH_RPC_URL": url}),
     )
     assert json.loads(as_json.stdout) == {"name": "rich", "address": wallet["address"], "chain_id": 31337,
                                           "wei": str(3 * ETH // 2), "eth": "1.5"}
@@ -122,8 +122,10 @@ async def test_balance_and_send_against_anvil(cli: Cli, tmp_path: Path, anvil_w3
         cli.run("send", "fixed", "--to", to, "--eth", "1", "--rpc", url, ok=False),
     )
     assert wrong.returncode == 2 and "wrong password for wallet 'rich'" in wrong.stderr
-    assert poor.returncode == 2 and "insufficient funds" in poor.stderr
-    sent = json.loads((await cli.run("send", "rich", "--to", to, "--eth", "0.25", "--rpc", url, "--json")).stdout)
+    assert poor.returncode == 5 and "insufficient funds" in poor.stderr  # a payment failure, not a usage error
+    # --amount is the name (--eth its alias) and takes a unit: 250000000 gwei = 0.25 ETH.
+    sent = json.loads((await cli.run("send", "rich", "--to", to, "--amount", "250000000gwei", "--rpc-url", url,
+                                     "--json")).stdout)
     assert sent["to"] == to and sent["tx_hash"].startswith("0x")
     assert await anvil_w3.eth.get_balance(to) == ETH // 4
     cli.assert_no_secrets()
@@ -158,10 +160,12 @@ def test_input_errors_and_prompts_in_process(aitbc_home: Path, tmp_path: Path,
         (["balance", "nobody", "--rpc", "http://127.0.0.1:9"], ConfigError, "no wallet named 'nobody'"),
         (["balance", "alice", "--rpc", "http://127.0.0.1:9"], ChainError, "unreachable"),
         (["send", "alice", "--to", "0x1", "--eth", "0.1", "--rpc", "http://127.0.0.1:9"], ConfigError, "wrong password"),
-        (["send", "alice", "--to", "0x1", "--eth", "1e-19", "--rpc", "x"], ConfigError, "at most 18 decimals"),
     ]
     for args, error, message in cases:
         result = runner.invoke(wallet.app, args, input="wrong\n")
         assert isinstance(result.exception, error), (args, result.output)
         assert message in str(result.exception), args
+    # An amount finer than a wei is a usage error, found before any password prompt.
+    tiny = runner.invoke(wallet.app, ["send", "alice", "--to", "0x1", "--eth", "0.0000000000000000001", "--rpc", "x"])
+    assert tiny.exit_code == 2 and "fraction of a wei" in tiny.output and "Password" not in tiny.output
     assert sorted(p.name for p in (aitbc_home / "wallets").iterdir()) == ["alice.json", "dave.json"]

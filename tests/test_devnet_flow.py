@@ -53,7 +53,7 @@ def test_five_commands_across_processes(aitbc_cmd, cli_env, aitbc_home, tmp_path
                   "--min-gpu", "cpu", "--required-workers", "3")
     assert len(hired["workers"]) == 3
     aitbc(aitbc_cmd, cli_env, "distributed-training", "distribute", "--training-id", tid,
-          "--strategy", "data-parallel")
+          "--strategy", "data-parallel", "--yes")
 
     # distribute has returned; the detached coordinator carries on. Watch from another process.
     snap = aitbc(aitbc_cmd, cli_env, "distributed-training", "monitor", "--training-id", tid, "--follow",
@@ -73,7 +73,7 @@ def test_five_commands_across_processes(aitbc_cmd, cli_env, aitbc_home, tmp_path
         paid = {e.args["worker"]: e.args["amount"] for e in released}
         assert set(paid) == {w["worker_id"] for w in hired["workers"]}
         for worker in hired["workers"]:
-            assert paid[worker["worker_id"]] == worker["price_wei"] * 3
+            assert paid[worker["worker_id"]] == int(worker["price_wei"]) * 3
         assert sum(paid.values()) == state.paid
 
         async with KuboClient(profile.store.api) as client:
@@ -94,17 +94,17 @@ def test_five_commands_across_processes(aitbc_cmd, cli_env, aitbc_home, tmp_path
     assert all(p["tx_hash"].startswith("0x") and len(p["tx_hash"]) == 66 for p in listed["payments"])
 
     earned = aitbc(aitbc_cmd, cli_env, "provider", "status", "--wallet", "provider-0")
-    assert earned["earned_wei"] in {w["price_wei"] * 3 for w in hired["workers"]} | {0}
+    assert int(earned["earned_wei"]) in {int(w["price_wei"]) * 3 for w in hired["workers"]} | {0}
 
     # the market after the training: every provider bonded, and the escrow's job reports on chain
     market = aitbc(aitbc_cmd, cli_env, "market", "list", "--sort", "stake")
     assert len(market["offers"]) == 3
-    assert all(o["stake"] == 10**17 and o["completed"] == 1 and o["failed"] == 0 for o in market["offers"])
+    assert all(o["stake_wei"] == str(10**17) and o["completed"] == 1 and o["failed"] == 0 for o in market["offers"])
     assert all(o["reputation"] > 2.5 for o in market["offers"])  # one completed job beats the prior
 
     # bond management: top up, start unbonding (not assigned any more), refuse a second registration
     topped = aitbc(aitbc_cmd, cli_env, "provider", "stake", "--wallet", "provider-2", "--add", "0.05")
-    assert topped["stake_wei"] == 10**17 + 5 * 10**16
+    assert int(topped["stake_wei"]) == 10**17 + 5 * 10**16
     leaving = aitbc(aitbc_cmd, cli_env, "provider", "unregister", "--wallet", "provider-2")
     assert leaving["unbonding_at"] > 0 and leaving["assigned"] == 0
     again = subprocess.run([*aitbc_cmd, "provider", "register", "--wallet", "provider-2", "--stake", "1"],

@@ -15,7 +15,7 @@ from web3 import AsyncHTTPProvider, AsyncWeb3
 from web3.providers.eth_tester import AsyncEthereumTesterProvider
 from web3.types import TxReceipt, Wei
 
-from aitbc_agent_sdk.errors import ChainError, ConfigError
+from aitbc_agent_sdk.errors import ChainError, ChainUnreachableError, ConfigError, UnreachableError
 
 from .tx import CHAIN_EXCEPTIONS, map_chain_error
 
@@ -76,5 +76,6 @@ async def connect_rpc(url: str, *, timeout: float = 10.0, check: bool = True) ->
         except CHAIN_EXCEPTIONS as exc:
             await provider.disconnect()
             err = map_chain_error(exc, action=f"connect to {url}")
-            raise ChainError(f"{err} — is the node running?") from exc
+            raise (ChainUnreachableError if isinstance(err, UnreachableError) else ChainError)(
+                f"{err} — is the node running?") from exc
     return w3

@@ -22,7 +22,9 @@ from web3.exceptions import (
     Web3RPCError,
 )
 
-from aitbc_agent_sdk.errors import AitbcError, ChainError, ContractRevertError, InsufficientFundsError
+from aitbc_agent_sdk.errors import (
+    AitbcError, ChainError, ChainUnreachableError, ContractRevertError, InsufficientFundsError,
+)
 
 __all__ = ["CHAIN_EXCEPTIONS", "decode_revert_data", "map_chain_error"]
 
@@ -114,7 +116,7 @@ def map_chain_error(
     if isinstance(exc, TimeExhausted):
         return ChainError(f"{action}: {text}")
     if isinstance(exc, aiohttp.ClientError | ProviderConnectionError | OSError | asyncio.TimeoutError):
-        return ChainError(f"{action}: RPC node unreachable or not answering ({type(exc).__name__}: {text})")
+        return ChainUnreachableError(f"{action}: RPC node unreachable or not answering ({type(exc).__name__}: {text})")
     if isinstance(exc, Web3RPCError | Web3Exception | EthValidationError):
         return ChainError(f"{action} failed: {text}")
     return ChainError(f"{action} failed unexpectedly: {type(exc).__name__}: {text}")

@@ -39,7 +39,7 @@ from typing import TypeVar
 import aiomqtt
 from aiomqtt.exceptions import MqttConnectError
 
-from ..errors import ConfigError, MessagingError
+from ..errors import BrokerUnreachableError, ConfigError, MessagingError
 from .envelope import EnvelopeVerifier
 from .mqtt_queue import Subscription as _Subscription
 from .port import BusMessage, topic_matches
@@ -297,13 +297,13 @@ class MqttBus:
                                          f" {self.username or 'an anonymous client'}: {cause}") from cause
                 if not first.done():
                     if loop.time() - down_since >= self.timeout:
-                        raise MessagingError(f"cannot connect to the MQTT broker at {self.host}:{self.port}"
+                        raise BrokerUnreachableError(f"cannot connect to the MQTT broker at {self.host}:{self.port}"
                                              f" within {self.timeout:g}s: {cause}") from cause
                 elif not self._reconnect:
                     raise MessagingError(f"lost the connection to the MQTT broker at {self.host}:{self.port}"
                                          f" (reconnect disabled): {cause}") from cause
                 elif loop.time() - down_since >= self._max_outage_s:
-                    raise MessagingError(f"the MQTT broker at {self.host}:{self.port} stayed unreachable"
+                    raise BrokerUnreachableError(f"the MQTT broker at {self.host}:{self.port} stayed unreachable"
                                          f" for {self._max_outage_s:g}s: {cause}") from cause
                 log.debug("MQTT bus %s: %s; retrying in %.1fs", self.name, cause, backoff)
                 await asyncio.sleep(backoff)

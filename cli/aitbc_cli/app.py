@@ -1,18 +1,29 @@
-"""The ``aitbc`` entry point: sub-apps are registered here; errors become exit code 2."""
+"""The ``aitbc`` entry point: sub-apps are registered here; errors become the exit codes of ``exits``."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
+from typing import Annotated, Optional
 
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+# typer vendors click and does not re-export its exception root; usage errors derive from it.
+from typer._click.exceptions import ClickException
 
 from aitbc_agent_sdk import AitbcError
 
 from . import chat, cluster, devnet, distributed_training, ipfs, market, mcp_server, provider, wallet
+from .exits import ExitCode, describe, error_json, exit_code_for, exit_codes_epilog
 
-app = typer.Typer(help="Federated training on rented GPUs, paid through an on-chain escrow.",
+DISTRIBUTION = "aitbc-agent-sdk"
+
+app = typer.Typer(help="Federated training on rented GPUs, paid through an on-chain escrow.\n\n"
+                       "Example: aitbc devnet up && aitbc wallet balance dev --json",
+                  epilog=exit_codes_epilog() + " With --json an error is one JSON object on stdout: "
+                  '{"error": ..., "code": ..., "type": ...}.',
                   no_args_is_help=True, pretty_exceptions_enable=False)
 app.add_typer(distributed_training.app, name="distributed-training")
 app.add_typer(devnet.app, name="devnet")
@@ -24,24 +35,58 @@ app.add_typer(cluster.app, name="cluster")
 app.command("chat")(chat.chat)
 app.add_typer(mcp_server.app, name="mcp")
 
-EXIT_BAD_INPUT = 2
+EXIT_BAD_INPUT = ExitCode.USAGE  # the old name, kept for importers
 
 
-def main() -> None:
-    # Standalone mode: typer reports usage errors itself (exit 2); SDK errors are ours to map.
+def package_version() -> str:
     try:
-        app()
+        return version(DISTRIBUTION)
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown"
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(f"aitbc {package_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version_: Annotated[Optional[bool], typer.Option(
+        "--version", callback=_show_version, is_eager=True, help="print the version and exit")] = None) -> None:
+    """The root: only --version; everything else is a sub-command."""
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run the CLI; every error leaves as one message (or JSON object) and its exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    as_json = "--json" in args
+    try:
+        code = app(args=args, prog_name="aitbc", standalone_mode=False)
+    except ClickException as exc:  # usage errors (exit 2) and typer's own failures
+        _report(exc.format_message(), exc.exit_code, type(exc).__name__, as_json, usage=exc)
+        sys.exit(exc.exit_code)
+    except typer.Abort:  # end of input at a prompt
+        _report("aborted", ExitCode.FAILED, "Abort", as_json)
+        sys.exit(ExitCode.FAILED)
     except (AitbcError, ValidationError) as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {_describe(exc)}")
-        sys.exit(EXIT_BAD_INPUT)
+        code = exit_code_for(exc)
+        _report(describe(exc), code, type(exc).__name__, as_json)
+        sys.exit(code)
+    except KeyboardInterrupt:
+        sys.exit(ExitCode.INTERRUPTED)
+    sys.exit(code if isinstance(code, int) else ExitCode.OK)
 
 
-def _describe(exc: Exception) -> str:
-    if isinstance(exc, ValidationError):
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or exc.title
-        return f"invalid {where}: {first['msg']}"
-    return str(exc)
+def _report(message: str, code: int, kind: str, as_json: bool, usage: ClickException | None = None) -> None:
+    if as_json:
+        typer.echo(error_json(message, code, kind))
+    elif usage is not None:
+        from typer import rich_utils
+
+        rich_utils.rich_format_error(usage)  # the usage line and a boxed message, as typer shows them
+    else:
+        Console(stderr=True).print(f"[bold red]error:[/] {message}", highlight=False)
 
 
 if __name__ == "__main__":

@@ -45,7 +45,10 @@ def chat(
     """Ask the assistant to do something: train, detect GPUs, mount data, balance memory, recover, pay.
 
     The LLM's API key is read from $AITBC_LLM_API_KEY only, never from the command line (argv is
-    visible to every user of the machine and lands in shell history).
+    visible to every user of the machine and lands in shell history). Exit 1 when a step failed or
+    the request was not understood, 2 when a step's arguments were invalid.
+
+    Example: aitbc chat --dry-run "train an mlp on digits with 2 workers"
     """
     root = resolve_home(home)
     llm = None if offline else LlmConfig.resolve(llm_base_url, llm_model)
@@ -146,12 +149,12 @@ def _render(out: Console, tool: str, data: dict[str, Any]) -> None:
     if tool in ("cluster_inventory",):
         from aitbc_agent_sdk.cluster.inventory import ClusterInventory
 
-        from .cluster import _render as render_inventory
+        from .cluster_render import render_inventory
         render_inventory(out, ClusterInventory.model_validate(data))
     elif tool == "monitor":
         from aitbc_agent_sdk.coordinator.monitor import Snapshot
 
-        from .steps import render_snapshot
+        from .training_views import render_snapshot
         out.print(render_snapshot(Snapshot.model_validate(data)))
     elif tool in ("payments", "pay_workers") and data.get("payments"):
         out.print(_table(f"payments of {data['training_id']}", ("worker", "amount ETH", "tx hash"),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from decimal import Decimal
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -12,18 +12,30 @@ from rich.console import Console
 from rich.table import Table
 
 
-from .common import HomeOption, JsonOption, print_json, resolve_home
+from .common import ExitCode, HomeOption, JsonOption, cli_parser, eth_amount_option, print_json, resolve_home
+from .params import parse_ipfs_api
 
 app = typer.Typer(help="Run a local devnet: MQTT broker, anvil with the contracts, IPFS, provider daemons.",
                   no_args_is_help=True)
+
+DEFAULT_PRICE_WEI = 10**16
+
+
+class IpfsChoice(str, Enum):
+    local = "local"  # the content store under $AITBC_HOME/store
+    daemon = "daemon"  # start a js-ipfs daemon with a Kubo RPC API
 
 
 @app.command()
 def up(
     providers: Annotated[int, typer.Option(min=0, help="provider daemons to start")] = 3,
-    ipfs: Annotated[str, typer.Option(help="'local' content store, or 'daemon' to start js-ipfs")] = "local",
-    ipfs_api: Annotated[Optional[str], typer.Option(help="use a running Kubo RPC API instead")] = None,
-    price_eth: Annotated[Decimal, typer.Option(help="first provider's price per round, in ETH")] = Decimal("0.01"),
+    ipfs: Annotated[IpfsChoice, typer.Option(help="'local' content store, or 'daemon' to start js-ipfs")
+                    ] = IpfsChoice.local,
+    ipfs_api: Annotated[Optional[str], typer.Option(
+        "--ipfs-api", "--api", parser=cli_parser(parse_ipfs_api), metavar="ADDR",
+        help="use a running Kubo RPC API instead: multiaddr /ip4/127.0.0.1/tcp/5001 or http URL")] = None,
+    price: Annotated[int, eth_amount_option("--price", "--price-eth", help="first provider's price per round",
+                                            default_wei=DEFAULT_PRICE_WEI)] = DEFAULT_PRICE_WEI,
     host: Annotated[str, typer.Option(help="the one local IPv4 address every server binds to (never 0.0.0.0)")
                     ] = "127.0.0.1",
     tls: Annotated[Optional[bool], typer.Option(
@@ -37,11 +49,13 @@ def up(
 
     The broker admits only the devnet's accounts (one per wallet, plus 'observer'); their
     passwords are 0600 files under $AITBC_HOME/devnet/broker-auth/accounts.
+
+    Example: aitbc devnet up --providers 3 --ipfs daemon --json
     """
     from aitbc_agent_sdk.devnet.network import DevnetOptions, devnet_up
 
-    options = DevnetOptions(providers=providers, ipfs=ipfs, ipfs_api=ipfs_api,  # type: ignore[arg-type]
-                            provider_price_wei=int(price_eth * 10**18), host=host, tls=tls,
+    options = DevnetOptions(providers=providers, ipfs=ipfs.value, ipfs_api=ipfs_api,
+                            provider_price_wei=price, host=host, tls=tls,
                             max_message_bytes=max_message_kib * 1024)
     console = Console(stderr=True, quiet=as_json)
     with console.status("starting broker, chain, contracts and providers..."):
@@ -67,7 +81,10 @@ def join(
     home: HomeOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Use a devnet running on another host: check its servers, save its profile here, create wallets."""
+    """Use a devnet running on another host: check its servers, save its profile here, create wallets.
+
+    Example: aitbc devnet join --profile profile.json --wallet alice
+    """
     from aitbc_agent_sdk.devnet.network import devnet_join
 
     joined, addresses = asyncio.run(devnet_join(resolve_home(home), profile, wallet or ()))
@@ -93,6 +110,8 @@ def accounts(
     """On the devnet's host: give wallets broker accounts (for hosts that 'devnet join'), reload the broker.
 
     A joined host reads them from $AITBC_HOME/devnet/bus-accounts/<address>.
+
+    Example: aitbc devnet accounts 0xAbC... --export ./accounts
     """
     from aitbc_agent_sdk.devnet.network import add_broker_accounts
 
@@ -106,7 +125,10 @@ def accounts(
 
 @app.command()
 def down(home: HomeOption = None, as_json: JsonOption = False) -> None:
-    """Stop every devnet process and remove the profile."""
+    """Stop every devnet process and remove the profile.
+
+    Example: aitbc devnet down
+    """
     from aitbc_agent_sdk.devnet.network import devnet_down
 
     stopped = devnet_down(resolve_home(home))
@@ -118,7 +140,10 @@ def down(home: HomeOption = None, as_json: JsonOption = False) -> None:
 
 @app.command()
 def status(home: HomeOption = None, as_json: JsonOption = False) -> None:
-    """Health of each part: processes, chain and contract, broker, offers and heartbeats."""
+    """Health of each part: processes, chain and contract, broker, offers and heartbeats (exit 1 if one fails).
+
+    Example: aitbc devnet status --json
+    """
     from aitbc_agent_sdk.devnet.network import devnet_status
 
     checks = asyncio.run(devnet_status(resolve_home(home)))
@@ -132,4 +157,4 @@ def status(home: HomeOption = None, as_json: JsonOption = False) -> None:
             table.add_row(check.part, "[green]ok[/]" if check.ok else "[red]FAIL[/]", check.detail)
         Console().print(table)
     if not all(c.ok for c in checks):
-        raise typer.Exit(1)
+        raise typer.Exit(ExitCode.FAILED)

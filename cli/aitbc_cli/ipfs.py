@@ -1,8 +1,9 @@
 """``aitbc ipfs``: add, cat and pin content in the configured store.
 
 The store is a Kubo RPC daemon when ``--api URL`` (or ``$AITBC_IPFS_API``) is given, else
-the local content store under ``$AITBC_HOME/store``. Both give the CIDs ``ipfs add`` gives,
-and both verify every block they return. SDK errors propagate to ``app.main`` (exit 2).
+the local content store under ``$AITBC_HOME/store``; ``--api`` takes kubo's multiaddr
+(``/ip4/127.0.0.1/tcp/5001``) as well as a URL. Both give the CIDs ``ipfs add`` gives,
+and both verify every block they return. SDK errors propagate to ``app.main`` (see ``exits``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from aitbc_agent_sdk.errors import ConfigError
 from aitbc_agent_sdk.storage import AddOptions, LocalContentStore
 from aitbc_agent_sdk.storage.kubo import KuboClient, KuboContentStore
 
-from .common import HomeOption, JsonOption, print_json, resolve_home
+from .common import HomeOption, IpfsApiOption, JsonOption, ipfs_api_or_default, print_json, resolve_home
 
 API_ENV = "AITBC_IPFS_API"
 
@@ -30,8 +31,7 @@ app = typer.Typer(help="Content-addressed storage: a Kubo RPC daemon (--api / $A
 pin_app = typer.Typer(help="Pin, unpin and list pinned CIDs.", no_args_is_help=True)
 app.add_typer(pin_app, name="pin")
 
-ApiOption = Annotated[Optional[str], typer.Option("--api", envvar=API_ENV, show_envvar=True,
-                                                  help="Kubo RPC API URL, e.g. http://127.0.0.1:5001")]
+ApiOption = IpfsApiOption  # --api (--ipfs-api), $AITBC_IPFS_API: a kubo multiaddr or an http URL
 TimeoutOption = Annotated[float, typer.Option("--timeout", min=0.1,
                                               help="seconds to wait for the daemon / for content it lacks")]
 
@@ -41,6 +41,7 @@ T = TypeVar("T")
 
 @asynccontextmanager
 async def _store(api: str | None, home: Path | None, timeout: float) -> AsyncIterator[Store]:
+    api = ipfs_api_or_default(api)  # --api, else $AITBC_IPFS_API, else the config file's ipfs_api
     if api:
         async with KuboClient(api, timeout=timeout, find_timeout=timeout) as client:
             yield KuboContentStore(client)
@@ -67,17 +68,21 @@ def _chunk_size(chunker: str) -> int:
 def add(
     file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, readable=True, help="file to add")],
     only_hash: Annotated[bool, typer.Option("--only-hash", help="compute the CID; store nothing")] = False,
-    cid_version: Annotated[int, typer.Option("--cid-version", min=0, max=1)] = 0,
+    cid_version: Annotated[int, typer.Option("--cid-version", min=0, max=1, help="CID version, 0 or 1 (as kubo)")
+                           ] = 0,
     raw_leaves: Annotated[Optional[bool], typer.Option("--raw-leaves/--no-raw-leaves",
-                                                       help="[default: on for CIDv1, as kubo]")] = None,
+                                                       help="leaves as raw blocks (default: on for CIDv1, as kubo)")] = None,
     chunker: Annotated[str, typer.Option(help="fixed-size chunker, size-N")] = "size-262144",
-    pin: Annotated[bool, typer.Option("--pin/--no-pin")] = True,
+    pin: Annotated[bool, typer.Option("--pin/--no-pin", help="pin what was added")] = True,
     api: ApiOption = None,
     home: HomeOption = None,
     timeout: TimeoutOption = 60.0,
     as_json: JsonOption = False,
 ) -> None:
-    """Add FILE and print its CID (the one `ipfs add` prints)."""
+    """Add FILE and print its CID (the one `ipfs add` prints).
+
+    Example: aitbc ipfs add model.pt --api /ip4/127.0.0.1/tcp/5001 --json
+    """
     options = AddOptions(cid_version=cid_version, raw_leaves=raw_leaves,  # type: ignore[arg-type]
                          chunk_size=_chunk_size(chunker))
     size = file.stat().st_size
@@ -96,7 +101,10 @@ def cat(
     home: HomeOption = None,
     timeout: TimeoutOption = 60.0,
 ) -> None:
-    """Write the content of CID to stdout, each block verified before it is written."""
+    """Write the content of CID to stdout, each block verified before it is written.
+
+    Example: aitbc ipfs cat QmHash > model.pt
+    """
     out = sys.stdout.buffer
 
     async def copy(store: Store) -> None:
@@ -109,17 +117,23 @@ def cat(
 
 
 @pin_app.command("add")
-def pin_add(cid: Annotated[str, typer.Argument()], api: ApiOption = None, home: HomeOption = None,
+def pin_add(cid: Annotated[str, typer.Argument(help="CID to pin")], api: ApiOption = None, home: HomeOption = None,
             timeout: TimeoutOption = 60.0) -> None:
-    """Pin CID (its content must be in the store, or fetchable by the daemon)."""
+    """Pin CID (its content must be in the store, or fetchable by the daemon).
+
+    Example: aitbc ipfs pin add QmHash
+    """
     _with_store(api, home, timeout, lambda store: store.pin(cid))
     typer.echo(f"pinned {cid}")
 
 
 @pin_app.command("rm")
-def pin_rm(cid: Annotated[str, typer.Argument()], api: ApiOption = None, home: HomeOption = None,
+def pin_rm(cid: Annotated[str, typer.Argument(help="CID to unpin")], api: ApiOption = None, home: HomeOption = None,
            timeout: TimeoutOption = 60.0) -> None:
-    """Unpin CID (a no-op when it is not pinned)."""
+    """Unpin CID (a no-op when it is not pinned).
+
+    Example: aitbc ipfs pin rm QmHash
+    """
     _with_store(api, home, timeout, lambda store: store.unpin(cid))
     typer.echo(f"unpinned {cid}")
 
@@ -127,7 +141,10 @@ def pin_rm(cid: Annotated[str, typer.Argument()], api: ApiOption = None, home: H
 @pin_app.command("ls")
 def pin_ls(api: ApiOption = None, home: HomeOption = None, timeout: TimeoutOption = 60.0,
            as_json: JsonOption = False) -> None:
-    """List the pinned (recursive) CIDs."""
+    """List the pinned (recursive) CIDs.
+
+    Example: aitbc ipfs pin ls --json
+    """
     pins = _with_store(api, home, timeout, lambda store: store.pins())
     if as_json:
         print_json({"pins": pins})

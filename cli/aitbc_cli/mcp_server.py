@@ -22,6 +22,8 @@ def serve(home: HomeOption = None) -> None:
     Tools that spend money, change hosts or stop work run only when called with confirm=true;
     every call is written to $AITBC_HOME/assistant/audit.jsonl. Wallets are unlocked with
     $AITBC_WALLET_PASSWORD or the devnet's password file, never with a password in a call.
+
+    Example: aitbc mcp serve --home ~/.aitbc
     """
     from aitbc_agent_sdk.assistant.mcp_server import serve_stdio
 

@@ -2,12 +2,44 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from aitbc_agent_sdk import TrainingReport
+from aitbc_agent_sdk.errors import ConfigError
+
+
+class PlotPathError(ConfigError):
+    """--plot names a place the PNG cannot be written to."""
+
+
+def check_plot_path(path: Path) -> Path:
+    """PATH if a PNG can be written there (its nearest existing parent is a writable directory);
+    PlotPathError otherwise. Call it before anything is paid, so a bad --plot costs nothing."""
+    if path.is_dir():
+        raise PlotPathError(f"--plot {path} is a directory: name the PNG file to write")
+    if path.exists():
+        if not os.access(path, os.W_OK):
+            raise PlotPathError(f"--plot {path} is not writable")
+        return path
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise PlotPathError(f"--plot {path}: cannot create it under {parent} (not a writable directory)")
+    return path
 
 
 def plot_report(report: TrainingReport, path: Path) -> None:
+    """Write the curves to PATH; PlotPathError (never a traceback) if the file cannot be written."""
+    try:
+        _plot(report, path)
+    except OSError as exc:
+        raise PlotPathError(f"cannot write the plot to {path}: {exc.strerror or exc}") from exc
+
+
+def _plot(report: TrainingReport, path: Path) -> None:
+    # Long because: one figure, its two or three panels laid out in order.
     import matplotlib
 
     matplotlib.use("Agg")  # no display here, and none needed

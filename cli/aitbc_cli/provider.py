@@ -6,7 +6,8 @@ import asyncio
 import json
 import signal
 import time
-from decimal import Decimal
+from enum import Enum
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -16,25 +17,36 @@ from rich.table import Table
 from aitbc_agent_sdk.errors import ConfigError
 from aitbc_agent_sdk.profile import load_profile
 
-from .common import HomeOption, JsonOption, print_json, resolve_home, unlock, wallet_store
+from .common import HomeOption, JsonOption, eth_amount_option, print_json, resolve_home, unlock, wallet_store
+from .params import format_eth
 
 app = typer.Typer(help="Run a provider daemon and see its jobs and earnings.", no_args_is_help=True)
+
+WalletOption = Annotated[str, typer.Option(help="the provider's wallet (in $AITBC_HOME/wallets)")]
+
+
+class GpuChoice(str, Enum):
+    auto = "auto"  # detect with NVML
+    none = "none"  # offer CPU only
 
 
 @app.command()
 def start(
     wallet: Annotated[str, typer.Option(help="wallet that signs offers and receives payments")],
-    price: Annotated[Decimal, typer.Option(help="price per training round, in ETH")],
-    gpu: Annotated[str, typer.Option(help="'auto' (NVML) or 'none' to offer CPU only")] = "auto",
-    slots: Annotated[int, typer.Option(min=1)] = 1,
-    stake: Annotated[Decimal, typer.Option(help="bond to post in the registry if not registered, in ETH")] = Decimal(0),
+    price: Annotated[int, eth_amount_option("--price", "--price-eth", help="price per training round")],
+    gpu: Annotated[GpuChoice, typer.Option(help="'auto' detects GPUs with NVML; 'none' offers CPU only")
+                   ] = GpuChoice.auto,
+    slots: Annotated[int, typer.Option(min=1, max=64, help="jobs served at once")] = 1,
+    stake: Annotated[int, eth_amount_option("--stake", help="bond to post in the registry if not registered",
+                                            default_wei=0)] = 0,
     no_sandbox: Annotated[bool, typer.Option(
         "--no-sandbox", help="train jobs without the bwrap sandbox: they can then read this user's files")] = False,
     home: HomeOption = None,
 ) -> None:
-    """Serve until interrupted: signed offer, heartbeats, jobs in a separate training process."""
-    if gpu not in ("auto", "none"):
-        raise ConfigError("--gpu must be 'auto' or 'none'")
+    """Serve until interrupted: signed offer, heartbeats, jobs in a separate training process.
+
+    Example: aitbc provider start --wallet provider-0 --price 0.01
+    """
     root = resolve_home(home)
 
     async def serve() -> None:
@@ -45,21 +57,21 @@ def start(
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-        Console(stderr=True).print(f"provider {account.address} serving at {price} ETH per round (Ctrl-C stops)")
-        await serve_provider(root, account, price_wei=int(price * 10**18), slots=slots, gpu=gpu,
-                             stake_wei=int(stake * 10**18) or None, stop=stop,
+        Console(stderr=True).print(f"provider {account.address} serving at {format_eth(price)} ETH per round "
+                                   f"(Ctrl-C stops)")
+        await serve_provider(root, account, price_wei=price, slots=slots, gpu=gpu.value,
+                             stake_wei=stake or None, stop=stop,
                              sandbox=None if no_sandbox else TrainingSandbox(hidden_paths=(root,)))
 
     asyncio.run(serve())
 
 
 @app.command()
-def status(
-    wallet: Annotated[str, typer.Option(help="the provider's wallet")],
-    home: HomeOption = None,
-    as_json: JsonOption = False,
-) -> None:
-    """The provider's jobs (from its daemon) and its earnings (from the escrow's events on chain)."""
+def status(wallet: WalletOption, home: HomeOption = None, as_json: JsonOption = False) -> None:
+    """The provider's jobs (from its daemon) and its earnings (from the escrow's events on chain).
+
+    Example: aitbc provider status --wallet provider-0 --json
+    """
     from aitbc_agent_sdk.provider.daemon import STATUS_FILE, provider_dir
 
     root = resolve_home(home)
@@ -67,7 +79,7 @@ def status(
     path = provider_dir(root, address) / STATUS_FILE
     state = json.loads(path.read_text()) if path.is_file() else {"address": address, "running": False, "jobs": []}
     earnings = asyncio.run(_earnings(root, address))
-    state["earned_wei"] = sum(e["amount"] for e in earnings)
+    state["earned_wei"] = sum(e["amount_wei"] for e in earnings)
     state["payments"] = earnings
     if as_json:
         print_json(state)
@@ -80,20 +92,20 @@ def status(
                       f"{job['epoch']}/{job['epochs']}", f"{job['loss']:.4f}" if job["loss"] is not None else "-")
     console = Console()
     console.print(table)
-    console.print(f"earned {state['earned_wei'] / 10**18:.6f} ETH in {len(earnings)} payments")
+    console.print(f"earned {format_eth(state['earned_wei'])} ETH in {len(earnings)} payments")
 
 
-async def _earnings(home, address: str) -> list[dict]:
+async def _earnings(home: Path, address: str) -> list[dict]:
     from aitbc_agent_sdk.chain import EscrowClient, connect_rpc
 
     profile = load_profile(home)
     w3 = await connect_rpc(profile.chain.rpc_url)
     escrow = EscrowClient(w3, profile.chain.escrow)
-    return [{"training": e.args["trainingId"].hex(), "amount": e.args["amount"], "tx": e.tx_hash}
+    return [{"training": e.args["trainingId"].hex(), "amount_wei": e.args["amount"], "tx": e.tx_hash}
             for e in await escrow.worker_payments(address, from_block=profile.chain.deployed_block)]
 
 
-async def _registry_action(home, wallet: str, action: str, amount_wei: int = 0) -> dict:
+async def _registry_action(home: Path, wallet: str, action: str, amount_wei: int = 0) -> dict:
     """Run one registry transaction signed by the provider's wallet; return its new state."""
     from aitbc_agent_sdk.chain import EscrowClient, TransactionSender, connect_rpc
     from aitbc_agent_sdk.chain.registry import RegistryClient
@@ -131,44 +143,49 @@ def _show_registry(result: dict, as_json: bool, what: str) -> None:
         return
     unbonding = (f", unbonding until {time.strftime('%Y-%m-%d %H:%M', time.localtime(result['unbonding_at']))}"
                  if result["unbonding_at"] else "")
-    Console().print(f"{what} {result['address']}: bond {result['stake_wei'] / 10**18:.6f} ETH{unbonding} "
+    Console().print(f"{what} {result['address']}: bond {format_eth(result['stake_wei'])} ETH{unbonding} "
                     f"(completed {result['completed']}, failed {result['failed']}, slashes {result['slashes']}); "
                     f"tx {result['tx_hash']}")
 
 
 @app.command()
 def register(
-    wallet: Annotated[str, typer.Option(help="the provider's wallet")],
-    stake: Annotated[Decimal, typer.Option(help="bond to post, in ETH")],
+    wallet: WalletOption,
+    stake: Annotated[int, eth_amount_option("--stake", help="bond to post")],
     home: HomeOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Register in the on-chain provider registry with a bond."""
+    """Register in the on-chain provider registry with a bond.
+
+    Example: aitbc provider register --wallet provider-0 --stake 0.1 --json
+    """
     if stake <= 0:
         raise ConfigError("--stake must be positive")
-    _show_registry(asyncio.run(_registry_action(resolve_home(home), wallet, "register", int(stake * 10**18))),
+    _show_registry(asyncio.run(_registry_action(resolve_home(home), wallet, "register", stake)),
                    as_json, "registered")
 
 
 @app.command("stake")
 def add_stake(
-    wallet: Annotated[str, typer.Option(help="the provider's wallet")],
-    add: Annotated[Decimal, typer.Option(help="ETH to add to the bond")],
+    wallet: WalletOption,
+    add: Annotated[int, eth_amount_option("--amount", "--add", help="amount to add to the bond")],
     home: HomeOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Add to the bond (this also cancels a pending unbonding)."""
+    """Add to the bond (this also cancels a pending unbonding).
+
+    Example: aitbc provider stake --wallet provider-0 --amount 0.05 --json
+    """
     if add <= 0:
-        raise ConfigError("--add must be positive")
-    _show_registry(asyncio.run(_registry_action(resolve_home(home), wallet, "stake", int(add * 10**18))),
+        raise ConfigError("--amount must be positive")
+    _show_registry(asyncio.run(_registry_action(resolve_home(home), wallet, "stake", add)),
                    as_json, "bonded")
 
 
 @app.command()
-def unregister(
-    wallet: Annotated[str, typer.Option(help="the provider's wallet")],
-    home: HomeOption = None,
-    as_json: JsonOption = False,
-) -> None:
-    """Start unbonding; run again after the delay to withdraw the bond (never while assigned)."""
+def unregister(wallet: WalletOption, home: HomeOption = None, as_json: JsonOption = False) -> None:
+    """Start unbonding; run again after the delay to withdraw the bond (never while assigned).
+
+    Example: aitbc provider unregister --wallet provider-0
+    """
     _show_registry(asyncio.run(_registry_action(resolve_home(home), wallet, "unregister")), as_json, "unregistering")

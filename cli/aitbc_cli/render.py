@@ -1,12 +1,11 @@
-"""Rich rendering: live per-worker progress while training, tables afterwards."""
+"""Rich rendering: live per-worker progress while training (the final tables are in report_view)."""
 
 from __future__ import annotations
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from aitbc_agent_sdk import Payment, RoundMetrics, TrainingPhase, TrainingReport, TrainingSpec
+from aitbc_agent_sdk import Payment, RoundMetrics, TrainingPhase, TrainingSpec
 from aitbc_agent_sdk.models import Progress as JobProgress
 
 WEI_PER_ETH = 10**18
@@ -61,26 +60,3 @@ class LiveTraining:
         speed = f"{p.samples_per_s:,.0f} samples/s" if p.samples_per_s else ""
         self.progress.update(self.workers[p.worker_id], completed=done,
                              detail=f"round {p.round} {p.status} {loss} {speed}".strip())
-
-
-def report_tables(report: TrainingReport) -> list[Table]:
-    rounds = Table(title=f"Training {report.training_id}: accuracy per round")
-    for col in ("round", "test accuracy", "test loss", "model CID"):
-        rounds.add_column(col)
-    for r in report.rounds:
-        rounds.add_row(str(r.round), f"{r.accuracy:.4f}", f"{r.loss:.4f}", r.model_cid)
-
-    workers = Table(title="Workers")
-    for col in ("address", "hardware", "samples", "rounds accepted", "price/round ETH", "paid ETH", "status",
-                "tx hash"):
-        workers.add_column(col)
-    for w in report.workers:
-        workers.add_row(w.address, w.gpu_type, str(w.samples), str(w.rounds_accepted), eth(w.price_wei),
-                        eth(w.paid_wei), w.status, w.tx_hash or "-")
-
-    escrow = Table(title=f"Escrow {report.escrow.address}")
-    for col in ("deposited ETH", "paid ETH", "refunded ETH", "refund tx", "wall s", "compute s"):
-        escrow.add_column(col)
-    escrow.add_row(eth(report.escrow.deposited_wei), eth(report.escrow.paid_wei), eth(report.escrow.refunded_wei),
-                   report.refund_tx or "-", f"{report.wall_seconds:.1f}", f"{report.compute_seconds:.1f}")
-    return [rounds, workers, escrow]

@@ -2,18 +2,16 @@
 
 Keys never pass through argv (shell history, ``ps``): ``import`` reads them from a file
 or stdin. Passwords come from ``$AITBC_WALLET_PASSWORD`` or a hidden prompt. Nothing
-here ever prints a key or a password. SDK errors propagate to ``app.main`` (exit 2).
+here ever prints a key or a password. SDK errors propagate to ``app.main`` (see ``exits``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import sys
-from decimal import Decimal
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from eth_account import Account
@@ -25,26 +23,32 @@ from web3.types import TxReceipt
 
 from aitbc_agent_sdk.chain import TransactionSender, Wallet, WalletStore, connect_rpc
 from aitbc_agent_sdk.chain.tx import CHAIN_EXCEPTIONS, map_chain_error
-from aitbc_agent_sdk.config import default_home
 from aitbc_agent_sdk.errors import ConfigError
+from aitbc_agent_sdk.profile import load_profile, profile_path
+from aitbc_agent_sdk.settings import BUILTIN_NETWORKS
 
-app = typer.Typer(help="Manage local wallets (encrypted keystore v3 files).", no_args_is_help=True)
+from .common import (
+    HomeOption, JsonOption, NetworkOption, RpcUrlOption, eth_amount_option, network_or_default, print_json,
+    resolve_home, user_settings,
+)
+from .params import format_eth
+
+app = typer.Typer(help="Manage local wallets (encrypted keystore v3 files in $AITBC_HOME/wallets).",
+                  no_args_is_help=True)
 
 PASSWORD_ENV = "AITBC_WALLET_PASSWORD"
 RPC_ENV = "AITBC_RPC_URL"
-WEI_PER_ETH = 10**18
 
-JsonFlag = Annotated[bool, typer.Option("--json", help="print one JSON object and nothing else")]
-RpcOption = Annotated[Optional[str], typer.Option("--rpc", help=f"JSON-RPC URL (default ${RPC_ENV})")]
+NameArgument = Annotated[str, typer.Argument(help="wallet name (1-64 letters, digits, '.', '_', '-')")]
 
 
-def _store() -> WalletStore:
-    return WalletStore(default_home() / "wallets")
+def _store(home: Path | None) -> WalletStore:
+    return WalletStore(resolve_home(home) / "wallets")
 
 
-def _new_wallet_store(name: str) -> WalletStore:
+def _new_wallet_store(name: str, home: Path | None) -> WalletStore:
     """The store, once NAME is known to be valid and free: fail before asking for a password."""
-    store = _store()
+    store = _store(home)
     path = store._path(name)  # the store's own name check (raises ConfigError)
     if path.exists():
         raise ConfigError(f"wallet {name!r} already exists at {path}")
@@ -56,7 +60,7 @@ def _password(name: str, *, confirm: bool) -> str:
         if not env:
             raise ConfigError(f"${PASSWORD_ENV} is set but empty")
         return env
-    # Hidden, and asked twice on create/import: a typo here locks the key away for good.
+    # Hidden, on stderr (stdout may carry JSON), and asked twice on create/import: a typo here locks the key away.
     password: str = typer.prompt(f"Password for wallet {name!r}", hide_input=True,
                                  confirmation_prompt=confirm, err=True)
     if not password:
@@ -64,17 +68,26 @@ def _password(name: str, *, confirm: bool) -> str:
     return password
 
 
-def _rpc_url(rpc: str | None) -> str:
-    url = rpc or os.environ.get(RPC_ENV)
-    if not url:
-        raise ConfigError(f"no RPC node given: pass --rpc URL or set ${RPC_ENV}")
-    return url
+def _rpc_url(rpc: str | None, home: Path | None, network: str | None) -> str:
+    """--rpc-url; else a configured --network's node; else $AITBC_RPC_URL / $ETH_RPC_URL / the config
+    file's rpc_url; else the chain of the devnet whose profile is in the home."""
+    if rpc:
+        return rpc
+    name = network_or_default(network, fallback="embedded")
+    settings = user_settings()
+    if name not in BUILTIN_NETWORKS:
+        return str(settings.network_settings(name).rpc_url)
+    if name != "devnet" and settings.rpc_url:
+        return settings.rpc_url
+    root = resolve_home(home)
+    if profile_path(root).is_file():
+        return load_profile(root).chain.rpc_url
+    raise ConfigError(f"no RPC node given: pass --rpc-url URL or --network NAME, set ${RPC_ENV} or $ETH_RPC_URL, "
+                      f"or start a devnet in {root} ('aitbc devnet up')")
 
 
 def _eth(wei: int) -> str:
-    # Exact, by integer division: a float (or a 28-digit Decimal) would misstate large or tiny balances.
-    whole, frac = divmod(wei, WEI_PER_ETH)
-    return f"{whole}.{frac:018d}".rstrip("0").rstrip(".")
+    return format_eth(wei)
 
 
 def _wallet_json(wallet: Wallet) -> dict[str, Any]:
@@ -83,28 +96,33 @@ def _wallet_json(wallet: Wallet) -> dict[str, Any]:
 
 def _emit(as_json: bool, data: dict[str, Any], text: str) -> None:
     if as_json:
-        typer.echo(json.dumps(data, sort_keys=True))
+        print_json(data)
     else:
         Console().print(text, highlight=False)
 
 
 @app.command()
-def create(name: Annotated[str, typer.Argument(help="wallet name (letters, digits, '.', '_', '-')")],
-           as_json: JsonFlag = False) -> None:
-    """Generate a new key and store it encrypted under NAME."""
-    store = _new_wallet_store(name)
+def create(name: NameArgument, home: HomeOption = None, as_json: JsonOption = False) -> None:
+    """Generate a new key and store it encrypted under NAME.
+
+    Example: aitbc wallet create alice --json
+    """
+    store = _new_wallet_store(name, home)
     wallet = asyncio.run(store.create(name, _password(name, confirm=True)))
     _emit(as_json, _wallet_json(wallet),
           f"created wallet [bold]{wallet.name}[/] {wallet.address}\n  {escape(str(wallet.path))}")
 
 
 @app.command("import")
-def import_(name: Annotated[str, typer.Argument(help="wallet name")],
+def import_(name: NameArgument,
             private_key_file: Annotated[Path, typer.Option(
-                "--private-key-file", help="file holding the hex private key; '-' reads stdin")],
-            as_json: JsonFlag = False) -> None:
-    """Encrypt an existing private key under NAME (the key is read from a file, never argv)."""
-    store = _new_wallet_store(name)
+                "--private-key-file", help="file holding the hex private key; '-' reads one line of stdin")],
+            home: HomeOption = None, as_json: JsonOption = False) -> None:
+    """Encrypt an existing private key under NAME (the key is read from a file, never argv).
+
+    Example: aitbc wallet import bob --private-key-file key.txt
+    """
+    store = _new_wallet_store(name, home)
     key = _read_key(private_key_file)
     wallet = asyncio.run(store.import_key(name, key, _password(name, confirm=True)))
     _emit(as_json, _wallet_json(wallet),
@@ -112,12 +130,15 @@ def import_(name: Annotated[str, typer.Argument(help="wallet name")],
 
 
 @app.command("list")
-def list_(as_json: JsonFlag = False) -> None:
-    """List wallets and their addresses (no password needed)."""
-    store = _store()
+def list_(home: HomeOption = None, as_json: JsonOption = False) -> None:
+    """List wallets and their addresses (no password needed).
+
+    Example: aitbc wallet list --json
+    """
+    store = _store(home)
     wallets = asyncio.run(store.list())
     if as_json:
-        typer.echo(json.dumps({"wallets": [_wallet_json(w) for w in wallets]}, sort_keys=True))
+        print_json({"wallets": [_wallet_json(w) for w in wallets]})
         return
     if not wallets:
         Console().print(f"no wallets in {escape(str(store.root))}; create one with `aitbc wallet create NAME`")
@@ -131,34 +152,41 @@ def list_(as_json: JsonFlag = False) -> None:
 
 
 @app.command()
-def balance(name: Annotated[str, typer.Argument(help="wallet name")],
-            rpc: RpcOption = None, as_json: JsonFlag = False) -> None:
-    """Show a wallet's balance in wei and ETH (no password needed)."""
-    url = _rpc_url(rpc)
-    wallet = asyncio.run(_store().get(name))
+def balance(name: NameArgument, rpc: RpcUrlOption = None, network: NetworkOption = None, home: HomeOption = None,
+            as_json: JsonOption = False) -> None:
+    """Show a wallet's balance in wei and ETH (no password needed).
+
+    The chain is --rpc-url, else --network's node, else $AITBC_RPC_URL / $ETH_RPC_URL / the config
+    file's rpc_url, else the devnet whose profile is in the home.
+
+    Example: aitbc wallet balance dev --json
+    """
+    url = _rpc_url(rpc, home, network)
+    wallet = asyncio.run(_store(home).get(name))
     chain_id, wei = asyncio.run(_balance(url, wallet.address))
-    data = {"name": wallet.name, "address": wallet.address, "chain_id": chain_id, "wei": str(wei), "eth": _eth(wei)}
+    data = {"name": wallet.name, "address": wallet.address, "chain_id": chain_id, "wei": wei, "eth": _eth(wei)}
     _emit(as_json, data, f"{wallet.name} {wallet.address}: {_eth(wei)} ETH ({wei} wei) on chain {chain_id}")
 
 
 @app.command()
 def send(name: Annotated[str, typer.Argument(help="wallet to pay from")],
-         to: Annotated[str, typer.Option("--to", help="recipient address")],
-         eth: Annotated[Decimal, typer.Option("--eth", help="amount in ETH")],
-         rpc: RpcOption = None, as_json: JsonFlag = False) -> None:
-    """Send ETH from a wallet (unlocks it with its password)."""
-    wei = eth * WEI_PER_ETH
-    if wei < 0 or wei != wei.to_integral_value():
-        raise ConfigError(f"--eth must be a non-negative amount with at most 18 decimals, got {eth}")
-    url = _rpc_url(rpc)
-    store = _store()
+         to: Annotated[str, typer.Option("--to", help="recipient address (0x...)")],
+         amount: Annotated[int, eth_amount_option("--amount", "--eth", help="amount to send")],
+         rpc: RpcUrlOption = None, network: NetworkOption = None, home: HomeOption = None,
+         as_json: JsonOption = False) -> None:
+    """Send ETH from a wallet (unlocks it with its password); the chain as for `balance`.
+
+    Example: aitbc wallet send dev --to 0xRecipient --amount 0.25 --json
+    """
+    url = _rpc_url(rpc, home, network)
+    store = _store(home)
     asyncio.run(store.get(name))  # a missing wallet fails before the password prompt
     account = asyncio.run(store.unlock(name, _password(name, confirm=False)))
-    receipt = asyncio.run(_send(url, account, to, int(wei)))
+    receipt = asyncio.run(_send(url, account, to, amount))
     tx_hash = receipt["transactionHash"].to_0x_hex()
-    data = {"name": name, "from": account.address, "to": receipt["to"], "wei": str(int(wei)), "tx_hash": tx_hash,
+    data = {"name": name, "from": account.address, "to": receipt["to"], "wei": amount, "tx_hash": tx_hash,
             "block": int(receipt["blockNumber"])}
-    _emit(as_json, data, f"sent {_eth(int(wei))} ETH from {name} to {receipt['to']}: tx {tx_hash}")
+    _emit(as_json, data, f"sent {_eth(amount)} ETH from {name} to {receipt['to']}: tx {tx_hash}")
 
 
 def _read_key(path: Path) -> str:
