@@ -36,6 +36,8 @@ from aitbc_agent_sdk.training import (
     train_test_split,
 )
 
+from quick import parse_args
+
 # -- defaults (the recommendation this script exists to justify)
 BATCH_SIZE = 32
 LEARNING_RATE = 1e-2
@@ -96,6 +98,7 @@ def run(batch_size: int, lr: float, seeds: list[int]) -> dict[str, object]:
         "federated_mean": round(statistics.mean(fed), 4),
         "central_mean": round(statistics.mean(cen), 4),
         "max_gap": round(max(gaps), 4),
+        "ratio_federated_over_central": round(statistics.mean(fed) / statistics.mean(cen), 4),
         "federated_per_round": curves,
         "meets_target": ok,
     }
@@ -108,7 +111,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=LEARNING_RATE)
     parser.add_argument("--grid", action="store_true", help="try batch sizes 16/32/64 x lr 1e-3/3e-3/1e-2")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for this size)")
-    args = parser.parse_args()
+    args = parse_args(parser, seeds=[0])
     torch.set_num_threads(args.threads)
 
     configs = [(args.batch_size, args.lr)]

@@ -19,6 +19,8 @@ from pathlib import Path
 
 from aitbc_agent_sdk.storage import AddOptions, compute_file_cid
 
+from quick import parse_args
+
 _PIECE = 16 * 1024 * 1024
 
 
@@ -51,7 +53,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mib", type=int, default=256)
     parser.add_argument("--repeat", type=int, default=3)
-    args = parser.parse_args()
+    args = parse_args(parser, size_mib=8, repeat=1)
 
     size = args.size_mib * 1024 * 1024
     with tempfile.TemporaryDirectory() as tmp:

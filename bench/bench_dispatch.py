@@ -32,6 +32,7 @@ import aiomqtt
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 
+from aitbc_agent_sdk.chain.registry import EvidenceDomain, sign_result
 from aitbc_agent_sdk.devnet.mosquitto import start_broker
 from aitbc_agent_sdk.devnet.service import stop
 from aitbc_agent_sdk.messaging import SignedChannel, topics
@@ -39,9 +40,13 @@ from aitbc_agent_sdk.messaging.envelope import EnvelopeSigner, EnvelopeVerifier
 from aitbc_agent_sdk.messaging.mqtt import MqttBus
 from aitbc_agent_sdk.models import JobAssignment, JobConfig, JobResult, ModelSpec
 
+from quick import parse_args
+
 HOST = "127.0.0.1"
 TRAINING = "tr_bench0000000000"
 CID = "QmYwAPJzv5CZsnA625s3Xf2nemtYgPpHdWEz79ojWnPbdG"
+# Where the providers' result signatures count (any chain and registry: nothing checks them here).
+DOMAIN = EvidenceDomain(chain_id=31337, registry="0x" + "11" * 20)
 
 
 def assignment(i: int, worker: str) -> JobAssignment:
@@ -64,9 +69,11 @@ async def provider(port: int, key: str, coordinator: str, ready: asyncio.Event) 
                 if job.sender != coordinator:  # the role check the real provider does
                     continue
                 a = job.message
+                # The real provider signs every result as slashing evidence: that cost belongs in the round trip.
+                signature = "0x" + sign_result(account, DOMAIN, bytes(32), a.round, CID).hex()
                 await channel.publish(topics.results(a.training_id), JobResult(
                     job_id=a.job_id, training_id=a.training_id, worker_id=account.address, round=a.round,
-                    checkpoint_cid=CID, samples=100, loss=0.5, train_seconds=0.01))
+                    checkpoint_cid=CID, samples=100, loss=0.5, train_seconds=0.01, signature=signature))
 
 
 def providers_main(port: int, keys: list[str], coordinator: str, ready: MpEvent) -> None:
@@ -189,7 +196,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--providers", type=int, default=4)
-    args = parser.parse_args()
+    args = parse_args(parser, jobs=100, providers=2)
     with tempfile.TemporaryDirectory() as tmp:
         broker = asyncio.run(start_broker(Path(tmp)))
         try:

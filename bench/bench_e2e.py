@@ -26,6 +26,8 @@ import sys
 import tempfile
 import time
 
+from quick import parse_args
+
 FLOWER = {"wall_s": 16.3, "federated_accuracy": 0.883, "central_accuracy": 0.944}
 
 CENTRAL = """
@@ -58,14 +60,14 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    args = parse_args(parser, repeat=1, workers=2, rounds=1, epochs=1)
 
     fed_times, central_times, reports, central = [], [], [], None
     for _ in range(args.repeat):
         with tempfile.TemporaryDirectory() as home:
             env = {**os.environ, "AITBC_HOME": home}
             seconds, report = timed(
-                [sys.executable, "-m", "aitbc_cli.app", "distributed-training", "run", "--json",
+                [sys.executable, "-m", "aitbc_cli.app", "distributed-training", "run", "--json", "--yes",
                  "--workers", str(args.workers), "--providers", str(args.workers), "--rounds", str(args.rounds),
                  "--epochs", str(args.epochs), "--batch-size", str(args.batch_size), "--lr", str(args.lr),
                  "--seed", str(args.seed)], env)

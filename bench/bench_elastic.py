@@ -26,17 +26,19 @@ from aitbc_agent_sdk import Agent, AgentConfig, JobConfig, TrainingSpec  # noqa:
 from aitbc_agent_sdk.models import ElasticPolicy  # noqa: E402
 from aitbc_agent_sdk.stack import join_embedded_market  # noqa: E402
 from scripts.chaos.byzantine import QuarterSpeedProvider  # noqa: E402
+from quick import parse_args  # noqa: E402  (bench/ is on sys.path when a benchmark runs)
 
 SLOW_PRICE_WEI = 9 * 10**15  # cheapest, so it is hired in both runs
 
 
-async def one_run(rounds: int, elastic: ElasticPolicy | None, market: int) -> dict[str, float]:
+async def one_run(rounds: int, elastic: ElasticPolicy | None, market: int, workers: int,
+                  epochs: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="aitbc-bench-elastic-") as tmp:
         async with Agent(AgentConfig(home=Path(tmp), providers=market)) as agent:
             slow = await join_embedded_market(agent.stack, Path(tmp), SLOW_PRICE_WEI, factory=QuarterSpeedProvider)
             async with slow:
-                spec = TrainingSpec(model_type="mlp", target_workers=4, rounds=rounds, seed=0, elastic=elastic,
-                                    job=JobConfig(batch_size=32, learning_rate=1e-2, epochs=2))
+                spec = TrainingSpec(model_type="mlp", target_workers=workers, rounds=rounds, seed=0, elastic=elastic,
+                                    job=JobConfig(batch_size=32, learning_rate=1e-2, epochs=epochs))
                 started = time.perf_counter()
                 report = await agent.run_distributed_training(spec)
                 wall = time.perf_counter() - started
@@ -49,12 +51,15 @@ async def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--max-workers", type=int, default=6)
-    args = parser.parse_args()
-    policy = ElasticPolicy(target_samples_per_s=1e9, min_workers=3, max_workers=args.max_workers, window_rounds=1)
+    parser.add_argument("--workers", type=int, default=4, help="workers to start with (one of them the slow one)")
+    parser.add_argument("--epochs", type=int, default=2, help="local epochs per round")
+    args = parse_args(parser, rounds=2, workers=2, max_workers=2, epochs=1)
+    policy = ElasticPolicy(target_samples_per_s=1e9, min_workers=min(3, args.workers), max_workers=args.max_workers,
+                           window_rounds=1)
     fixed, elastic = [], []
     for _ in range(args.repeat):  # interleaved, so drift on a shared machine hits both alike
-        fixed.append(await one_run(args.rounds, None, market=args.max_workers))
-        elastic.append(await one_run(args.rounds, policy, market=args.max_workers))
+        fixed.append(await one_run(args.rounds, None, args.max_workers, args.workers, args.epochs))
+        elastic.append(await one_run(args.rounds, policy, args.max_workers, args.workers, args.epochs))
     best_fixed = min(r["wall_s"] for r in fixed)
     best_elastic = min(r["wall_s"] for r in elastic)
     print(json.dumps({"bench": "elastic", "rounds": args.rounds, "fixed_wall_s": round(best_fixed, 2),

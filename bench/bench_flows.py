@@ -6,7 +6,8 @@ Each pair runs the baseline's command, then this checkout's, so a machine that s
 speeds up during the run affects both sides alike; the figure to quote is the median of the
 per-pair ratios. ``run`` is ``aitbc distributed-training run`` on the embedded stack (digits,
 4 workers, 5 rounds); ``devnet`` is ``scripts/devnet_flow.sh``, the step-by-step flow on
-mosquitto, anvil and js-ipfs with 3 provider daemons. Without ``--baseline`` the baseline is
+mosquitto, anvil and js-ipfs with 3 provider daemons (``--quick``: one pair of the run flow, 2
+workers, 1 round; the devnet flow has no smaller form, so it stays out). Without ``--baseline`` the baseline is
 this checkout too, which measures only the noise.
 """
 
@@ -22,15 +23,17 @@ import tempfile
 import time
 from pathlib import Path
 
+from quick import parse_args
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 OURS = Path(sys.executable).with_name("aitbc")
 
 
-def flow_command(flow: str, aitbc: Path) -> list[str]:
+def flow_command(flow: str, aitbc: Path, workers: int, rounds: int) -> list[str]:
     if flow == "run":
-        return [str(aitbc), "distributed-training", "run", "--dataset", "digits", "--workers", "4", "--rounds", "5",
-                "--json"]
+        return [str(aitbc), "distributed-training", "run", "--dataset", "digits", "--workers", str(workers),
+                "--rounds", str(rounds), "--yes", "--json"]
     return ["bash", str(ROOT / "scripts" / "devnet_flow.sh"), str(aitbc)]
 
 
@@ -58,13 +61,15 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path, default=OURS, help="the other version's aitbc executable")
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--flows", nargs="+", choices=("run", "devnet"), default=["run", "devnet"])
-    args = parser.parse_args()
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of the run flow (the devnet flow's are fixed)")
+    parser.add_argument("--workers", type=int, default=4, help="workers of the run flow")
+    args = parse_args(parser, pairs=1, flows=["run"], workers=2, rounds=1)
     rows = []
     for flow in args.flows:
         base_s, ours_s, ratios, seen = [], [], [], []
         for _ in range(args.pairs):
-            b, b_out = timed(flow_command(flow, args.baseline))
-            o, o_out = timed(flow_command(flow, OURS))
+            b, b_out = timed(flow_command(flow, args.baseline, args.workers, args.rounds))
+            o, o_out = timed(flow_command(flow, OURS, args.workers, args.rounds))
             base_s.append(b)
             ours_s.append(o)
             ratios.append(o / b)

@@ -39,6 +39,8 @@ from aitbc_agent_sdk.chain import (
     training_salt,
 )
 
+from quick import parse_args
+
 ETH = 10**18
 UNIT = 10**15  # per-payment amount; slots hold three of them
 TOKEN_ARTIFACT = Path(__file__).resolve().parents[1] / "tests" / "artifacts" / "TestToken.json"
@@ -115,7 +117,7 @@ async def _run(sizes: list[int]) -> list[dict[str, Any]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 4, 10, 32])
-    args = parser.parse_args()
+    args = parse_args(parser, sizes=[1, 4])
     rows = asyncio.run(_run(args.sizes))
     header = ("asset", "N", "plain", "steady", "ratio", "per worker", "plain fresh", "fresh", "ratio", "per worker")
     print(" | ".join(header))

@@ -40,6 +40,8 @@ from aitbc_agent_sdk.messaging.envelope import EnvelopeSigner
 from aitbc_agent_sdk.messaging.mqtt import MqttBus
 from aitbc_agent_sdk.models import Heartbeat
 
+from quick import parse_args
+
 HOST = "127.0.0.1"
 SLOT_S = 0.01  # the stream is sent in 10 ms slots, so the rate is smooth
 
@@ -171,7 +173,7 @@ def main() -> None:
     parser.add_argument("--providers", type=int, default=1000)
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--connections", type=int, default=8)
-    args = parser.parse_args()
+    args = parse_args(parser, providers=100, seconds=1, connections=2)
     with tempfile.TemporaryDirectory() as tmp:
         broker = asyncio.run(start_broker(Path(tmp)))
         try:

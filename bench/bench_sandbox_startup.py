@@ -1,19 +1,22 @@
 """Time from a job reaching the training process to its first training step, with and without the sandbox.
 
-``python bench/bench_sandbox_startup.py [runs]``. Three cases, each on a fresh provider work directory:
+``python bench/bench_sandbox_startup.py [runs] [--quick]``. Three cases, each on a fresh provider work directory:
 
 * cold: the process is started and handed the job at once (torch imports inside the measurement);
 * same training: the training's next job, handed over the moment the previous one finished
   (a provider's steady state between rounds: sandboxed, the same process serves it);
 * another training: another customer's job, handed over the moment the previous one finished
   (sandboxed, it gets a fresh process, which imports torch first).
+
+Prints a line per side, then one JSON line with the medians and sandboxed / plain per case.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -22,6 +25,8 @@ from aitbc_agent_sdk.models import JobConfig
 from aitbc_agent_sdk.provider.process import SHARD_FILE, WEIGHTS_FILE, TrainingProcess
 from aitbc_agent_sdk.provider.sandbox import TrainingSandbox
 from aitbc_agent_sdk.training import build_model, encode_data, encode_state, load_dataset, model_spec_for
+
+from quick import parse_args
 
 
 def write_inputs(job_dir: Path):
@@ -59,12 +64,20 @@ async def one_run(sandbox: TrainingSandbox | None) -> dict[str, float]:
 
 
 async def main(runs: int) -> None:
+    medians: dict[str, dict[str, float]] = {}
     for name, sandbox in (("no sandbox", None), ("bwrap sandbox", TrainingSandbox())):
         results = [await one_run(sandbox) for _ in range(runs)]
-        line = ", ".join(f"{case} {statistics.median(r[case] for r in results) * 1000:.0f} ms"
+        medians[name] = {case: statistics.median(r[case] for r in results) for case in results[0]}
+        line = ", ".join(f"{case} {medians[name][case] * 1000:.0f} ms"
                          f" (min {min(r[case] for r in results) * 1000:.0f})" for case in results[0])
         print(f"{name}: median of {runs}: {line}")
+    plain, boxed = medians["no sandbox"], medians["bwrap sandbox"]
+    print(json.dumps({"bench": "sandbox_startup", "runs": runs,
+                      "median_ms": {side: {case: round(s * 1000, 1) for case, s in m.items()} for side, m in medians.items()},
+                      "ratio_sandbox_over_plain": {case: round(boxed[case] / plain[case], 3) for case in plain}}))
 
 
 if __name__ == "__main__":
-    asyncio.run(main(int(sys.argv[1]) if len(sys.argv) > 1 else 3))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", type=int, nargs="?", default=3)
+    asyncio.run(main(parse_args(parser, runs=1).runs))

@@ -18,6 +18,6 @@ tid=$("${AITBC[@]}" distributed-training init --wallet dev --model-type mlp --ta
       | last | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["training_id"])')
 "${AITBC[@]}" distributed-training upload-data --training-id "$tid" --data-path "$data" --json >/dev/null
 "${AITBC[@]}" distributed-training discover-workers --training-id "$tid" --min-gpu cpu --required-workers 3 --json >/dev/null
-"${AITBC[@]}" distributed-training distribute --training-id "$tid" --strategy data-parallel --json >/dev/null
+"${AITBC[@]}" distributed-training distribute --training-id "$tid" --strategy data-parallel --yes --json >/dev/null
 "${AITBC[@]}" distributed-training monitor --training-id "$tid" --follow --interval 0.5 --json | last \
   | "$PY" -c 'import json,sys; s=json.load(sys.stdin); print(s["phase"], s["round_metrics"][-1]["accuracy"])'

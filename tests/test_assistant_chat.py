@@ -364,7 +364,7 @@ async def test_chat_mounts_a_shared_dataset_on_every_node(aitbc_cmd, cli_env, ai
                                                           ipfs_daemon) -> None:
     """Two cluster agents (real MQTT, a real js-ipfs daemon), one plain-words request: the data is
     fetched, verified and identical on both hosts, and the mount is audited."""
-    from aitbc_agent_sdk.cluster.agent import AgentConfig, ClusterAgent
+    from aitbc_agent_sdk.cluster.host_agent import ClusterAgent, HostAgentConfig
     from aitbc_agent_sdk.cluster.mounts import MountSettings
     from aitbc_agent_sdk.cluster.spec import ClusterSpec, HostSpec, save_cluster
     from aitbc_agent_sdk.devnet.network import wallet_store
@@ -392,7 +392,7 @@ async def test_chat_mounts_a_shared_dataset_on_every_node(aitbc_cmd, cli_env, ai
             account = await store.unlock(name, password)
             await stack.enter_async_context(ClusterAgent(
                 SignedChannel(bus, account), spec, broker_host=mosquitto.host,
-                config=AgentConfig(work_root=tmp_path / name, mounts=MountSettings(ipfs_api=ipfs_daemon))))
+                config=HostAgentConfig(work_root=tmp_path / name, mounts=MountSettings(ipfs_api=ipfs_daemon))))
         proc = await asyncio.create_subprocess_exec(
             *aitbc_cmd, "chat", "--yes", "--json", f"mount ipfs://{cid} at {mountpoint} on every node",
             env=cli_env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)

@@ -48,7 +48,7 @@ def test_an_agent_with_auto_resume_finishes_a_training_whose_coordinator_died(ai
         aitbc(aitbc_cmd, cli_env, "distributed-training", "upload-data", "--training-id", tid, "--data-path", "digits")
         aitbc(aitbc_cmd, cli_env, "distributed-training", "discover-workers", "--training-id", tid,
               "--required-workers", "3")
-        started = aitbc(aitbc_cmd, cli_env, "distributed-training", "distribute", "--training-id", tid)
+        started = aitbc(aitbc_cmd, cli_env, "distributed-training", "distribute", "--training-id", tid, "--yes")
         deadline = time.monotonic() + 120
         while rounds_done(aitbc_home, tid) < 1:
             assert time.monotonic() < deadline, "round 1 never finished"
@@ -63,7 +63,7 @@ def test_an_agent_with_auto_resume_finishes_a_training_whose_coordinator_died(ai
 
         async def restart() -> None:
             account = await wallet_store(aitbc_home).unlock("dev", devnet_password(aitbc_home))
-            config = AgentConfig(blockchain_network="devnet", home=aitbc_home, auto_resume=True,
+            config = AgentConfig(network="devnet", home=aitbc_home, auto_resume=True,
                                  client_id=f"coord-{tid}")
             async with Agent(config, account=account) as agent:
                 assert list(agent.resumed) == [tid]

@@ -30,7 +30,7 @@ from aitbc_agent_sdk.models import (
     ContractProposal, ContractReply, Hardware, JobAssignment, JobCancel, JobConfig, JobResult, ModelSpec, Ping,
     Pong, Progress, new_id,
 )
-from aitbc_agent_sdk.provider.agent import ProviderAgent, ProviderConfig
+from aitbc_agent_sdk.provider.node import ProviderAgent, ProviderConfig
 from aitbc_agent_sdk.provider.onchain import ProviderChain
 from aitbc_agent_sdk.storage import LocalContentStore
 from aitbc_agent_sdk.training import LabeledData, build_model, encode_data, encode_state, load_dataset, model_spec_for
@@ -244,7 +244,7 @@ async def test_a_cancelled_queued_job_never_runs(tmp_path):
 
 
 async def test_cancel_from_a_coordinator_that_does_not_own_the_job_is_ignored(tmp_path, caplog):
-    caplog.set_level(logging.WARNING, logger="aitbc_agent_sdk.provider.agent")
+    caplog.set_level(logging.WARNING, logger="aitbc_agent_sdk.provider.node")
     async with open_market(tmp_path) as market, market.provider() as provider:
         job = await market.assign(provider, await market.hire(provider), config=JobConfig(epochs=40, batch_size=8))
         await market.status(job, "running", min_epoch=1)

@@ -4,18 +4,17 @@ import pytest
 import torch
 
 from aitbc_agent_sdk.training.aggregation import AggregationStrategy, FedAvg
+from aitbc_agent_sdk.training.clipping import NormClipping
 from aitbc_agent_sdk.training.robust import (
-    STRATEGIES,
     CoordinateMedian,
     Krum,
     MultiKrum,
-    NormClipping,
     TrimmedMean,
     krum_scores,
-    make_strategy,
     median_rows,
     trimmed_mean_rows,
 )
+from aitbc_agent_sdk.training.strategies import STRATEGIES, make_strategy
 
 
 def _run(agg: AggregationStrategy, states, weights=None):

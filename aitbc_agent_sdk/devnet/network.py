@@ -22,7 +22,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..chain import TransactionSender, WalletStore, connect_rpc
-from ..chain.deployment import deploy_contracts, fund_accounts
+from ..chain.deployment import Deployment, deploy_contracts, fund_accounts
 from ..errors import AitbcError, ConfigError
 from ..profile import (
     BusSettings, ChainSettings, Profile, StoreSettings, devnet_password, load_profile, profile_path,
@@ -86,12 +86,9 @@ def spawn_provider(home: Path, wallet: str, password: str, price_wei: int, stake
 
 
 async def devnet_up(home: Path, options: DevnetOptions) -> Profile:
-    if profile_path(home).exists():
-        running = [s.name for s in load_profile(home).services if s.alive()]
-        if running:
-            raise ConfigError(f"a devnet is already running in {home} ({', '.join(running)}); run 'aitbc devnet down'")
-        remove_profile(home)
-    from .anvil import dev_accounts, start_chain_node
+    """Start the broker, the chain (contracts deployed, wallets funded), the store and the provider daemons."""
+    _clear_stopped_devnet(home)
+    from .anvil import start_chain_node
     from .mosquitto import BrokerSecurity, start_best_broker
 
     data = home / "devnet"
@@ -117,26 +114,9 @@ async def devnet_up(home: Path, options: DevnetOptions) -> Profile:
         started.append(broker)
         node = await start_chain_node(data / "anvil", host=options.host)
         started.append(node)
-        store = StoreSettings(kind="local", root=home / "store")
-        if options.ipfs_api:
-            store = StoreSettings(kind="kubo", api=options.ipfs_api)
-        elif options.ipfs == "daemon":
-            from .ipfs import start_ipfs_daemon
-
-            ipfs, api = await start_ipfs_daemon(data / "ipfs", api_port=free_port(options.host),
-                                                swarm_port=free_port(options.host), host=options.host)
-            started.append(ipfs)
-            store = StoreSettings(kind="kubo", api=api)
-
+        store = await _start_store(home, options, started)
         rpc_url = f"http://{node.host}:{node.port}"
-        w3 = await connect_rpc(rpc_url)
-        funder = TransactionSender(w3, dev_accounts(1)[0])
-        deployment = await deploy_contracts(funder)
-
-        await fund_accounts(funder, [coordinator], options.coordinator_funding_wei)
-        if addresses:
-            await fund_accounts(funder, addresses, options.provider_funding_wei)
-
+        deployment = await _deploy_and_fund(rpc_url, coordinator, addresses, options)
         profile = Profile(
             bus=BusSettings(host=broker.host, port=broker.port, tls=tls is not None,
                             ca_pem=tls.ca_pem() if tls else None, accounts_dir=accounts.accounts_dir,
@@ -157,6 +137,44 @@ async def devnet_up(home: Path, options: DevnetOptions) -> Profile:
             stop(service)
         remove_profile(home)
         raise
+
+
+def _clear_stopped_devnet(home: Path) -> None:
+    """Remove the profile of a devnet whose services are all gone; ConfigError while one still runs."""
+    if not profile_path(home).exists():
+        return
+    running = [s.name for s in load_profile(home).services if s.alive()]
+    if running:
+        raise ConfigError(f"a devnet is already running in {home} ({', '.join(running)}); run 'aitbc devnet down'")
+    remove_profile(home)
+
+
+async def _start_store(home: Path, options: DevnetOptions, started: list[ServiceProcess]) -> StoreSettings:
+    """The content store: an existing Kubo API, a js-ipfs daemon of its own (added to ``started``) or local."""
+    if options.ipfs_api:
+        return StoreSettings(kind="kubo", api=options.ipfs_api)
+    if options.ipfs == "daemon":
+        from .ipfs import start_ipfs_daemon
+
+        ipfs, api = await start_ipfs_daemon(home / "devnet" / "ipfs", api_port=free_port(options.host),
+                                            swarm_port=free_port(options.host), host=options.host)
+        started.append(ipfs)
+        return StoreSettings(kind="kubo", api=api)
+    return StoreSettings(kind="local", root=home / "store")
+
+
+async def _deploy_and_fund(rpc_url: str, coordinator: str, providers: list[str],
+                           options: DevnetOptions) -> Deployment:
+    """Deploy the contracts from anvil's first dev account and fund the coordinator's and providers' wallets."""
+    from .anvil import dev_accounts
+
+    w3 = await connect_rpc(rpc_url)
+    funder = TransactionSender(w3, dev_accounts(1)[0])
+    deployment = await deploy_contracts(funder)
+    await fund_accounts(funder, [coordinator], options.coordinator_funding_wei)
+    if providers:
+        await fund_accounts(funder, providers, options.provider_funding_wei)
+    return deployment
 
 
 async def wait_for_offers(profile: Profile, count: int, timeout: float = 60.0) -> None:

@@ -44,9 +44,12 @@ class ModelSpec(Record):
 
 
 class JobConfig(Record):
+    """One job's local training; the defaults are tuned on digits (bench/bench_accuracy.py) and are
+    the CLI's and the assistant's defaults too."""
+
     batch_size: int = Field(default=32, ge=1, le=65536)
-    learning_rate: float = Field(default=1e-3, gt=0.0, le=10.0)
-    epochs: int = Field(default=1, ge=1, le=1000)
+    learning_rate: float = Field(default=1e-2, gt=0.0, le=10.0)
+    epochs: int = Field(default=2, ge=1, le=1000)
 
 
 Partition = Literal["iid", "dirichlet"]

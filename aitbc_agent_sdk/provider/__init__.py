@@ -2,7 +2,7 @@
 
 This package is also the parent of the training process's entry point, which must
 not pay for the networking and signing imports: the names below are imported on
-first use (PEP 562), and the submodules (``provider.agent``, ``provider.hardware``,
+first use (PEP 562), and the submodules (``provider.node``, ``provider.hardware``,
 ``provider.process``) can be imported directly.
 """
 
@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 from .._lazy import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
-    "agent": ("ProviderAgent", "ProviderConfig", "TrainOutcome"),
+    "node": ("ProviderAgent", "ProviderConfig", "TrainOutcome"),
     "process": ("TrainingProcess",),
 }, globals())
 
 if TYPE_CHECKING:
-    from .agent import ProviderAgent, ProviderConfig, TrainOutcome
+    from .node import ProviderAgent, ProviderConfig, TrainOutcome
     from .process import TrainingProcess

@@ -26,7 +26,7 @@ from ..chain import WalletStore
 from ..config import AgentConfig, default_home
 from ..profile import Profile, load_profile
 from ..stack import open_bus, open_store
-from .agent import ProviderAgent, ProviderConfig
+from .node import ProviderAgent, ProviderConfig
 from .hardware import detect_hardware
 from .onchain import ProviderChain
 from .sandbox import TrainingSandbox

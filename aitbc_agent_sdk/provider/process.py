@@ -19,11 +19,12 @@ import os
 import shutil
 import signal
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..cluster.sandbox_plan import scrubbed_env
 from ..errors import AitbcError, TrainingError
 from ..models import JobConfig, ModelSpec
 from .sandbox import (
@@ -35,19 +36,6 @@ from .sandbox import (
 SHARD_FILE = "shard.safetensors"
 WEIGHTS_FILE = "weights.safetensors"
 CHECKPOINT_FILE = "checkpoint.safetensors"
-
-# Only these variables reach the training process; wallet passwords, keys and
-# AITBC_* settings never do.
-ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "TZ", "PYTHONHASHSEED", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
-             "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
-
-
-def scrubbed_env(work_dir: Path, threads: int, source: Mapping[str, str] | None = None) -> dict[str, str]:
-    source = os.environ if source is None else source
-    env = {k: v for k, v in source.items() if k in ENV_ALLOW}
-    env.update(HOME=str(work_dir), TMPDIR=str(work_dir), AITBC_WORKER_THREADS=str(threads),
-               OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
-    return env
 
 
 EpochCallback = Callable[[dict[str, Any]], Any]

@@ -6,10 +6,10 @@ from aitbc_agent_sdk.training.datasets import DATASET_NAMES, LabeledData, load_d
 from aitbc_agent_sdk.training.evaluation import EvalResult, evaluate
 from aitbc_agent_sdk.training.local import EpochStats, LocalTrainResult, train_local
 from aitbc_agent_sdk.training.models import MODEL_NAMES, build_model, fit_normalization, model_spec_for
-from aitbc_agent_sdk.training.robust import (
-    STRATEGIES, CoordinateMedian, Krum, MultiKrum, NormClipping, TrimmedMean, make_strategy, strategy_for_round,
-)
+from aitbc_agent_sdk.training.clipping import NormClipping
+from aitbc_agent_sdk.training.robust import CoordinateMedian, Krum, MultiKrum, TrimmedMean
 from aitbc_agent_sdk.training.sharding import dirichlet_partition, iid_partition, label_counts
+from aitbc_agent_sdk.training.strategies import STRATEGIES, make_strategy, strategy_for_round
 
 __all__ = [
     "STRATEGIES",

@@ -16,7 +16,7 @@ import torch
 from eth_account import Account
 
 from aitbc_agent_sdk.models import JobAssignment
-from aitbc_agent_sdk.provider.agent import EpochReporter, ProviderAgent, TrainOutcome
+from aitbc_agent_sdk.provider.node import EpochReporter, ProviderAgent, TrainOutcome
 from aitbc_agent_sdk.provider.process import CHECKPOINT_FILE, SHARD_FILE, WEIGHTS_FILE
 from aitbc_agent_sdk.storage import compute_cid
 from aitbc_agent_sdk.training import decode_data, decode_state, encode_state

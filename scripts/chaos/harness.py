@@ -413,7 +413,7 @@ class ScenarioRun:
     async def distribute(self) -> None:
         assert self.tid is not None
         out = await self.cli("distributed-training", "distribute", "--training-id", self.tid,
-                             "--strategy", "data-parallel")
+                             "--strategy", "data-parallel", "--yes")
         self.coordinator_pids.add(int(out["coordinator_pid"]))
 
     async def follow(self) -> dict[str, Any]:
@@ -484,7 +484,7 @@ class ScenarioRun:
             _signal(pid, signal.SIGCONT)
         self.stopped.clear()
         for pid in self.coordinator_pids:  # a finished coordinator has exited by itself
-            if _alive(pid) and "aitbc_agent_sdk.coordinator.daemon" in _cmdline(pid):
+            if _alive(pid) and "aitbc_agent_sdk.flow.daemon" in _cmdline(pid):
                 self.notes.append(f"coordinator {pid} still running at tear-down: killed")
                 _signal(pid, signal.SIGKILL)
         try:
@@ -714,7 +714,7 @@ def judge(run: ScenarioRun, result: ScenarioResult, final: dict[str, Any], audit
     funded = _by(events, "escrow_funded")
     # Slots added later (a spare funded for a speculative copy, an elastic pool growing) add to the deposit.
     added = [int(e["fields"].get("slot_wei", 0)) for e in (*_by(events, "spare_funded"), *_by(events, "worker_added"))]
-    if not funded or funded[0]["fields"].get("deposit_wei", 0) + sum(added) != state.deposited:
+    if not funded or int(funded[0]["fields"].get("deposit_wei", 0)) + sum(added) != state.deposited:
         fail(f"audit escrow_funded {[f['fields'].get('deposit_wei') for f in funded]} + added slots {added} "
              f"!= deposited {state.deposited}")
     listed: dict[str, int] = {}
@@ -722,7 +722,7 @@ def judge(run: ScenarioRun, result: ScenarioResult, final: dict[str, Any], audit
         listed[p["worker_id"]] = listed.get(p["worker_id"], 0) + int(p["amount_wei"])
     if listed != released:
         fail(f"payments --json {listed} differ from the chain's Released events {released}")
-    if payments.get("escrow") and payments["escrow"].get("paid_wei") != state.paid:
+    if payments.get("escrow") and int(payments["escrow"].get("paid_wei")) != state.paid:
         fail(f"payments --json escrow paid {payments['escrow'].get('paid_wei')} != chain {state.paid}")
 
     workers = run.workers()
@@ -745,8 +745,8 @@ def judge(run: ScenarioRun, result: ScenarioResult, final: dict[str, Any], audit
         if [w for w in unpaid if w not in replaced_honest]:
             fail(f"honest workers unpaid although not replaced: {unpaid}")
     else:
-        short = {w["worker_id"]: (released.get(w["worker_id"], 0), w["price_wei"] * c.rounds)
-                 for w in workers if released.get(w["worker_id"], 0) != w["price_wei"] * c.rounds}
+        short = {w["worker_id"]: (released.get(w["worker_id"], 0), int(w["price_wei"]) * c.rounds)
+                 for w in workers if released.get(w["worker_id"], 0) != int(w["price_wei"]) * c.rounds}
         result.all_paid = not short
         if short:
             fail(f"hired workers not paid in full (paid, due): {short}")

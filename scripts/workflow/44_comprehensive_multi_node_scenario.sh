@@ -465,7 +465,7 @@ if [[ -z "$FATAL" ]]; then
     [[ -f "$OUT/killer.ready" ]] || fatal "the watcher on aitbc did not start" "$OUT/kill.err"
 fi
 if [[ -z "$FATAL" ]]; then
-    if ! wait_for aitbc aitbc1 distributed-training distribute --training-id "$TID" --strategy data-parallel --json \
+    if ! wait_for aitbc aitbc1 distributed-training distribute --training-id "$TID" --strategy data-parallel --yes --json \
             >"$OUT/distribute.json" 2>"$OUT/distribute.err"; then
         fatal "distribute failed" "$OUT/distribute.err"
     fi

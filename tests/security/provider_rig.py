@@ -27,7 +27,7 @@ from aitbc_agent_sdk.messaging.mqtt import MqttBus
 from aitbc_agent_sdk.models import (
     ContractProposal, ContractReply, Hardware, JobAssignment, JobConfig, JobResult, ModelSpec, Progress, new_id,
 )
-from aitbc_agent_sdk.provider.agent import ProviderAgent, ProviderConfig
+from aitbc_agent_sdk.provider.node import ProviderAgent, ProviderConfig
 from aitbc_agent_sdk.provider.daemon import provider_dir
 from aitbc_agent_sdk.provider.onchain import ProviderChain
 from aitbc_agent_sdk.storage.kubo import KuboClient, KuboContentStore

@@ -14,7 +14,7 @@ from aitbc_agent_sdk import limits
 from aitbc_agent_sdk.errors import DatasetError
 from aitbc_agent_sdk.messaging import topics
 from aitbc_agent_sdk.models import ContractReply, JobCancel, ModelSpec, Progress, ShardManifest, new_id
-from aitbc_agent_sdk.provider import agent as provider_agent
+from aitbc_agent_sdk.provider import node as provider_agent
 from aitbc_agent_sdk.training import build_model, load_dataset
 
 from tests.security.provider_rig import WAIT_S, provider_rig, servers  # noqa: F401 (servers: a fixture)

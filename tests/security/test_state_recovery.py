@@ -79,7 +79,7 @@ async def test_a_crash_after_replace_worker_is_reconciled_on_resume_and_release_
     new = contract_for(spare, tid, coordinator, "spare", None)
     for contract in (old, new):
         await db.save_contract(contract)
-    await coordinator.fund_escrow(tid)
+    await coordinator.money.fund_escrow(tid)
     await accept(db, tid, failed.address, 1)  # delivered round 1, then went silent
     await accept(db, tid, spare.address, 2)  # the spare took over and delivered round 2
 
@@ -91,7 +91,7 @@ async def test_a_crash_after_replace_worker_is_reconciled_on_resume_and_release_
 
     monkeypatch.setattr(coordinator.escrow, "replace", replace_then_crash)
     with pytest.raises(SimulatedCrash):
-        await reassign.take_over_slot(coordinator, tid, old, new, "silent")
+        await reassign.reassigner_for(coordinator, tid).take_over_slot(old, new, "silent")
     slot = await coordinator.escrow.escrow.slot(coordinator.escrow.key(tid), spare.address)
     assert slot.amount == 3 * PRICE  # the chain moved the slot; the database did not hear of it
     await db.close()
@@ -100,12 +100,12 @@ async def test_a_crash_after_replace_worker_is_reconciled_on_resume_and_release_
     db = await TrainingStore(tmp_path / "aitbc.db").open()
     try:
         resumed = coordinator_on(tmp_path, node, account, address, db)
-        reconcile = getattr(reassign, "reconcile_replacements", None)  # the unfixed code had no such step
+        reconcile = getattr(reassign.reassigner_for(resumed, tid), "reconcile", None)  # the unfixed code had none
         if reconcile is not None:
-            [settled] = await reconcile(resumed, tid)
+            [settled] = await reconcile()
             assert settled.status == "done"
         # Unfixed, the DB still names the old worker, whose slot is empty: the spare is never paid.
-        [payment] = await resumed.pay(tid)
+        [payment] = await resumed.money.pay(tid)
         assert [c.worker_id for c in await db.contracts(tid, "worker")] == [spare.address]
         assert (payment.worker_id, payment.amount_wei) == (spare.address, PRICE)
         assert await node.eth.get_balance(spare.address) == PRICE

@@ -143,7 +143,7 @@ async def funded_training(tmp_path: Path, w3: AsyncWeb3, workers: list[LocalAcco
         consent="0x" + sign_consent(w, 31337, address, escrow.key(tid)).hex()) for i, w in enumerate(workers)]
     for contract in contracts:
         await db.save_contract(contract)
-    await coordinator.fund_escrow(tid)
+    await coordinator.money.fund_escrow(tid)
     return coordinator, tid, contracts
 
 
@@ -163,12 +163,12 @@ async def test_a_settlement_retried_while_its_release_is_pending_pays_each_round
         await accept(coordinator, tid, worker.address, 1)  # one round of three is owed: PRICE
         sender = coordinator.escrow.sender
         await rpc(node, "evm_setAutomine", False)
-        first = asyncio.create_task(coordinator.pay(tid))
+        first = asyncio.create_task(coordinator.money.pay(tid))
         await until(lambda: _has_pending(node), "the first release to reach the pool")
         first.cancel()  # the coordinator gives up on it (a crash, a timeout) while it is pending
         with pytest.raises(asyncio.CancelledError):
             await first
-        retry = asyncio.create_task(coordinator.pay(tid))
+        retry = asyncio.create_task(coordinator.money.pay(tid))
         # Unfixed, the retry reads "nothing paid yet" and sends a second release. A bounded wait:
         # the fixed code sends nothing here, and waiting longer cannot make it fail.
         try:

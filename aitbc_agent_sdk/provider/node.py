@@ -1,4 +1,7 @@
-"""The provider daemon: advertise an offer, accept contracts, run jobs in a separate process."""
+"""The provider node on the bus: advertise an offer, accept contracts, run jobs in a separate process.
+
+``provider.daemon`` runs one as a process; a job's records and files are in ``provider.jobs``.
+"""
 
 from __future__ import annotations
 
@@ -7,20 +10,18 @@ import contextlib
 import dataclasses
 import json
 import logging
-import math
 import shutil
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from eth_account.signers.local import LocalAccount
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import AitbcError
-from ..limits import TEXT_MAX_LENGTH
 from ..messaging import Bus, SignedChannel, Verified, topics
 from ..models import (
     ContractProposal, ContractReply, Hardware, Heartbeat, JobAssignment, JobCancel, JobResult, Offer, Ping, Pong,
@@ -29,37 +30,36 @@ from ..models import (
 from ..storage import ContentStore, fetch_timeout_s
 from .book import ContractBook
 from .hardware import detect_hardware
+from .intake import MAX_JOBS_PER_CONTRACT, MAX_JOBS_PER_SLOT, ContractVerdicts, proposal_refusal, queue_problem
+from .jobs import EpochReporter, TrainOutcome, job_progress, write_file, write_inputs
 from .onchain import ProviderChain
-from .process import CHECKPOINT_FILE, SHARD_FILE, WEIGHTS_FILE, TrainingProcess
+from .process import CHECKPOINT_FILE, TrainingProcess
 from .sandbox import TrainingSandbox
+
+__all__ = ["MAX_JOBS_PER_CONTRACT", "MAX_JOBS_PER_SLOT", "EpochReporter", "ProviderAgent", "ProviderConfig",
+           "TrainOutcome"]
 
 DELIVERED_KEPT = 8  # recent checkpoints kept in memory for re-send requests
 MAX_CONTRACTS = 1024  # accepted contracts remembered; past it, idle and then least recently used ones go
 CONTRACT_IDLE_S = 24 * 3600.0  # a contract without a job for a day is forgotten first
-MAX_JOBS_PER_CONTRACT = 4  # queued or running under one contract: one per round, plus a duplicate or two
-MAX_JOBS_PER_SLOT = 8  # queued or running in all, per slot; a job beyond either bound is refused at once
 MAX_JOB_HISTORY = 256  # latest progress kept per job (status.json); older jobs are forgotten
 
 log = logging.getLogger(__name__)
-
-EpochReporter = Callable[[dict[str, Any]], Awaitable[None]]
-"""Called with each ``epoch`` event of the training process; reports progress on the bus."""
-
-
-@dataclass(frozen=True)
-class TrainOutcome:
-    """What training a job produced: the checkpoint file and the numbers the result reports."""
-
-    checkpoint: Path
-    samples: int
-    loss: float
-    seconds: float
 
 
 @dataclass(frozen=True)
 class _ActiveJob:
     job: JobAssignment
     task: asyncio.Task[None]
+
+
+class _Server(NamedTuple):
+    """One serving loop: the topic it reads (under this provider's address), its record and its handler."""
+
+    name: str
+    topic: Callable[[str], str]
+    record: type
+    handle: Callable[[Verified[Any]], Awaitable[None] | None]
 
 
 class ProviderConfig(BaseModel):
@@ -83,7 +83,7 @@ class ProviderAgent:
         self.account = account  # signs results (slashing evidence); the channel signs envelopes
         # The escrow it checks every contract against; without one it accepts no contract.
         self.chain = chain
-        self._verdicts: dict[str, str | None] = {}  # contract id -> why the chain does not back it (None: it does)
+        self._verdicts = ContractVerdicts(chain)
         self.channel = SignedChannel(bus, account)
         self.store = store
         self.config = config
@@ -91,7 +91,7 @@ class ProviderAgent:
         self.process = TrainingProcess(config.work_dir, threads=config.worker_threads, sandbox=config.sandbox)
         self._contracts: MutableMapping[str, ContractProposal] = ContractBook(
             MAX_CONTRACTS, CONTRACT_IDLE_S, pinned=self._contract_in_use,
-            forget=lambda contract_id: self._verdicts.pop(contract_id, None))
+            forget=self._verdicts.forget)
         self._busy = 0
         self._slots = asyncio.Semaphore(config.slots)
         self._tasks: list[asyncio.Task[None]] = []
@@ -132,10 +132,13 @@ class ProviderAgent:
         if self.hardware is None:
             self.hardware = await asyncio.to_thread(detect_hardware)
         await self.process.start()
-        servers = (self._serve_negotiations, self._serve_jobs, self._serve_cancels, self._serve_pings,
-                   self._serve_resends)
+        servers = (_Server("negotiations", topics.negotiate, ContractProposal, self._answer),
+                   _Server("jobs", topics.jobs, JobAssignment, self._take_job),
+                   _Server("cancels", topics.cancel, JobCancel, self._cancel),
+                   _Server("pings", topics.ping, Ping, self._answer_ping),
+                   _Server("resends", topics.resend, ResendRequest, self._resend))
         ready = [asyncio.Event() for _ in servers]
-        self._tasks = [asyncio.create_task(serve(event)) for serve, event in zip(servers, ready)]
+        self._tasks = [asyncio.create_task(self._serve(server, event)) for server, event in zip(servers, ready)]
         await asyncio.gather(*(e.wait() for e in ready))
         # Advertise only once we can answer, so no proposal is lost.
         await self.channel.publish(topics.offer(self.address), self.offer(), retain=True)
@@ -181,35 +184,26 @@ class ProviderAgent:
             self.dropped[f"{loop}: {type(exc).__name__}"] += 1
             log.warning("%s: message from %s dropped: %s", loop, verified.sender, exc)
 
-    async def _serve_negotiations(self, ready: asyncio.Event) -> None:
-        async with self.channel.subscribe(topics.negotiate(self.address), ContractProposal) as proposals:
+    async def _serve(self, server: _Server, ready: asyncio.Event) -> None:
+        async with self.channel.subscribe(server.topic(self.address), server.record) as messages:
             ready.set()
-            async for proposal in proposals:
-                await self._each("negotiations", self._answer, proposal)
+            async for verified in messages:
+                await self._each(server.name, server.handle, verified)
 
     async def _answer(self, verified: Verified[ContractProposal]) -> None:
         proposal = verified.message
         if verified.sender != proposal.coordinator:
             return  # someone proposing on another coordinator's behalf
-        if self.chain is None:
-            reply = ContractReply(contract_id=proposal.contract_id, accepted=False,
-                                  reason="this provider has no chain to check a contract against")
-        elif proposal.price_wei < self.config.price_wei:
-            reply = ContractReply(contract_id=proposal.contract_id, accepted=False,
-                                  reason=f"price below ask of {self.config.price_wei} wei")
+        refusal = proposal_refusal(proposal, has_chain=self.chain is not None, ask_wei=self.config.price_wei)
+        if refusal is not None or self.chain is None:
+            reply = ContractReply(contract_id=proposal.contract_id, accepted=False, reason=refusal)
         else:
-            # Agreeing costs nothing: no work is done until the chain shows the slot funded
-            # (checked before the first job). The consent lets the escrow give it that slot.
+            # No work is done until the chain shows the slot funded (checked before the first job).
+            # The consent lets the escrow give it that slot.
             self._contracts[proposal.contract_id] = proposal
             reply = ContractReply(contract_id=proposal.contract_id, accepted=True,
                                   consent=self.chain.consent(self.account, proposal))
         await self.channel.publish(topics.negotiate_reply(proposal.coordinator, proposal.contract_id), reply)
-
-    async def _serve_jobs(self, ready: asyncio.Event) -> None:
-        async with self.channel.subscribe(topics.jobs(self.address), JobAssignment) as jobs:
-            ready.set()
-            async for verified in jobs:
-                await self._each("jobs", self._take_job, verified)
 
     async def _take_job(self, verified: Verified[JobAssignment]) -> None:
         contract = self._contracts.get(verified.message.contract_id)
@@ -221,44 +215,19 @@ class ProviderAgent:
                         verified.message.training_id, contract.training_id)
             self.dropped["jobs: wrong training"] += 1
             return
-        if (problem := await self._contract_problem(contract)) is not None:
+        if (problem := await self._verdicts.problem(contract, self.address)) is not None:
             log.warning("job %s refused: %s", verified.message.job_id, problem)
             with contextlib.suppress(AitbcError):
                 await self._report(verified.message, "failed", error=f"refused: {problem}")
             return
         self._start_job(verified.message)
 
-    async def _contract_problem(self, contract: ContractProposal) -> str | None:
-        """Why the chain does not back ``contract`` (None: it does); read before its first job, then cached.
-
-        A refusal is cached too, except when the chain could not be read at all.
-        """
-        if contract.contract_id in self._verdicts:
-            return self._verdicts[contract.contract_id]
-        if self.chain is None:
-            return "this provider has no chain to check a contract against"
-        try:
-            problem = await self.chain.check(contract, self.address)
-        except AitbcError as exc:
-            return f"the escrow could not be read: {exc}"
-        self._verdicts[contract.contract_id] = problem
-        return problem
-
-    def _queue_problem(self, job: JobAssignment) -> str | None:
-        """Why the queue takes no more jobs like this one, or None."""
-        same = sum(1 for a in self._active_jobs.values() if a.job.contract_id == job.contract_id)
-        if same >= MAX_JOBS_PER_CONTRACT:
-            return f"queue full: {same} jobs of contract {job.contract_id} queued or running"
-        if len(self._active_jobs) >= MAX_JOBS_PER_SLOT * self.config.slots:
-            return f"queue full: {len(self._active_jobs)} jobs queued or running"
-        return None
-
     def _start_job(self, job: JobAssignment) -> None:
         if job.job_id in self._active_jobs:
             log.warning("job %s is already queued or running; duplicate dropped", job.job_id)
             return
         id_path(self.config.work_dir / "jobs", job.job_id)  # refuse an id that is a path before it is queued
-        if (problem := self._queue_problem(job)) is not None:
+        if (problem := queue_problem(job, (a.job for a in self._active_jobs.values()), self.config.slots)) is not None:
             self.dropped["jobs: queue full"] += 1
             log.warning("job %s refused: %s", job.job_id, problem)
             self._track(asyncio.create_task(self._refuse(job, problem)))
@@ -275,12 +244,6 @@ class ProviderAgent:
         with contextlib.suppress(AitbcError):
             await self._report(job, "failed", error=f"refused: {problem}")
 
-    async def _serve_cancels(self, ready: asyncio.Event) -> None:
-        async with self.channel.subscribe(topics.cancel(self.address), JobCancel) as cancels:
-            ready.set()
-            async for verified in cancels:
-                await self._each("cancels", self._cancel, verified)
-
     def _cancel(self, verified: Verified[JobCancel]) -> None:
         request = verified.message
         active = self._active_jobs.get(request.job_id)
@@ -294,12 +257,6 @@ class ProviderAgent:
         self._cancel_reasons[request.job_id] = request.reason
         # A queued job never runs; a running one stops (TrainingProcess.train kills its process).
         active.task.cancel()
-
-    async def _serve_pings(self, ready: asyncio.Event) -> None:
-        async with self.channel.subscribe(topics.ping(self.address), Ping) as pings:
-            ready.set()
-            async for verified in pings:
-                await self._each("pings", self._answer_ping, verified)
 
     async def _answer_ping(self, verified: Verified[Ping]) -> None:
         nonce = verified.message.nonce
@@ -315,12 +272,6 @@ class ProviderAgent:
         while len(self._delivered) > DELIVERED_KEPT:
             self._delivered.popitem(last=False)
 
-    async def _serve_resends(self, ready: asyncio.Event) -> None:
-        async with self.channel.subscribe(topics.resend(self.address), ResendRequest) as requests:
-            ready.set()
-            async for verified in requests:
-                await self._each("resends", self._resend, verified)
-
     async def _resend(self, verified: Verified[ResendRequest]) -> None:
         request = verified.message
         found = self._delivered.get(request.job_id)
@@ -333,7 +284,7 @@ class ProviderAgent:
         log.info("re-sending the checkpoint of %s: %s", job.job_id, request.reason)
         resend_dir = id_path(self.config.work_dir / "resend", job.job_id)
         path = resend_dir / CHECKPOINT_FILE
-        await asyncio.to_thread(_write_file, path, checkpoint)
+        await asyncio.to_thread(write_file, path, checkpoint)
         try:
             cid = await self.upload_checkpoint(job, path)
             await self._publish_result(job, cid, dataclasses.replace(outcome, checkpoint=path))
@@ -342,11 +293,8 @@ class ProviderAgent:
 
     async def _report(self, job: JobAssignment, status: str, *, epoch: int = 0, loss: float | None = None,
                       samples_per_s: float | None = None, error: str | None = None) -> None:
-        percent = 100.0 if status == "complete" else 100.0 * epoch / job.config.epochs
-        progress = Progress(
-            job_id=job.job_id, training_id=job.training_id, worker_id=self.address, round=job.round,
-            status=status, epoch=epoch, epochs=job.config.epochs, progress=percent, loss=_finite(loss),
-            samples_per_s=_finite(samples_per_s), error=error[:TEXT_MAX_LENGTH] if error else error)
+        progress = job_progress(job, self.address, status, epoch=epoch, loss=loss, samples_per_s=samples_per_s,
+                                error=error)
         self.jobs[job.job_id] = progress
         self.jobs.move_to_end(job.job_id)
         while len(self.jobs) > MAX_JOB_HISTORY:
@@ -416,7 +364,7 @@ class ProviderAgent:
             self.store.cat(job.shard_cid, max_bytes=job.shard_bytes, timeout_s=fetch_timeout_s(job.shard_bytes)),
             self.store.cat(job.weights_cid, max_bytes=job.weights_bytes,
                            timeout_s=fetch_timeout_s(job.weights_bytes)))
-        await asyncio.to_thread(_write_inputs, job_dir, shard, weights)
+        await asyncio.to_thread(write_inputs, job_dir, shard, weights)
 
     async def _publish_result(self, job: JobAssignment, checkpoint_cid: str, outcome: TrainOutcome) -> None:
         await self.channel.publish(topics.results(job.training_id), JobResult(
@@ -442,19 +390,3 @@ class ProviderAgent:
         coordinator can slash with, good for this one training and round only."""
         assert self.chain is not None  # no job runs without a contract the chain backs
         return self.chain.sign_result(self.account, self._contracts[job.contract_id], job.round, cid)
-
-
-def _finite(value: float | None) -> float | None:
-    return value if value is None or math.isfinite(value) else None
-
-
-def _write_file(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
-
-
-def _write_inputs(job_dir: Path, shard: bytes, weights: bytes) -> None:
-    job_dir.mkdir(parents=True, exist_ok=True)
-    (job_dir / SHARD_FILE).write_bytes(shard)
-    (job_dir / WEIGHTS_FILE).write_bytes(weights)
-

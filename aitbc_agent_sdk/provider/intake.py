@@ -1,0 +1,62 @@
+"""Which proposals and jobs a provider takes: its price, its queue bounds and the chain's verdict per contract."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..errors import AitbcError
+from ..models import ContractProposal, JobAssignment
+from .onchain import ProviderChain
+
+__all__ = ["MAX_JOBS_PER_CONTRACT", "MAX_JOBS_PER_SLOT", "ContractVerdicts", "proposal_refusal", "queue_problem"]
+
+MAX_JOBS_PER_CONTRACT = 4  # queued or running under one contract: one per round, plus a duplicate or two
+MAX_JOBS_PER_SLOT = 8  # queued or running in all, per slot; a job beyond either bound is refused at once
+NO_CHAIN = "this provider has no chain to check a contract against"
+
+
+def proposal_refusal(proposal: ContractProposal, *, has_chain: bool, ask_wei: int) -> str | None:
+    """Why a proposal is declined on sight, or None: agreeing costs nothing until the chain shows the slot funded."""
+    if not has_chain:
+        return NO_CHAIN
+    if proposal.price_wei < ask_wei:
+        return f"price below ask of {ask_wei} wei"
+    return None
+
+
+def queue_problem(job: JobAssignment, active: Iterable[JobAssignment], slots: int) -> str | None:
+    """Why the queue (the ``active`` jobs: queued or running) takes no more jobs like this one, or None."""
+    active = list(active)
+    same = sum(1 for a in active if a.contract_id == job.contract_id)
+    if same >= MAX_JOBS_PER_CONTRACT:
+        return f"queue full: {same} jobs of contract {job.contract_id} queued or running"
+    if len(active) >= MAX_JOBS_PER_SLOT * slots:
+        return f"queue full: {len(active)} jobs queued or running"
+    return None
+
+
+class ContractVerdicts:
+    """Why the chain does not back a contract (None: it does), read before its first job and then cached.
+
+    A refusal is cached too, except when the chain could not be read at all. ``forget`` drops a
+    contract's verdict (the contract table calls it when it forgets the contract).
+    """
+
+    def __init__(self, chain: ProviderChain | None) -> None:
+        self.chain = chain
+        self._verdicts: dict[str, str | None] = {}
+
+    async def problem(self, contract: ContractProposal, provider: str) -> str | None:
+        if contract.contract_id in self._verdicts:
+            return self._verdicts[contract.contract_id]
+        if self.chain is None:
+            return NO_CHAIN
+        try:
+            problem = await self.chain.check(contract, provider)
+        except AitbcError as exc:
+            return f"the escrow could not be read: {exc}"
+        self._verdicts[contract.contract_id] = problem
+        return problem
+
+    def forget(self, contract_id: str) -> None:
+        self._verdicts.pop(contract_id, None)
