@@ -14,6 +14,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "agent": ("Agent", "AgentConfig"),
+    "coordinator.settings": ("CoordinatorSettings",),
     "errors": (
         "AitbcError", "ChainError", "ConfigError", "ContentNotFoundError", "ContractRevertError", "DatasetError",
         "InsufficientFundsError", "IntegrityError", "MessagingError", "NotEnoughWorkersError", "NotFoundError",
@@ -33,6 +34,7 @@ __all__ = [*__all__, "__version__"]
 
 if TYPE_CHECKING:  # static tools see ordinary imports
     from .agent import Agent, AgentConfig
+    from .coordinator.settings import CoordinatorSettings
     from .errors import (
         AitbcError, ChainError, ConfigError, ContentNotFoundError, ContractRevertError, DatasetError,
         InsufficientFundsError, IntegrityError, MessagingError, NotEnoughWorkersError, NotFoundError, PhaseError,

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import sys
 
 import torch
 import torch.distributed as dist
@@ -68,11 +69,18 @@ def main() -> None:
         loss = torch.nn.functional.mse_loss(model(x), y)
         loss.backward()
         optimizer.step()
-        print(json.dumps({"rank": rank, "step": step, "loss": loss.item()}), flush=True)
+        emit(json.dumps({"rank": rank, "step": step, "loss": loss.item()}))
 
     final = {"rank": rank, "world": world, "digest": weights_digest(model.module)}
-    print("FINAL " + json.dumps(final), flush=True)
+    emit("FINAL " + json.dumps(final))
     dist.destroy_process_group()
+
+
+def emit(line: str) -> None:
+    # One write per line: the ranks share one stdout pipe, and print()'s separate write of the
+    # newline lets another rank's line land in between.
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":

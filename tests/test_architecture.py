@@ -345,3 +345,25 @@ def test_the_readme_cli_reference_is_generated_from_the_commands() -> None:
     assert done.returncode == 0, (
         f"README.md's CLI reference is stale or missing; run: python scripts/cli_reference.py --write README.md\n"
         f"{done.stdout[-3000:]}{done.stderr[-3000:]}")
+
+
+def test_every_parameter_has_help_and_every_command_an_example() -> None:
+    spec = importlib.util.spec_from_file_location("cli_reference", CLI_REFERENCE)
+    assert spec and spec.loader
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    root = script.root_command()
+    builtin = {"help", "install_completion", "show_completion"}
+    silent, no_example, leaves = [], [], 0
+    for command, ctx in script.walk(root, script._context_type(root)(root, info_name="aitbc")):
+        for param in command.get_params(ctx):
+            if param.name not in builtin and not getattr(param, "hidden", False) \
+                    and not (getattr(param, "help", None) or "").strip():
+                silent.append(f"{ctx.command_path} {param.name}")
+        if not hasattr(command, "list_commands"):
+            leaves += 1
+            if "Example" not in (command.help or ""):
+                no_example.append(ctx.command_path)
+    assert leaves > 20
+    assert not silent, f"parameters without help text: {silent}"
+    assert not no_example, f"commands whose help shows no example: {no_example}"

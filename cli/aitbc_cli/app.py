@@ -86,7 +86,8 @@ def _report(message: str, code: int, kind: str, as_json: bool, usage: ClickExcep
 
         rich_utils.rich_format_error(usage)  # the usage line and a boxed message, as typer shows them
     else:
-        Console(stderr=True).print(f"[bold red]error:[/] {message}", highlight=False)
+        # soft_wrap: a path in the message stays whole, whatever the terminal's width
+        Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {message}", highlight=False)
 
 
 if __name__ == "__main__":
