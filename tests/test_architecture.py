@@ -44,6 +44,7 @@ import sys
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -324,11 +325,16 @@ def _top_level_line(imp: Import) -> bool:
     return any(isinstance(n, (ast.Import, ast.ImportFrom)) and n.lineno == imp.line for n in tree(imp.source).body)
 
 
-def test_the_cli_reference_covers_every_visible_command() -> None:
+def _cli_reference_script() -> Any:
     spec = importlib.util.spec_from_file_location("cli_reference", CLI_REFERENCE)
     assert spec and spec.loader
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
+    return script
+
+
+def test_the_cli_reference_covers_every_visible_command() -> None:
+    script = _cli_reference_script()
     text = script.reference()
     root = script.root_command()
     paths = [ctx.command_path for _, ctx in script.walk(root, script._context_type(root)(root, info_name="aitbc"))]
@@ -348,10 +354,7 @@ def test_the_readme_cli_reference_is_generated_from_the_commands() -> None:
 
 
 def test_every_parameter_has_help_and_every_command_an_example() -> None:
-    spec = importlib.util.spec_from_file_location("cli_reference", CLI_REFERENCE)
-    assert spec and spec.loader
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = _cli_reference_script()
     root = script.root_command()
     builtin = {"help", "install_completion", "show_completion"}
     silent, no_example, leaves = [], [], 0
