@@ -21,6 +21,7 @@ from .coordinator import (
 )
 from .coordinator.liveness import ping
 from .coordinator.lock import training_lock
+from .coordinator.run import Prepared
 from .errors import AitbcError, ConfigError, NotEnoughWorkersError
 from .market import ScoringStrategy, WeightedScore
 from .messaging import SignedChannel
@@ -107,9 +108,13 @@ class Agent:
 
     # -- the whole thing -------------------------------------------------------------------
     async def run_distributed_training(self, spec: TrainingSpec, *, dataset: str | Path = "digits",
-                                       label_column: str | None = None, min_gpu: str | None = None) -> TrainingReport:
+                                       label_column: str | None = None, min_gpu: str | None = None,
+                                       prepared: Prepared | None = None) -> TrainingReport:
+        """``prepared``: what :func:`~.coordinator.run.prepare` returned for a cost preview, so the
+        workers priced are the workers hired (and the market is not asked twice)."""
         return await run_training(self.coordinator, RunRequest(spec=spec, dataset=dataset,
-                                                               label_column=label_column, min_gpu=min_gpu))
+                                                               label_column=label_column, min_gpu=min_gpu),
+                                  prepared)
 
     async def resume_training(self, training_id: str) -> Settlement | None:
         """Carry on a funded training whose coordinator died (None if it had ended)."""

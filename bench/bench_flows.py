@@ -14,6 +14,7 @@ this checkout too, which measures only the noise.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -30,10 +31,19 @@ ROOT = HERE.parent
 OURS = Path(sys.executable).with_name("aitbc")
 
 
+@functools.cache
+def asks_before_paying(aitbc: Path) -> bool:
+    """Whether this version's ``run`` has the cost question (``--yes``); versions before it just pay."""
+    done = subprocess.run([str(aitbc), "distributed-training", "run", "--help"], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "COLUMNS": "200"})
+    return "--yes" in done.stdout
+
+
 def flow_command(flow: str, aitbc: Path, workers: int, rounds: int) -> list[str]:
     if flow == "run":
+        yes = ["--yes"] if asks_before_paying(aitbc) else []
         return [str(aitbc), "distributed-training", "run", "--dataset", "digits", "--workers", str(workers),
-                "--rounds", str(rounds), "--yes", "--json"]
+                "--rounds", str(rounds), *yes, "--json"]
     return ["bash", str(ROOT / "scripts" / "devnet_flow.sh"), str(aitbc)]
 
 

@@ -37,7 +37,10 @@ class RunRequest:
     round_timeout_s: float = 600.0
 
 
-async def prepare(coordinator: Coordinator, request: RunRequest) -> tuple[LabeledData, list[Worker], list[Worker]]:
+Prepared = tuple[LabeledData, list[Worker], list[Worker]]  # what prepare() checked: data, workers, spares
+
+
+async def prepare(coordinator: Coordinator, request: RunRequest) -> Prepared:
     """All the checks that need no writes: data, model, market, money. Returns (data, workers, spares)."""
     spec = request.spec
     data = await asyncio.to_thread(load_dataset, request.dataset, label_column=request.label_column)
@@ -53,9 +56,10 @@ async def prepare(coordinator: Coordinator, request: RunRequest) -> tuple[Labele
     return data, selected, spares
 
 
-async def run_training(coordinator: Coordinator, request: RunRequest) -> TrainingReport:
+async def run_training(coordinator: Coordinator, request: RunRequest, prepared: Prepared | None = None) -> TrainingReport:
+    """Prepare (unless ``prepared`` is what a cost preview already checked and priced), fund, train, settle."""
     started = time.perf_counter()
-    data, selected, spares = await prepare(coordinator, request)
+    data, selected, spares = prepared if prepared is not None else await prepare(coordinator, request)
     record = await coordinator.initialize(request.spec)
     tid = record.training_id
     try:

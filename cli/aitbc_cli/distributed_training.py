@@ -146,20 +146,21 @@ async def _start(config: AgentConfig, console: Console, view: LiveTraining | Non
 
 
 async def _cost(agent: Agent, spec: TrainingSpec, source: str | Path, label_column: str | None,
-                min_gpu: str | None) -> tuple[flow.CostPreview, list[Any], list[Any]]:
+                min_gpu: str | None) -> tuple[flow.CostPreview, Any]:
     """Everything ``run`` checks before it writes (data, model, market, funds), and the escrow's cost."""
     from aitbc_agent_sdk.coordinator import RunRequest, prepare
 
     request = RunRequest(spec=spec, dataset=source, label_column=label_column, min_gpu=min_gpu)
-    _, selected, spares = await prepare(agent.coordinator, request)
-    return flow.preview([w.price for w in selected], [w.price for w in spares], spec.rounds), selected, spares
+    prepared = await prepare(agent.coordinator, request)
+    _, selected, spares = prepared
+    return flow.preview([w.price for w in selected], [w.price for w in spares], spec.rounds), prepared
 
 
 async def _plan(config: AgentConfig, spec: TrainingSpec, source: str | Path, label_column: str | None,
                 min_gpu: str | None, console: Console) -> dict[str, Any]:
     agent = await _start(config, console)
     try:
-        cost, selected, spares = await _cost(agent, spec, source, label_column, min_gpu)
+        cost, (_, selected, spares) = await _cost(agent, spec, source, label_column, min_gpu)
     finally:
         await agent.stop()
     spend = SpendPreview("fund the escrow of a new training", tuple(cost.items()))
@@ -174,15 +175,16 @@ async def _run(config: AgentConfig, spec: TrainingSpec, source: str | Path, labe
     view = LiveTraining(console, spec) if live else None
     agent = await _start(config, console, view)
     try:
-        cost, _, _ = await _cost(agent, spec, source, label_column, min_gpu)
+        # The workers priced are the workers hired: the run reuses what the preview checked.
+        cost, prepared = await _cost(agent, spec, source, label_column, min_gpu)
         spend = SpendPreview("fund the escrow of a new training", tuple(cost.items()))
         # Asked off the event loop: the embedded providers keep answering meanwhile.
         await asyncio.to_thread(confirm_spend, spend, yes=yes, dry_run=False)
         if view is None:
             return await agent.run_distributed_training(spec, dataset=source, label_column=label_column,
-                                                        min_gpu=min_gpu)
+                                                        min_gpu=min_gpu, prepared=prepared)
         with view:
             return await agent.run_distributed_training(spec, dataset=source, label_column=label_column,
-                                                        min_gpu=min_gpu)
+                                                        min_gpu=min_gpu, prepared=prepared)
     finally:
         await agent.stop()
