@@ -239,7 +239,7 @@ class RoundRunner:
             job = slot.job_of(slot.holder)
             if job is None or slot.winner is not None:
                 continue
-            deadline = adaptive_deadline(self.c.round_times.get(slot.holder, []), self.policy)
+            deadline = adaptive_deadline(self.c.round_times_of(self.tid, slot.holder), self.policy)
             if now - slot.sent_at[job.job_id] > deadline:
                 overdue.add(index)
         late |= overdue
@@ -249,7 +249,7 @@ class RoundRunner:
                 continue
             if not slot.reported:
                 slot.reported = True
-                deadline = adaptive_deadline(self.c.round_times.get(slot.holder, []), self.policy)
+                deadline = adaptive_deadline(self.c.round_times_of(self.tid, slot.holder), self.policy)
                 await self.audit.append("straggler_detected", worker=slot.holder, round=self.round,
                                         progress=self._progress(slot), deadline_s=deadline)
             spare = await self._free_spare()

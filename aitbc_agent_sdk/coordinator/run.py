@@ -85,7 +85,7 @@ async def drive_training(coordinator: Coordinator, tid: str, *,
     try:
         record = await coordinator.db.training(tid)
         await _assign_shards(coordinator, tid)
-        await coordinator.load_round_times()
+        await coordinator.load_round_times(tid)
         compute = 0.0
         unusable: set[str] = set()
         audit, reassign = coordinator.logs.of(tid), reassigner_for(coordinator, tid)

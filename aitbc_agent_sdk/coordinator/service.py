@@ -61,7 +61,8 @@ class Coordinator:
     settings: CoordinatorSettings = field(default_factory=CoordinatorSettings)
     observer: Observer | None = None
     registry: RegistryClient | None = None  # provider bonds and on-chain reputation, when deployed
-    round_times: dict[str, list[float]] = field(default_factory=dict)  # provider -> seconds per delivered round
+    # training -> provider -> seconds per delivered round
+    round_times: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     _listeners: dict[str, TrainingListener] = field(default_factory=dict)
     logs: AuditLogs = field(init=False)  # one audit log per training, under settings.audit_dir
     data: DatasetCache = field(init=False)
@@ -80,12 +81,15 @@ class Coordinator:
     async def round_inputs(self, training_id: str) -> RoundInputs:
         return await load_round_inputs(self.db, self.store, self.data, training_id)
 
-    async def load_round_times(self) -> None:
-        """Every provider's delivered round times as stored: a resumed coordinator keeps their history."""
-        self.round_times = await self.db.round_times(ROUND_TIMES_KEPT)
+    async def load_round_times(self, training_id: str) -> None:
+        """The training's delivered round times as stored: a resumed coordinator keeps their history."""
+        self.round_times[training_id] = await self.db.round_times(training_id, ROUND_TIMES_KEPT)
+
+    def round_times_of(self, training_id: str, worker_id: str) -> list[float]:
+        return self.round_times.get(training_id, {}).get(worker_id, [])
 
     async def record_round_time(self, training_id: str, worker_id: str, seconds: float) -> None:
-        self.round_times.setdefault(worker_id, []).append(seconds)
+        self.round_times.setdefault(training_id, {}).setdefault(worker_id, []).append(seconds)
         await self.db.save_round_time(training_id, worker_id, seconds)
 
     async def close(self) -> None:

@@ -244,11 +244,16 @@ class TrainingStore:
         await self._run(lambda c: c.execute("INSERT INTO round_times VALUES (?,?,?,?)",
                                             (worker_id, training_id, seconds, time.time())))
 
-    async def round_times(self, last: int | None = None) -> dict[str, list[float]]:
-        """Every provider's round times across trainings, oldest first; ``last``: only its latest that many."""
+    async def round_times(self, training_id: str, last: int | None = None) -> dict[str, list[float]]:
+        """Each provider's round times in one training, oldest first; ``last``: only its latest that many.
+
+        Per training, because a round's length depends on the training's model and shard size: a
+        provider's fast rounds on a small model say nothing about its deadline on a large one.
+        """
         def read(c: sqlite3.Connection) -> dict[str, list[float]]:
             times: dict[str, list[float]] = {}
-            for worker, seconds in c.execute("SELECT worker_id, seconds FROM round_times ORDER BY rowid"):
+            for worker, seconds in c.execute("SELECT worker_id, seconds FROM round_times WHERE training_id=? "
+                                             "ORDER BY rowid", (training_id,)):
                 times.setdefault(worker, []).append(seconds)
             return {w: t[-last:] if last else t for w, t in times.items()}
         return await self._run(read)
