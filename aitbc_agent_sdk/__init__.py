@@ -26,7 +26,9 @@ _EXPORTS = {
         "AggregateResult", "CheckpointRef", "EscrowSummary", "Hardware", "JobAssignment", "JobConfig", "Offer",
         "Payment", "Progress", "RoundMetrics", "Settlement", "Shard", "ShardManifest", "TrainingPhase",
         "TrainingRecord", "TrainingReport", "TrainingSpec", "TrainingStatus", "Worker", "WorkerContract",
+        "TaskPolicy", "TaskRef",
     ),
+    "training.task": ("Batch", "DataInfo", "TaskParams", "TrainingTask"),
 }
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS, globals())
 __all__ = [*__all__, "__version__"]
@@ -45,5 +47,6 @@ if TYPE_CHECKING:  # static tools see ordinary imports
     from .models import (
         AggregateResult, CheckpointRef, EscrowSummary, Hardware, JobAssignment, JobConfig, Offer, Payment,
         Progress, RoundMetrics, Settlement, Shard, ShardManifest, TrainingPhase, TrainingRecord, TrainingReport,
-        TrainingSpec, TrainingStatus, Worker, WorkerContract,
+        TrainingSpec, TrainingStatus, Worker, WorkerContract, TaskPolicy, TaskRef,
     )
+    from .training.task import Batch, DataInfo, TaskParams, TrainingTask

@@ -27,7 +27,7 @@ from .market import ScoringStrategy, WeightedScore
 from .messaging import SignedChannel
 from .models import (
     AggregateResult, CheckpointRef, EscrowSummary, JobAssignment, JobConfig, Payment, Progress, RoundMetrics,
-    Settlement, Shard, TrainingPhase, TrainingRecord, TrainingReport, TrainingSpec, TrainingStatus, Worker,
+    Settlement, Shard, TaskRef, TrainingPhase, TrainingRecord, TrainingReport, TrainingSpec, TrainingStatus, Worker,
     WorkerContract,
 )
 from .stack import Stack, build_stack
@@ -62,6 +62,8 @@ class Agent:
             settings = cfg.coordinator
             if settings.audit_dir is None:  # an agent keeps its trainings' audit logs in its home
                 settings = settings.model_copy(update={"audit_dir": cfg.home / "trainings"})
+            if settings.task_dir is None:
+                settings = settings.model_copy(update={"task_dir": cfg.home / "tasks"})
             coordinator = Coordinator(
                 channel=SignedChannel(stack.bus, stack.account), store=stack.store, db=db,
                 escrow=EscrowAccount(stack.sender, stack.escrow), scoring=self.scoring, aggregation=FedAvg,
@@ -163,9 +165,11 @@ class Agent:
         return await self.coordinator.create_shards(training_id, num_shards)
 
     async def discover_gpu_workers(self, *, min_gpu: str | None = None, required_workers: int | None = None,
-                                   max_price_wei: int | None = None, include_busy: bool = False) -> list[Worker]:
+                                   max_price_wei: int | None = None, include_busy: bool = False,
+                                   task: TaskRef | None = None) -> list[Worker]:
+        """Providers that fit; with ``task``, only those that run it (user code: their offer says so)."""
         workers = await self.coordinator.discover(min_gpu=min_gpu, max_price_wei=max_price_wei,
-                                                  include_busy=include_busy)
+                                                  include_busy=include_busy, task=task)
         if required_workers is not None and len(workers) < required_workers:
             raise NotEnoughWorkersError(f"asked for {required_workers} workers, found {len(workers)}")
         return workers

@@ -19,6 +19,7 @@ from .chain.revert import CHAIN_EXCEPTIONS, map_chain_error
 from .config import AgentConfig
 from .errors import ConfigError, MessagingError
 from .messaging import Bus, InMemoryBus
+from .models import TaskPolicy
 from .profile import Profile, load_profile, network_profile
 from .provider.node import ProviderAgent, ProviderConfig
 from .provider.hardware import detect_hardware
@@ -72,7 +73,8 @@ async def build_embedded(config: AgentConfig, account: LocalAccount | None, exit
         provider_account: LocalAccount = Account.create()
         await chain.fund(provider_account.address, ETH // 10, source=1 + i % 9)  # gas and a bond
         provider = ProviderAgent(provider_account, bus, store, ProviderConfig(
-            price_wei=prices[i % len(prices)], work_dir=config.home / "providers" / provider_account.address),
+            price_wei=prices[i % len(prices)], work_dir=config.home / "providers" / provider_account.address,
+            **LOCAL_PROVIDER),
             hardware=hardware, chain=await ProviderChain.connect(chain.w3, escrow_address))
         await register_provider(registry, TransactionSender(chain.w3, provider_account), provider, EMBEDDED_STAKE)
         stack.providers.append(await exits.enter_async_context(provider))
@@ -80,6 +82,9 @@ async def build_embedded(config: AgentConfig, account: LocalAccount | None, exit
 
 
 EMBEDDED_STAKE = ETH // 100
+# The embedded market's providers are this machine, running its own user's tasks (sandboxed all
+# the same); several share its cores, so each trains on one thread and one slot.
+LOCAL_PROVIDER: dict = {"tasks": TaskPolicy(accepts="any"), "worker_threads": 1, "slots": 1}
 
 
 async def join_embedded_market(stack: Stack, home: Path, price_wei: int, *,
@@ -92,7 +97,8 @@ async def join_embedded_market(stack: Stack, home: Path, price_wei: int, *,
     await stack.sender.send({"to": account.address, "value": ETH // 10})  # gas and a bond
     hardware = stack.providers[0].hardware if stack.providers else await asyncio.to_thread(detect_hardware)
     provider = factory(account, stack.bus, stack.store,
-                       ProviderConfig(price_wei=price_wei, work_dir=home / "providers" / account.address),
+                       ProviderConfig(price_wei=price_wei, work_dir=home / "providers" / account.address,
+                                      **LOCAL_PROVIDER),
                        hardware=hardware, chain=await ProviderChain.connect(stack.sender.w3, stack.escrow.address))
     await register_provider(stack.registry, TransactionSender(stack.sender.w3, account), provider, EMBEDDED_STAKE)
     return provider

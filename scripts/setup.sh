@@ -33,6 +33,15 @@ if ! stamp_ok python pyproject.toml scripts/setup.sh; then
   "$VENV/bin/python" -m pip install --quiet --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
   # torch first and pinned: the CPU wheel. A loose torch requirement would pull a multi-GB CUDA build.
   "$VENV/bin/python" -m pip install --quiet "torch==2.13.0" 2>&1 | grep -v '^WARNING: Location' || true
+  # Where nvidia-smi finds a GPU, the CUDA build replaces the CPU wheel (same version), so providers
+  # and the trusted cluster train on the GPU. AITBC_TORCH_INDEX picks another CUDA index.
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU' \
+      && ! "$VENV/bin/python" -c 'import sys, torch; sys.exit(torch.version.cuda is None)' 2>/dev/null; then
+    echo "setup: a GPU is here: installing the CUDA build of torch 2.13.0"
+    "$VENV/bin/python" -m pip install --quiet --force-reinstall "torch==2.13.0" \
+      --index-url "${AITBC_TORCH_INDEX:-https://download.pytorch.org/whl/cu128}" 2>&1 \
+      | grep -v '^WARNING: Location' || echo "setup: the CUDA build did not install; keeping the CPU wheel" >&2
+  fi
   "$VENV/bin/python" -m pip install --quiet -e ".[dev]" 2>&1 | grep -v '^WARNING: Location' || true
   "$VENV/bin/python" -c 'import aitbc_agent_sdk, aitbc_cli, torch' \
     || { echo "setup: the Python install failed" >&2; exit 1; }

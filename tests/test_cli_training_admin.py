@@ -55,7 +55,12 @@ def test_preview_list_logs_and_stop_of_a_detached_coordinator(aitbc_cmd, cli_env
     assert aitbc(aitbc_cmd, cli_env, "distributed-training", "list") == {"trainings": []}
     assert not (aitbc_home / "aitbc.db").exists()  # listing an empty home creates nothing
     tid = aitbc(aitbc_cmd, cli_env, "distributed-training", "init", "--wallet", "dev", "--workers", "3",
-                "--rounds", str(ROUNDS), "--epochs", "1")["training_id"]
+                "--rounds", str(ROUNDS), "--epochs", "1", "--round-timeout", "900", "--first-round-deadline", "150",
+                "--resend-timeout", "12.5")["training_id"]
+    with sqlite3.connect(aitbc_home / "aitbc.db") as db:  # the timeouts are stored with the training
+        faults = json.loads(db.execute("SELECT data FROM trainings WHERE training_id=?", (tid,)).fetchone()[0])
+    faults = faults["spec"]["faults"]
+    assert (faults["round_timeout_s"], faults["first_round_deadline_s"], faults["resend_timeout_s"]) == (900, 150, 12.5)
     aitbc(aitbc_cmd, cli_env, "distributed-training", "upload-data", "--training-id", tid, "--data-path", "digits")
     hired = aitbc(aitbc_cmd, cli_env, "distributed-training", "discover-workers", "--training-id", tid,
                   "--workers", "3", "--gpu", "cpu")["workers"]

@@ -33,6 +33,13 @@ ETC_ENTRIES = ("passwd", "group", "hosts", "nsswitch.conf", "resolv.conf", "host
                "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "ssl", "ca-certificates", "alternatives", "mime.types")
 _SECRET_WORDS = {"KEY", "TOKEN", "PASSPHRASE", "CREDENTIALS"}
 GPU_DEVICE_PATTERN = re.compile(r"^nvidia(\d+|ctl|-uvm|-uvm-tools|-modeset|-caps)$")
+
+
+def devices_for_gpu(devices: tuple[Path, ...], index: int | None) -> tuple[Path, ...]:
+    """``devices`` with the numbered GPU nodes cut to ``/dev/nvidia<index>`` (None: all of them)."""
+    if index is None:
+        return devices
+    return tuple(d for d in devices if not d.name[len("nvidia"):].isdigit() or d.name == f"nvidia{index}")
 # Only these variables reach a sandboxed (or training) process; wallet passwords, keys and
 # AITBC_* settings never do.
 ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "TZ", "PYTHONHASHSEED", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
@@ -82,6 +89,8 @@ class SandboxSpec(BaseModel):
     hidden_paths: tuple[Path, ...] = Field(default=(), description="hidden besides $HOME and the AITBC home")
     bind_python: bool = Field(default=True, description="bind this interpreter, its venv and the SDK read-only")
     gpus: bool = Field(default=False, description="pass /dev/nvidia* (and /sys read-only) through")
+    gpu_index: int | None = Field(default=None, ge=0, description=(
+        "with gpus: of the numbered /dev/nvidiaN nodes only this one (a provider's slot sees its own GPU)"))
     limits: SandboxLimits = SandboxLimits()
     drop_root: bool = Field(default=False, description=(
         "bwrap only: when started as root, run the command as nobody (65534), so files only root may read stay "

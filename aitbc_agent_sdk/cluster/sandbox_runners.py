@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Protocol
 
 from .errors import SandboxError
-from .sandbox_plan import GPU_DEVICE_PATTERN, Backend, SandboxSpec, bwrap_argv, cover_paths, mount_plan, unshare_argv
+from .sandbox_plan import (
+    GPU_DEVICE_PATTERN, Backend, SandboxSpec, bwrap_argv, cover_paths, devices_for_gpu, mount_plan, unshare_argv,
+)
 
 # The SDK's source root (editable installs): this file is aitbc_agent_sdk/cluster/sandbox_runners.py.
 _SOURCE_ROOT = Path(__file__).resolve().parents[2]
@@ -68,7 +70,7 @@ class BwrapRunner:
 
     def argv(self, spec: SandboxSpec, hidden: tuple[Path, ...]) -> list[str]:
         plan = mount_plan(spec, hidden=hidden, python_paths=python_paths() if spec.bind_python else (),
-                          gpu_devices=gpu_devices() if spec.gpus else ())
+                          gpu_devices=devices_for_gpu(gpu_devices(), spec.gpu_index) if spec.gpus else ())
         return bwrap_argv(spec, plan, bwrap=shutil.which("bwrap") or "bwrap", as_root=os.geteuid() == 0,
                           setpriv=shutil.which("setpriv") or "/usr/bin/setpriv")
 

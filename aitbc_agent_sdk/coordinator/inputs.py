@@ -18,8 +18,10 @@ from ..models import (
     FaultPolicy, JobAssignment, JobConfig, ModelSpec, Shard, ShardManifest, TrainingRecord, WorkerContract, new_id,
 )
 from ..storage import ContentStore
-from ..training import LabeledData, decode_state, model_spec_for
+from ..training import LabeledData, decode_state
+from ..training.bound_task import BoundTask
 from .datasets import DatasetCache
+from .tasks import TaskCache
 from .store import TrainingStore
 from .verification import validation_loss
 
@@ -42,6 +44,7 @@ class RoundInputs:
     manifest: ShardManifest
     test: LabeledData
     model: ModelSpec
+    task: BoundTask  # the training's task with its parameters: builds, scores and checks models
     contracts: tuple[WorkerContract, ...]  # the funded workers at round start, one per shard slot
     shards: Mapping[int, Shard]  # slot (shard index) -> the shard it trains this round
     sizes: Mapping[str, int]  # exact bytes of the round's model and shards: a provider fetches no more
@@ -71,7 +74,7 @@ class RoundInputs:
         return self.sizes[self.model_cid] + CHECKPOINT_HEADER_SLACK
 
 
-async def load_round_inputs(db: TrainingStore, store: ContentStore, datasets: DatasetCache,
+async def load_round_inputs(db: TrainingStore, store: ContentStore, datasets: DatasetCache, tasks: TaskCache,
                             training_id: str) -> RoundInputs:
     """One read of the record, one fetch of the manifest, one of the model: everything a round reads first."""
     record = await db.training(training_id)
@@ -79,15 +82,16 @@ async def load_round_inputs(db: TrainingStore, store: ContentStore, datasets: Da
         raise NotFoundError(f"training {training_id} has no shards yet")
     manifest = ShardManifest.model_validate_json(await store.cat(record.manifest_cid))
     test = await datasets.get(manifest.test_cid)
-    model = model_spec_for(record.spec.model_type, test)
+    task = await tasks.bound(record.spec)
+    model = task.model_spec(test)
     contracts = tuple(await db.contracts(training_id, "worker"))
     shards = round_shards(manifest, await db.shards(training_id), contracts)
     sizes = {cid: await store.size(cid) for cid in sorted({record.model_cid, *(s.cid for s in shards.values())})}
     reference = decode_state(await store.cat(record.model_cid))
     validation = test.subset(np.arange(min(record.spec.faults.val_samples, len(test))))
-    start_loss = await asyncio.to_thread(validation_loss, model, reference, validation)
+    start_loss = await asyncio.to_thread(validation_loss, model, reference, validation, task)
     earlier = frozenset(c.cid for c in await db.checkpoints(training_id, None) if c.round <= record.round)
-    return RoundInputs(record, manifest, test, model, contracts, shards, sizes,
+    return RoundInputs(record, manifest, test, model, task, contracts, shards, sizes,
                        RoundBaseline(reference, validation, start_loss, earlier))
 
 
@@ -112,5 +116,5 @@ def new_job(record: TrainingRecord, contract: WorkerContract, shard: Shard, mode
     return JobAssignment(job_id=new_id("job"), training_id=record.training_id, round=round_,
                          worker_id=contract.worker_id, contract_id=contract.contract_id, shard_cid=shard.cid,
                          shard_bytes=shard_bytes, weights_cid=record.model_cid, weights_bytes=weights_bytes,
-                         model=model, config=config,
+                         model=model, config=config, task=record.spec.task,
                          seed=(record.spec.seed * 7919 + round_ * 104729 + shard.index) % 2**31)

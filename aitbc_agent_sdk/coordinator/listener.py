@@ -100,7 +100,7 @@ class TrainingListener:
             checkpoint_id=result.checkpoint_cid, cid=result.checkpoint_cid, job_id=result.job_id,
             worker_id=result.worker_id, training_id=result.training_id, round=result.round,
             samples=result.samples, loss=result.loss, train_seconds=result.train_seconds,
-            signature=result.signature)
+            signature=result.signature, task_state=result.task_state)
         self.last_heard[result.worker_id] = time.monotonic()
         self._notify(result)
         await self._db.save_checkpoint(ref, "received")

@@ -53,7 +53,8 @@ async def _hire(coordinator: Coordinator, tid: str, pool: list[WorkerContract], 
     record = await coordinator.db.training(tid)
     remaining = record.spec.rounds - record.round
     known = {c.worker_id for c in await coordinator.db.contracts(tid)}
-    found = [w for w in await coordinator.discover(max_price_wei=record.spec.max_price_wei) if w.worker_id not in known]
+    found = [w for w in await coordinator.discover(max_price_wei=record.spec.max_price_wei,
+                                                        task=record.spec.task) if w.worker_id not in known]
     for worker in coordinator.select(found, len(found)):
         amount = worker.price * remaining
         try:

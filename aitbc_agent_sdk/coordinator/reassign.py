@@ -47,7 +47,8 @@ async def hire(coordinator: Coordinator, training_id: str, workers: Sequence[Wor
 async def new_replacement(coordinator: Coordinator, training_id: str, exclude: Collection[str], *,
                           max_price_wei: int | None) -> WorkerContract:
     """Discover a provider not yet in this training and contract it as a spare."""
-    found = [w for w in await coordinator.discover(max_price_wei=max_price_wei) if w.worker_id not in exclude]
+    task = (await coordinator.db.training(training_id)).spec.task
+    found = [w for w in await coordinator.discover(max_price_wei=max_price_wei, task=task) if w.worker_id not in exclude]
     for worker in coordinator.select(found, len(found)):
         try:
             return await coordinator.negotiate(worker.worker_id, training_id, worker.price, role="spare")

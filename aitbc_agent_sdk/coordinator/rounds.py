@@ -19,7 +19,8 @@ from ..errors import AitbcError, InsufficientFundsError, NotEnoughWorkersError, 
 from ..messaging import topics
 from ..models import CheckpointRef, JobAssignment, Progress, ResendRequest, Shard, TrainingPhase, WorkerContract
 from ..training import decode_state, encode_state, strategy_for_round
-from .health import adaptive_deadline, confirmed_stragglers
+from .deadlines import job_deadline, job_work
+from .health import confirmed_stragglers
 from .inputs import RoundInputs, new_job
 from .liveness import LivenessWatch
 from .logbook import AuditSink
@@ -167,7 +168,8 @@ class RoundRunner:
                 job_id=ref.job_id, worker_id=ref.worker_id, domain=domain, key=key, round=ref.round, cid=ref.cid,
                 signature=ref.signature, state=state, reference=base.reference,
                 seen_before=ref.cid in base.earlier_cids or ref.cid in same_round, spec=self.inputs.model,
-                validation=base.validation, start_loss=base.start_loss, policy=self.policy))
+                validation=base.validation, start_loss=base.start_loss, policy=self.policy,
+                task=self.inputs.task))
 
     async def _reject(self, slot: ShardSlot, ref: CheckpointRef, inspection: Inspection) -> None:
         assert inspection.problem is not None
@@ -239,8 +241,7 @@ class RoundRunner:
             job = slot.job_of(slot.holder)
             if job is None or slot.winner is not None:
                 continue
-            deadline = adaptive_deadline(self.c.round_times_of(self.tid, slot.holder), self.policy)
-            if now - slot.sent_at[job.job_id] > deadline:
+            if now - slot.sent_at[job.job_id] > self._deadline(slot):
                 overdue.add(index)
         late |= overdue
         for index in sorted(late):
@@ -249,9 +250,8 @@ class RoundRunner:
                 continue
             if not slot.reported:
                 slot.reported = True
-                deadline = adaptive_deadline(self.c.round_times_of(self.tid, slot.holder), self.policy)
                 await self.audit.append("straggler_detected", worker=slot.holder, round=self.round,
-                                        progress=self._progress(slot), deadline_s=deadline)
+                                        progress=self._progress(slot), deadline_s=self._deadline(slot))
             spare = await self._free_spare()
             if spare is None and index in overdue and not slot.market_tried:
                 # Past its deadline and no spare free: look for one on the market rather than
@@ -272,6 +272,11 @@ class RoundRunner:
             await self._dispatch(slot, spare)
             await self.audit.append("speculative_job", worker=spare.worker_id, straggler=slot.holder,
                                     round=self.round, shard_index=index)
+
+    def _deadline(self, slot: ShardSlot) -> float:
+        """The holder's deadline: its own past rounds here, or the shard's work at the assumed speed."""
+        work = job_work(slot.shard.samples, self.inputs.record.spec.job.epochs)
+        return job_deadline(work, self.c.round_times_of(self.tid, slot.holder), self.policy)
 
     def _progress(self, slot: ShardSlot) -> float:
         if slot.winner is not None:

@@ -16,7 +16,9 @@ from ..errors import AitbcError, NotEnoughWorkersError, TrainingError
 from ..models import (
     RoundReport, Settlement, TrainingPhase, TrainingRecord, TrainingReport, TrainingSpec, Worker, WorkerReport,
 )
-from ..training import LabeledData, load_dataset, model_spec_for
+from ..training import LabeledData, load_dataset
+from .deadlines import job_work, round_timeout
+from .inputs import RoundInputs
 from .liveness import LivenessWatch
 from .pool import adapt_pool
 from .phases import is_terminal
@@ -34,7 +36,7 @@ class RunRequest:
     dataset: str | Path = "digits"
     label_column: str | None = None
     min_gpu: str | None = None
-    round_timeout_s: float = 600.0
+    round_timeout_s: float | None = None  # None: the training's FaultPolicy decides (see deadlines.round_timeout)
 
 
 Prepared = tuple[LabeledData, list[Worker], list[Worker]]  # what prepare() checked: data, workers, spares
@@ -44,8 +46,8 @@ async def prepare(coordinator: Coordinator, request: RunRequest) -> Prepared:
     """All the checks that need no writes: data, model, market, money. Returns (data, workers, spares)."""
     spec = request.spec
     data = await asyncio.to_thread(load_dataset, request.dataset, label_column=request.label_column)
-    model_spec_for(spec.model_type, data)
-    found = await coordinator.discover(min_gpu=request.min_gpu, max_price_wei=spec.max_price_wei)
+    (await coordinator.tasks.bound(spec)).model_spec(data)  # an unknown task or bad parameters: fail now
+    found = await coordinator.discover(min_gpu=request.min_gpu, max_price_wei=spec.max_price_wei, task=spec.task)
     if len(found) < spec.target_workers:
         raise NotEnoughWorkersError(
             f"asked for {spec.target_workers} workers but only {len(found)} suitable providers answered")
@@ -75,13 +77,14 @@ async def run_training(coordinator: Coordinator, request: RunRequest, prepared: 
 
 
 async def drive_training(coordinator: Coordinator, tid: str, *,
-                         round_timeout_s: float = 600.0) -> tuple[Settlement, float]:
+                         round_timeout_s: float | None = None) -> tuple[Settlement, float]:
     """Run the remaining rounds of a funded training, then pay and refund.
 
     Returns the settlement and the training compute time (slowest worker per round, summed).
     Used by ``run`` in-process, by the detached coordinator daemon after ``distribute``, and
-    by ``resume`` after a coordinator died.
+    by ``resume`` after a coordinator died. ``round_timeout_s`` overrides the training's FaultPolicy.
     """
+    limit = round_timeout_s
     try:
         record = await coordinator.db.training(tid)
         await _assign_shards(coordinator, tid)
@@ -94,7 +97,8 @@ async def drive_training(coordinator: Coordinator, tid: str, *,
                 await coordinator.update_phase(tid, P.DISTRIBUTING)
                 inputs = await coordinator.round_inputs(tid)
                 runner = RoundRunner(coordinator, inputs, liveness, unusable, audit=audit, reassign=reassign)
-                stats = await runner.run(round_timeout_s)
+                limit = _round_limit(coordinator, inputs, round_timeout_s)
+                stats = await runner.run(limit)
                 compute += stats.slowest_s
                 await coordinator.save_results(tid, stats.model_cid, stats=stats, inputs=inputs)
                 record = await coordinator.db.training(tid)
@@ -106,8 +110,19 @@ async def drive_training(coordinator: Coordinator, tid: str, *,
     except (AitbcError, asyncio.CancelledError, TimeoutError) as exc:
         await fail_training(coordinator, tid, str(exc) or type(exc).__name__)
         if isinstance(exc, TimeoutError):
-            raise TrainingError(f"training {tid}: a round did not finish within {round_timeout_s:g}s") from exc
+            within = f" within {limit:g}s" if limit is not None else ""
+            raise TrainingError(f"training {tid}: a round did not finish{within}") from exc
         raise
+
+
+def _round_limit(coordinator: Coordinator, inputs: RoundInputs, override: float | None) -> float:
+    """Seconds this round may take: ``override``, or derived from its jobs' work and their providers' history."""
+    if override is not None:
+        return override
+    epochs, tid = inputs.record.spec.job.epochs, inputs.training_id
+    jobs = [(job_work(inputs.shards[c.shard_index].samples, epochs), coordinator.round_times_of(tid, c.worker_id))
+            for c in inputs.contracts if c.shard_index is not None]
+    return round_timeout(jobs, inputs.policy)
 
 
 async def _assign_shards(coordinator: Coordinator, tid: str) -> None:
@@ -127,7 +142,7 @@ async def _assign_shards(coordinator: Coordinator, tid: str) -> None:
 
 
 async def resume_training(coordinator: Coordinator, tid: str, *,
-                          round_timeout_s: float = 600.0) -> tuple[Settlement, float] | None:
+                          round_timeout_s: float | None = None) -> tuple[Settlement, float] | None:
     """Carry on a funded training after its coordinator died; None if it already ended.
 
     The interrupted round starts over (its jobs are cancelled and sent again); rounds already
@@ -193,7 +208,7 @@ async def _report(coordinator: Coordinator, tid: str, selected: list[Worker], re
     round_reports = tuple(
         RoundReport(round=r.round, accuracy=r.accuracy, loss=r.loss, model_cid=r.model_cid,
                     worker_losses={c.worker_id: c.loss for c in accepted if c.round == r.round},
-                    workers=r.workers, throughput=r.throughput)
+                    workers=r.workers, throughput=r.throughput, metrics=r.metrics)
         for r in rounds)
     assert record.model_cid is not None and record.manifest_cid is not None
     return TrainingReport(

@@ -25,13 +25,13 @@ from ..market.scoring import rate_worker
 from ..messaging import SignedChannel, topics
 from ..models import (
     AggregateResult, CheckpointRef, ContractProposal, ContractReply, JobAssignment, JobConfig, ModelSpec, Offer,
-    Progress, RoundMetrics, Shard, ShardManifest, TrainingPhase, TrainingRecord, TrainingSpec, TrainingStatus,
-    Worker, WorkerContract, new_id,
+    Progress, RoundMetrics, Shard, ShardManifest, TaskRef, TrainingPhase, TrainingRecord, TrainingSpec,
+    TrainingStatus, Worker, WorkerContract, new_id,
 )
 from ..storage import DEFAULT_MAX_BYTES, ContentStore
 from ..training import (
     AggregationStrategy, FedAvg, LabeledData, decode_state, encode_data, encode_state, label_counts, load_dataset,
-    model_spec_for, sample_weights,
+    sample_weights,
 )
 from .datasets import DatasetCache
 from .inputs import CHECKPOINT_HEADER_SLACK, RoundInputs, load_round_inputs, new_job
@@ -41,7 +41,8 @@ from .money import EscrowSteps
 from .phases import check_transition
 from .settings import CoordinatorSettings
 from .settlement import EscrowAccount
-from .sharding import evaluate_state, initial_model, plan_shards
+from .sharding import plan_shards
+from .tasks import TaskCache
 from .stats import RoundStats
 from .store import TrainingStore
 from .verification import checkpoint_problem, result_signer
@@ -66,11 +67,13 @@ class Coordinator:
     _listeners: dict[str, TrainingListener] = field(default_factory=dict)
     logs: AuditLogs = field(init=False)  # one audit log per training, under settings.audit_dir
     data: DatasetCache = field(init=False)
+    tasks: TaskCache = field(init=False)  # the trainings' tasks, built-in or user code by CID
     money: EscrowSteps = field(init=False)  # budget, funding, paying, settling
 
     def __post_init__(self) -> None:
         self.logs = AuditLogs(self.settings.audit_dir)
         self.data = DatasetCache(self.store)
+        self.tasks = TaskCache(self.store, self.settings.task_dir)
         self.money = EscrowSteps(self.db, self.escrow, self.logs, gas_reserve_wei=self.settings.gas_reserve_wei,
                                  observer=self.observer)
 
@@ -79,7 +82,7 @@ class Coordinator:
         return self.channel.address
 
     async def round_inputs(self, training_id: str) -> RoundInputs:
-        return await load_round_inputs(self.db, self.store, self.data, training_id)
+        return await load_round_inputs(self.db, self.store, self.data, self.tasks, training_id)
 
     async def load_round_times(self, training_id: str) -> None:
         """The training's delivered round times as stored: a resumed coordinator keeps their history."""
@@ -121,7 +124,7 @@ class Coordinator:
 
     async def attach_data(self, training_id: str, data: LabeledData) -> str:
         record = await self.db.training(training_id)
-        model_spec_for(record.spec.model_type, data)  # fail now on an unknown model, not mid-run
+        (await self.tasks.bound(record.spec)).model_spec(data)  # fail now on an unknown task, not mid-run
         cid = await self.store.add(await asyncio.to_thread(encode_data, data))
         self.data.put(cid, data)
         await self.db.save_training(record.model_copy(update={"dataset_cid": cid}))
@@ -157,7 +160,8 @@ class Coordinator:
                                  seed=spec.seed, num_classes=data.num_classes, feature_shape=data.feature_shape,
                                  shards=tuple(shards))
         manifest_cid = await self.store.add(manifest.model_dump_json(indent=1).encode())
-        model_cid = await self.store.add(await asyncio.to_thread(initial_model, spec, train))
+        task = await self.tasks.bound(spec)
+        model_cid = await self.store.add(await asyncio.to_thread(task.initial_state, train, spec.seed))
         self.data.put(test_cid, test)
         await self.db.save_shards(training_id, shards)
         await self.db.save_training(record.model_copy(update={"manifest_cid": manifest_cid, "model_cid": model_cid}))
@@ -165,12 +169,15 @@ class Coordinator:
 
     # -- market ----------------------------------------------------------------------------
     async def discover(self, *, min_gpu: str | None = None, max_price_wei: int | None = None,
-                       include_busy: bool = False) -> list[Worker]:
+                       include_busy: bool = False, task: TaskRef | None = None) -> list[Worker]:
+        """Providers on the market that fit; with ``task``, only those whose offer says they run it."""
         offers = await collect_offers(self.channel, timeout=self.settings.discovery_timeout_s)
         unit = reputation_unit([o.price_wei for o in offers])
         workers = []
         for offer in offers:
             if (offer.free_slots < 1 and not include_busy) or not meets_min_gpu(offer.hardware.gpu_type, min_gpu):
+                continue
+            if not offer.tasks.permits(task):
                 continue
             if max_price_wei is not None and offer.price_wei > max_price_wei:
                 continue
@@ -201,7 +208,8 @@ class Coordinator:
         record = await self.db.training(training_id)
         rounds = rounds or record.spec.rounds
         proposal = ContractProposal(contract_id=new_id("contract"), training_id=training_id,
-                                    coordinator=self.address, price_wei=price_wei, rounds=rounds)
+                                    coordinator=self.address, price_wei=price_wei, rounds=rounds,
+                                    task=record.spec.task)
         reply = await self.channel.request(
             topics.negotiate(worker_id), proposal, topics.negotiate_reply(self.address, proposal.contract_id),
             ContractReply, timeout=self.settings.reply_timeout_s, expected_sender=worker_id)
@@ -254,7 +262,7 @@ class Coordinator:
 
     async def _model_spec_of(self, record: TrainingRecord) -> ModelSpec:
         manifest = await self._manifest_of(record)
-        return model_spec_for(record.spec.model_type, await self.data.get(manifest.test_cid))
+        return (await self.tasks.bound(record.spec)).model_spec(await self.data.get(manifest.test_cid))
 
     async def progress(self, job_id: str) -> Progress:
         progress = await self.db.progress(job_id)
@@ -351,11 +359,13 @@ class Coordinator:
         record = await self.db.training(training_id)  # fresh: the round moved its phase on
         test = inputs.test if inputs is not None else await self.data.get((await self._manifest_of(record)).test_cid)
         state = decode_state(await self.store.cat(model_cid))
-        result = await asyncio.to_thread(evaluate_state, record.spec, test, state)
+        task = inputs.task if inputs is not None else await self.tasks.bound(record.spec)
+        result = await asyncio.to_thread(task.evaluate, test, state)
         round_ = record.round + 1
         jobs = await self.db.jobs(training_id, round_)
         round_metrics = RoundMetrics(
-            round=round_, accuracy=result.accuracy, loss=result.loss, model_cid=model_cid,
+            round=round_, accuracy=_fraction(result, "accuracy"), loss=result["loss"], metrics=result,
+            model_cid=model_cid,
             workers=len(stats.worker_samples) if stats else max(len({j.worker_id for j in jobs}), 1),
             throughput=stats.throughput if stats else None, round_seconds=stats.seconds if stats else None)
         await self.db.save_round(training_id, round_metrics)
@@ -384,3 +394,7 @@ class Coordinator:
                               rounds=record.spec.rounds, workers=len(await self.db.contracts(training_id, "worker")),
                               accuracy=rounds[-1].accuracy if rounds else None, model_cid=record.model_cid)
 
+
+def _fraction(metrics: dict[str, float], name: str) -> float:
+    """A task's accuracy as reports show it; a task without one reports 0 (its own metric is in ``metrics``)."""
+    return min(max(metrics.get(name, 0.0), 0.0), 1.0)

@@ -1,16 +1,12 @@
-"""How a training's data becomes shards, and its round-0 model (pure: no I/O)."""
+"""How a training's data becomes shards (pure: no I/O). The round-0 model is the task's (BoundTask.initial_state)."""
 
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from ..errors import ConfigError
 from ..models import TrainingSpec
-from ..training import (
-    LabeledData, build_model, dirichlet_partition, encode_state, evaluate, fit_normalization, iid_partition,
-    model_spec_for, train_test_split,
-)
+from ..training import LabeledData, dirichlet_partition, iid_partition, train_test_split
 
 
 def plan_shards(spec: TrainingSpec, data: LabeledData,
@@ -24,16 +20,3 @@ def plan_shards(spec: TrainingSpec, data: LabeledData,
     else:
         parts = dirichlet_partition(train.labels.numpy(), num_shards, spec.dirichlet_alpha, spec.seed)
     return train, test, list(parts)
-
-
-def initial_model(spec: TrainingSpec, train: LabeledData) -> bytes:
-    """The round-0 model: seeded weights, input normalisation fitted to the training split."""
-    model = build_model(model_spec_for(spec.model_type, train), seed=spec.seed)
-    fit_normalization(model, train)
-    return encode_state({k: v.detach().contiguous() for k, v in model.state_dict().items()})
-
-
-def evaluate_state(spec: TrainingSpec, test: LabeledData, state: dict[str, torch.Tensor]):
-    model = build_model(model_spec_for(spec.model_type, test))
-    model.load_state_dict(state, strict=True)
-    return evaluate(model, test)

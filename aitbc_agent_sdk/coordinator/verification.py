@@ -23,11 +23,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
-from torch.nn import functional as F
 
 from ..chain.registry import EvidenceDomain, result_digest, signature_signer
 from ..models import FaultPolicy, ModelSpec
-from ..training import LabeledData, build_model
+from ..training import LabeledData
+from ..training.bound_task import BoundTask, bind_task, job_task_ref
 
 State = Mapping[str, torch.Tensor]
 
@@ -79,13 +79,10 @@ def update_norm(state: State, reference: State) -> float:
     return math.sqrt(total)
 
 
-def validation_loss(spec: ModelSpec, state: State, batch: LabeledData) -> float:
-    """Mean cross-entropy of the model with ``state`` on ``batch``."""
-    model = build_model(spec)
-    model.load_state_dict(dict(state), strict=True)
-    model.eval()
-    with torch.no_grad():
-        return float(F.cross_entropy(model(batch.features), batch.labels))
+def validation_loss(spec: ModelSpec, state: State, batch: LabeledData, task: BoundTask | None = None) -> float:
+    """The task's mean loss (a built-in's: cross-entropy) of the model with ``state`` on ``batch``."""
+    bound = task if task is not None else bind_task(job_task_ref(spec, None))
+    return bound.validation_loss(spec, dict(state), batch)
 
 
 def loss_limit(start_loss: float, policy: FaultPolicy) -> float:
@@ -95,7 +92,8 @@ def loss_limit(start_loss: float, policy: FaultPolicy) -> float:
 
 def inspect_result(*, job_id: str, worker_id: str, domain: EvidenceDomain, key: bytes, round: int, cid: str,
                    signature: str | None, state: State, reference: State, seen_before: bool, spec: ModelSpec,
-                   validation: LabeledData, start_loss: float, policy: FaultPolicy) -> Inspection:
+                   validation: LabeledData, start_loss: float, policy: FaultPolicy,
+                   task: BoundTask | None = None) -> Inspection:
     """Every check that needs only this result; the norm is kept for :func:`judge_norms`."""
     if result_signer(domain, key, round, cid, signature) != worker_id:
         return Inspection(job_id, worker_id, cid, "result is not signed by the worker (canonically)")
@@ -109,7 +107,7 @@ def inspect_result(*, job_id: str, worker_id: str, domain: EvidenceDomain, key: 
         # Provable from the signed CID's content alone: the one slashable kind of rejection.
         return Inspection(job_id, worker_id, cid, problem, slashable=True)
     norm = update_norm(state, reference)
-    loss = validation_loss(spec, state, validation)
+    loss = validation_loss(spec, state, validation, task)
     limit = loss_limit(start_loss, policy)
     if not math.isfinite(loss) or loss > limit:
         return reject(f"validation loss {loss:.4g} above the limit {limit:.4g} "

@@ -78,10 +78,15 @@ async def _ensure_wallet(store: WalletStore, name: str, password: str) -> str:
         return (await store.create(name, password)).address
 
 
+# The devnet's providers share this machine's cores, one thread and one slot each; they run any
+# task (sandboxed), so a user can try their own task on the devnet first.
+DEVNET_PROVIDER_ARGS = ("--threads", "1", "--slots", "1", "--tasks", "any")
+
+
 def spawn_provider(home: Path, wallet: str, password: str, price_wei: int, stake_wei: int) -> ServiceProcess:
     return spawn(f"provider:{wallet}", [sys.executable, "-m", "aitbc_agent_sdk.provider.daemon", "--home", str(home),
                                         "--wallet", wallet, "--price-wei", str(price_wei),
-                                        "--stake-wei", str(stake_wei)],
+                                        "--stake-wei", str(stake_wei), *DEVNET_PROVIDER_ARGS],
                  port=0, log=home / "devnet" / "logs" / f"{wallet}.log", stdin_data=(password + "\n").encode())
 
 

@@ -120,7 +120,7 @@ async def hire_workers(agent: Agent, training_id: str, required: int | None = No
 
     record = await agent.coordinator.db.training(training_id)
     wanted = required or record.spec.target_workers
-    workers = await agent.discover_gpu_workers(min_gpu=min_gpu, max_price_wei=max_price_wei)
+    workers = await agent.discover_gpu_workers(min_gpu=min_gpu, max_price_wei=max_price_wei, task=record.spec.task)
     if len(workers) < wanted:
         cap = f" at or under {max_price_wei} wei" if max_price_wei is not None else ""
         raise NotEnoughWorkersError(f"asked for {wanted} workers ({min_gpu or 'any hardware'}{cap}); "

@@ -8,6 +8,7 @@ from pydantic import Field
 
 from .. import limits
 from .base import Address, Cid, Finite, Id, Record, Text, Wei
+from .tasks import TaskRef
 from .training import JobConfig, ModelSpec, SampleRange
 
 
@@ -51,6 +52,7 @@ class JobAssignment(Record):
     model: ModelSpec
     config: JobConfig
     seed: int = Field(default=0, ge=0, description="shuffling seed for the worker's local epochs")
+    task: TaskRef | None = Field(default=None, description="user code to run; None: the built-in named model.name")
 
 
 JobStatus = Literal["assigned", "running", "complete", "failed", "cancelled"]
@@ -68,6 +70,8 @@ class Progress(Record):
     loss: Finite | None = None
     samples_per_s: Finite | None = Field(default=None, ge=0.0)
     error: Text | None = None
+    gpu_memory_bytes: int | None = Field(default=None, ge=0, le=1 << 44, description="peak GPU memory of the job")
+    gpu_utilization_percent: Finite | None = Field(default=None, ge=0.0, le=100.0)
 
 
 class JobResult(Record):
@@ -82,6 +86,8 @@ class JobResult(Record):
     signature: str = Field(pattern=r"^0x[0-9a-fA-F]{130}$",
                            description="the worker's sign_result over (chain, registry, training, round, checkpoint "
                                        "CID): slashing evidence")
+    task_state: Literal["fresh", "resumed"] | None = Field(
+        default=None, description="a keep_state task: whether the worker resumed the state it kept last round")
 
 
 class JobCancel(Record):
@@ -123,6 +129,7 @@ class CheckpointRef(Record):
     loss: Finite
     train_seconds: Finite = Field(default=0.0, ge=0.0)
     signature: str | None = None
+    task_state: Literal["fresh", "resumed"] | None = None  # as its result said: a replacement starts fresh
 
 
 class ContractProposal(Record):
@@ -131,6 +138,7 @@ class ContractProposal(Record):
     coordinator: Address
     price_wei: Wei
     rounds: int = Field(ge=1)
+    task: TaskRef | None = Field(default=None, description="the task the jobs will run: checked before accepting")
 
 
 class ContractReply(Record):

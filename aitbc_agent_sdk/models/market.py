@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from .. import limits
 from .base import Address, Finite, Name, Record, Wei
+from .tasks import TaskPolicy
 
 
 class GpuInfo(Record):
@@ -41,6 +42,7 @@ class Offer(Record):
     slots: int = Field(default=1, ge=1)
     free_slots: int = Field(default=1, ge=0)
     issued_at: Finite = Field(default_factory=time.time)
+    tasks: TaskPolicy = Field(default_factory=TaskPolicy, description="what code it runs: discovery respects it")
 
     @model_validator(mode="after")
     def _free_within_slots(self) -> Offer:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import time
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
 from .. import limits
-from .base import Address, Cid, Fraction, Id, Record, Wei
+from .base import Address, Cid, Finite, Fraction, Id, Record, Wei
 from .training import TrainingPhase
 
 
@@ -29,6 +29,8 @@ class RoundMetrics(Record):
     workers: int = Field(ge=1)
     throughput: float | None = Field(default=None, ge=0.0, description="samples trained per second of round time")
     round_seconds: float | None = Field(default=None, ge=0.0)
+    metrics: dict[Annotated[str, Field(max_length=64)], Finite] = Field(
+        default_factory=dict, max_length=32, description="every metric the task's evaluate() returned")
 
 
 class Payment(Record):
@@ -85,6 +87,7 @@ class RoundReport(Record):
     worker_losses: dict[str, float]
     workers: int | None = None
     throughput: float | None = None
+    metrics: dict[str, float] = Field(default_factory=dict, description="every metric the task's evaluate() returned")
 
 
 class TrainingReport(Record):

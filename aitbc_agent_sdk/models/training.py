@@ -10,6 +10,7 @@ from pydantic import Field, model_validator
 
 from .. import limits
 from .base import Address, Cid, Id, Record, Wei
+from .tasks import TaskRef
 
 
 class TrainingPhase(StrEnum):
@@ -69,15 +70,27 @@ class FaultPolicy(Record):
     straggler_grace: float = Field(default=1.5, ge=1.0,
                                    description="...once it ran this many times the median of finished jobs")
     deadline_quantile: float = Field(default=0.9, gt=0.0, le=1.0)
-    deadline_factor: float = Field(default=2.0, ge=1.0, description="deadline = factor x quantile of past rounds")
-    min_deadline_s: float = Field(default=5.0, gt=0.0)
-    first_round_deadline_s: float = Field(default=120.0, gt=0.0, description="before a provider has history")
+    deadline_factor: float = Field(default=2.0, ge=1.0, description="deadline = factor x quantile of past rounds, "
+                                                                     "or factor x the work at the assumed speed")
+    min_deadline_s: float = Field(default=5.0, gt=0.0, description="seconds: the shortest deadline from history")
+    first_round_deadline_s: float = Field(default=120.0, gt=0.0,
+                                          description="seconds: the shortest deadline of a provider without history "
+                                                      "(a bigger job gets its work at assumed_samples_per_s)")
+    assumed_samples_per_s: float = Field(default=50.0, gt=0.0,
+                                         description="sample passes per second expected of a provider without "
+                                                     "history: sizes first-round deadlines by a job's work")
+    round_timeout_s: float | None = Field(default=None, gt=0.0,
+                                          description="seconds a round may run before the training fails; None: "
+                                                      "round_timeout_factor x its longest job deadline")
+    round_timeout_factor: float = Field(default=3.0, ge=1.0,
+                                        description="a derived round timeout, times the longest job deadline")
+    min_round_timeout_s: float = Field(default=600.0, gt=0.0, description="seconds: the shortest derived round timeout")
     norm_bound: float = Field(default=5.0, gt=1.0, description="update norm limit, times the round's median")
     val_loss_tolerance: float = Field(default=0.5, ge=0.0,
                                       description="allowed relative rise of validation loss over the round's start")
     val_loss_margin: float = Field(default=0.5, ge=0.0, description="allowed absolute rise, in nats")
     val_samples: int = Field(default=256, ge=1)
-    fetch_timeout_s: float = Field(default=10.0, gt=0.0)
+    fetch_timeout_s: float = Field(default=10.0, gt=0.0, description="seconds to fetch a worker's checkpoint")
     resend_timeout_s: float = Field(default=10.0, gt=0.0,
                                     description="how long a worker has to re-send a missing or corrupt checkpoint")
     max_replacements: int = Field(default=8, ge=0, description="per training, before it fails")
@@ -114,7 +127,8 @@ class SampleRange(Record):
 
 
 class TrainingSpec(Record):
-    model_type: str = Field(max_length=64)
+    model_type: str = Field(max_length=64, description="a built-in task's name (the seed's --model-type)")
+    task: TaskRef | None = Field(default=None, description="the task to run; None: the built-in named model_type")
     target_workers: int = Field(ge=1, le=1024)
     rounds: int = Field(default=5, ge=1, le=10_000)
     job: JobConfig = JobConfig()

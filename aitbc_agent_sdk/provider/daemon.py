@@ -26,6 +26,7 @@ from ..chain import WalletStore
 from ..config import AgentConfig, default_home
 from ..profile import Profile, load_profile
 from ..stack import open_bus, open_store
+from ..models import TaskPolicy
 from .node import ProviderAgent, ProviderConfig
 from .hardware import detect_hardware
 from .onchain import ProviderChain
@@ -64,11 +65,13 @@ async def open_provider_chain(profile: Profile, exits: AsyncExitStack) -> Provid
     return await ProviderChain.connect(w3, profile.chain.escrow)
 
 
-async def serve_provider(home: Path, account: LocalAccount, *, price_wei: int, slots: int = 1,
+async def serve_provider(home: Path, account: LocalAccount, *, price_wei: int, slots: int | None = None,
                          gpu: str = "auto", stake_wei: int | None = None, stop: asyncio.Event,
                          agent_factory: AgentFactory = ProviderAgent,
-                         sandbox: TrainingSandbox | None = TrainingSandbox()) -> None:
-    """Serve until ``stop``; ``sandbox=None`` trains unconfined (``--no-sandbox``), and says so."""
+                         sandbox: TrainingSandbox | None = TrainingSandbox(), threads: int | None = None,
+                         tasks: TaskPolicy = TaskPolicy()) -> None:
+    """Serve until ``stop``; ``sandbox=None`` trains unconfined (``--no-sandbox``), and says so.
+    ``slots=None``: one per GPU (1 on a CPU host); ``threads=None``: the cores shared among the slots."""
     profile = load_profile(home)
     work_dir = provider_dir(home, account.address)
     hardware = await asyncio.to_thread(detect_hardware)
@@ -82,8 +85,9 @@ async def serve_provider(home: Path, account: LocalAccount, *, price_wei: int, s
         if sandbox is None:
             logging.warning("--no-sandbox: jobs from strangers train unconfined, as this user")
         chain = await open_provider_chain(profile, exits)
-        provider = agent_factory(account, bus, store, ProviderConfig(price_wei=price_wei, slots=slots,
-                                                                      work_dir=work_dir, sandbox=sandbox),
+        config = ProviderConfig(price_wei=price_wei, slots=slots, work_dir=work_dir, sandbox=sandbox,
+                                worker_threads=threads, tasks=tasks)
+        provider = agent_factory(account, bus, store, config,
                                  hardware=hardware, chain=chain)
         if stake_wei:
             await ensure_registered(profile, account, provider, stake_wei)
@@ -119,7 +123,8 @@ async def run_daemon(args: argparse.Namespace, agent_factory: Callable[..., Prov
         loop.add_signal_handler(sig, stop.set)
     await serve_provider(args.home, account, price_wei=args.price_wei, slots=args.slots, gpu=args.gpu,
                          stake_wei=args.stake_wei, stop=stop, agent_factory=agent_factory,
-                         sandbox=None if args.no_sandbox else TrainingSandbox(hidden_paths=(args.home,)))
+                         sandbox=None if args.no_sandbox else TrainingSandbox(hidden_paths=(args.home,)),
+                         threads=args.threads, tasks=TaskPolicy(accepts=args.tasks, allowed=tuple(args.allow_task)))
 
 
 def build_parser(description: str = "aitbc provider daemon (reads the wallet password from stdin)"
@@ -128,7 +133,11 @@ def build_parser(description: str = "aitbc provider daemon (reads the wallet pas
     parser.add_argument("--home", type=Path, default=default_home())
     parser.add_argument("--wallet", required=True)
     parser.add_argument("--price-wei", type=int, required=True)
-    parser.add_argument("--slots", type=int, default=1)
+    parser.add_argument("--slots", type=int, default=None, help="jobs at once (default: one per GPU, 1 on a CPU)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads per slot (default: cores/slots)")
+    parser.add_argument("--tasks", choices=("builtin", "allow-list", "any"), default="builtin",
+                        help="which tasks to run: built-ins only, built-ins and --allow-task CIDs, or any (sandboxed)")
+    parser.add_argument("--allow-task", action="append", default=[], metavar="CID", help="a task CID to run")
     parser.add_argument("--gpu", choices=("auto", "none"), default="auto")
     parser.add_argument("--stake-wei", type=int, default=None, help="register with this bond if not registered")
     parser.add_argument("--no-sandbox", action="store_true",

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, NamedTuple
 
 from ..limits import TEXT_MAX_LENGTH
+from ..messaging import Verified
 from ..models import JobAssignment, Progress
 from .process import SHARD_FILE, WEIGHTS_FILE
 
-__all__ = ["EpochReporter", "TrainOutcome", "job_progress", "write_file", "write_inputs"]
+__all__ = ["ActiveJob", "EpochReporter", "Server", "TrainOutcome", "job_progress", "remember", "write_file", "write_inputs"]
 
+DELIVERED_KEPT = 8  # recent checkpoints kept in memory for re-send requests
 EpochReporter = Callable[[dict[str, Any]], Awaitable[None]]
 """Called with each ``epoch`` event of the training process; reports progress on the bus."""
 
@@ -26,16 +30,29 @@ class TrainOutcome:
     samples: int
     loss: float
     seconds: float
+    task_state: Literal["fresh", "resumed"] | None = None  # a keep_state task: whether it resumed its state
 
 
 def job_progress(job: JobAssignment, worker: str, status: str, *, epoch: int = 0, loss: float | None = None,
-                 samples_per_s: float | None = None, error: str | None = None) -> Progress:
+                 samples_per_s: float | None = None, error: str | None = None,
+                 gpu_memory_bytes: int | None = None, gpu_utilization_percent: float | None = None) -> Progress:
     """The progress record of ``job`` on ``worker``; non-finite numbers are left out, errors cut to size."""
     percent = 100.0 if status == "complete" else 100.0 * epoch / job.config.epochs
     return Progress(
         job_id=job.job_id, training_id=job.training_id, worker_id=worker, round=job.round,
         status=status, epoch=epoch, epochs=job.config.epochs, progress=percent, loss=_finite(loss),
-        samples_per_s=_finite(samples_per_s), error=error[:TEXT_MAX_LENGTH] if error else error)
+        samples_per_s=_finite(samples_per_s), error=error[:TEXT_MAX_LENGTH] if error else error,
+        gpu_memory_bytes=gpu_memory_bytes, gpu_utilization_percent=_finite(gpu_utilization_percent))
+
+
+def epoch_fields(event: dict[str, Any]) -> dict[str, Any]:
+    """The progress fields of one ``epoch`` event from the training process (its GPU figures when it has a GPU)."""
+    fields = {"epoch": int(event["epoch"]), "loss": float(event["loss"]),
+              "samples_per_s": float(event["samples_per_s"])}
+    for name, kind in (("gpu_memory_bytes", int), ("gpu_utilization_percent", float)):
+        if isinstance(event.get(name), (int, float)):
+            fields[name] = kind(event[name])
+    return fields
 
 
 def _finite(value: float | None) -> float | None:
@@ -51,3 +68,26 @@ def write_inputs(job_dir: Path, shard: bytes, weights: bytes) -> None:
     job_dir.mkdir(parents=True, exist_ok=True)
     (job_dir / SHARD_FILE).write_bytes(shard)
     (job_dir / WEIGHTS_FILE).write_bytes(weights)
+
+
+@dataclass(frozen=True)
+class ActiveJob:
+    job: JobAssignment
+    task: asyncio.Task[None]
+
+
+class Server(NamedTuple):
+    """One serving loop: the topic it reads (under this provider's address), its record and its handler."""
+
+    name: str
+    topic: Callable[[str], str]
+    record: type
+    handle: Callable[[Verified[Any]], Awaitable[None] | None]
+
+
+def remember(delivered: OrderedDict[str, tuple[JobAssignment, TrainOutcome, bytes]], job: JobAssignment,
+             outcome: TrainOutcome, checkpoint: bytes) -> None:
+    """Keep a delivered result among the last ``DELIVERED_KEPT``."""
+    delivered[job.job_id] = (job, outcome, checkpoint)
+    while len(delivered) > DELIVERED_KEPT:
+        delivered.popitem(last=False)

@@ -14,9 +14,8 @@ import shutil
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, MutableMapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from eth_account.signers.local import LocalAccount
 from pydantic import BaseModel, ConfigDict, Field
@@ -25,21 +24,24 @@ from ..errors import AitbcError
 from ..messaging import Bus, SignedChannel, Verified, topics
 from ..models import (
     ContractProposal, ContractReply, Hardware, Heartbeat, JobAssignment, JobCancel, JobResult, Offer, Ping, Pong,
-    Progress, ResendRequest, Wei, id_path,
+    Progress, ResendRequest, TaskPolicy, Wei, id_path,
 )
 from ..storage import ContentStore, fetch_timeout_s
 from .book import ContractBook
 from .hardware import detect_hardware
 from .intake import MAX_JOBS_PER_CONTRACT, MAX_JOBS_PER_SLOT, ContractVerdicts, proposal_refusal, queue_problem
-from .jobs import EpochReporter, TrainOutcome, job_progress, write_file, write_inputs
+from .jobs import (
+    ActiveJob, EpochReporter, Server, TrainOutcome, epoch_fields, job_progress, remember, write_file, write_inputs,
+)
 from .onchain import ProviderChain
 from .process import CHECKPOINT_FILE, TrainingProcess
 from .sandbox import TrainingSandbox
+from .slots import TrainingSlots, plan_slots
+from .tasks import ProviderTasks
 
 __all__ = ["MAX_JOBS_PER_CONTRACT", "MAX_JOBS_PER_SLOT", "EpochReporter", "ProviderAgent", "ProviderConfig",
            "TrainOutcome"]
 
-DELIVERED_KEPT = 8  # recent checkpoints kept in memory for re-send requests
 MAX_CONTRACTS = 1024  # accepted contracts remembered; past it, idle and then least recently used ones go
 CONTRACT_IDLE_S = 24 * 3600.0  # a contract without a job for a day is forgotten first
 MAX_JOB_HISTORY = 256  # latest progress kept per job (status.json); older jobs are forgotten
@@ -47,30 +49,17 @@ MAX_JOB_HISTORY = 256  # latest progress kept per job (status.json); older jobs 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class _ActiveJob:
-    job: JobAssignment
-    task: asyncio.Task[None]
-
-
-class _Server(NamedTuple):
-    """One serving loop: the topic it reads (under this provider's address), its record and its handler."""
-
-    name: str
-    topic: Callable[[str], str]
-    record: type
-    handle: Callable[[Verified[Any]], Awaitable[None] | None]
-
-
 class ProviderConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     price_wei: Wei
     work_dir: Path
-    slots: int = Field(default=1, ge=1)
+    slots: int | None = Field(default=None, ge=1, description="jobs at once; None: one per GPU, or 1 on a CPU host")
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
     offer_refresh_s: float = Field(default=30.0, gt=0)
-    worker_threads: int = Field(default=1, ge=1)
+    worker_threads: int | None = Field(default=None, ge=1, description="torch threads per slot; None: the "
+                                       "host's cores shared among the slots")
+    tasks: TaskPolicy = Field(default_factory=TaskPolicy, description="built-ins only, an allow-list, or any task")
     # The training process parses strangers' data: bwrap or refuse to start. None is --no-sandbox.
     sandbox: TrainingSandbox | None = TrainingSandbox()
 
@@ -88,15 +77,17 @@ class ProviderAgent:
         self.store = store
         self.config = config
         self.hardware = hardware
-        self.process = TrainingProcess(config.work_dir, threads=config.worker_threads, sandbox=config.sandbox)
+        self.training: TrainingSlots | None = None  # built once the hardware is known (__aenter__)
+        self.tasks = ProviderTasks(config.tasks, store, config.work_dir / "task-state",
+                                   lambda job: self._contracts[job.contract_id].coordinator)
+        self._job_process: dict[str, TrainingProcess] = {}  # running job -> the slot's process it holds
         self._contracts: MutableMapping[str, ContractProposal] = ContractBook(
             MAX_CONTRACTS, CONTRACT_IDLE_S, pinned=self._contract_in_use,
             forget=self._verdicts.forget)
         self._busy = 0
-        self._slots = asyncio.Semaphore(config.slots)
         self._tasks: list[asyncio.Task[None]] = []
         self._job_tasks: set[asyncio.Task[None]] = set()
-        self._active_jobs: dict[str, _ActiveJob] = {}  # queued or running, until the result is out
+        self._active_jobs: dict[str, ActiveJob] = {}  # queued or running, until the result is out
         # Jobs their coordinator cancelled, by job id: only active jobs get one, and it goes with the job.
         self._cancel_reasons: dict[str, str] = {}
         self._delivered: OrderedDict[str, tuple[JobAssignment, TrainOutcome, bytes]] = OrderedDict()
@@ -117,26 +108,38 @@ class ProviderAgent:
         """Jobs queued or running whose result is not out yet: the ones a cancel can still stop."""
         return frozenset(self._active_jobs)
 
+    @property
+    def slots(self) -> int:
+        gpus = len(self.hardware.gpus) if self.hardware is not None else 0
+        return self.config.slots or max(gpus, 1)
+
+    @property
+    def process(self) -> TrainingProcess:  # the first slot's
+        assert self.training is not None, "the provider is not started"
+        return self.training.processes[0]
+
     def offer(self) -> Offer:
         assert self.hardware is not None
         return Offer(provider=self.address, price_wei=self.config.price_wei, hardware=self.hardware,
-                     slots=self.config.slots, free_slots=max(self.config.slots - self._busy, 0))
+                     slots=self.slots, free_slots=max(self.slots - self._busy, 0), tasks=self.config.tasks)
 
     def offer_metadata(self) -> str:
         """What the registry's metadata hash commits to: the price and hardware, canonical JSON."""
         assert self.hardware is not None
-        return json.dumps({"price_wei": self.config.price_wei, "slots": self.config.slots,
+        return json.dumps({"price_wei": self.config.price_wei, "slots": self.slots,
                            "hardware": self.hardware.model_dump(mode="json")}, sort_keys=True, separators=(",", ":"))
 
     async def __aenter__(self) -> ProviderAgent:
         if self.hardware is None:
             self.hardware = await asyncio.to_thread(detect_hardware)
-        await self.process.start()
-        servers = (_Server("negotiations", topics.negotiate, ContractProposal, self._answer),
-                   _Server("jobs", topics.jobs, JobAssignment, self._take_job),
-                   _Server("cancels", topics.cancel, JobCancel, self._cancel),
-                   _Server("pings", topics.ping, Ping, self._answer_ping),
-                   _Server("resends", topics.resend, ResendRequest, self._resend))
+        plans = plan_slots(self.slots, self.hardware, self.config.worker_threads)
+        self.training = TrainingSlots(self.config.work_dir, plans, self.config.sandbox)
+        await self.training.start()
+        servers = (Server("negotiations", topics.negotiate, ContractProposal, self._answer),
+                   Server("jobs", topics.jobs, JobAssignment, self._take_job),
+                   Server("cancels", topics.cancel, JobCancel, self._cancel),
+                   Server("pings", topics.ping, Ping, self._answer_ping),
+                   Server("resends", topics.resend, ResendRequest, self._resend))
         ready = [asyncio.Event() for _ in servers]
         self._tasks = [asyncio.create_task(self._serve(server, event)) for server, event in zip(servers, ready)]
         await asyncio.gather(*(e.wait() for e in ready))
@@ -151,7 +154,8 @@ class ProviderAgent:
         for task in [*self._tasks, *self._job_tasks]:
             task.cancel()
         await asyncio.gather(*self._tasks, *self._job_tasks, return_exceptions=True)
-        await self.process.stop()
+        if self.training is not None:
+            await self.training.stop()
 
     async def _advertise(self) -> None:
         last_offer = time.monotonic()
@@ -162,6 +166,8 @@ class ProviderAgent:
                 await self.channel.publish(topics.heartbeat(self.address), beat)
             if time.monotonic() - last_offer >= self.config.offer_refresh_s:
                 await self._advertise_now()
+                if self.chain is not None:  # off this loop: a slow chain must not delay a heartbeat
+                    self._track(asyncio.create_task(self.tasks.sweep(self.chain.closed)))
                 last_offer = time.monotonic()
 
     async def _advertise_now(self) -> None:
@@ -172,10 +178,7 @@ class ProviderAgent:
     async def _each(self, loop: str, handle: Callable[[Verified[Any]], Awaitable[None] | None],
                     verified: Verified[Any]) -> None:
         """Handle one message; whatever it raises is logged, counted and dropped, so the loop goes on.
-
-        Messages that fail their signature or their record's validation never get here: the
-        channel drops them and counts them in ``channel.verifier.dropped``.
-        """
+        (Messages that fail their signature or validation never get here: ``channel.verifier.dropped``.)"""
         try:
             outcome = handle(verified)
             if outcome is not None:
@@ -184,7 +187,7 @@ class ProviderAgent:
             self.dropped[f"{loop}: {type(exc).__name__}"] += 1
             log.warning("%s: message from %s dropped: %s", loop, verified.sender, exc)
 
-    async def _serve(self, server: _Server, ready: asyncio.Event) -> None:
+    async def _serve(self, server: Server, ready: asyncio.Event) -> None:
         async with self.channel.subscribe(server.topic(self.address), server.record) as messages:
             ready.set()
             async for verified in messages:
@@ -194,7 +197,8 @@ class ProviderAgent:
         proposal = verified.message
         if verified.sender != proposal.coordinator:
             return  # someone proposing on another coordinator's behalf
-        refusal = proposal_refusal(proposal, has_chain=self.chain is not None, ask_wei=self.config.price_wei)
+        refusal = (proposal_refusal(proposal, has_chain=self.chain is not None, ask_wei=self.config.price_wei)
+                   or await self.tasks.refusal(proposal.task))
         if refusal is not None or self.chain is None:
             reply = ContractReply(contract_id=proposal.contract_id, accepted=False, reason=refusal)
         else:
@@ -215,7 +219,9 @@ class ProviderAgent:
                         verified.message.training_id, contract.training_id)
             self.dropped["jobs: wrong training"] += 1
             return
-        if (problem := await self._verdicts.problem(contract, self.address)) is not None:
+        problem = ("the job's task is not the contract's" if verified.message.task != contract.task
+                   else await self._verdicts.problem(contract, self.address))
+        if problem is not None:
             log.warning("job %s refused: %s", verified.message.job_id, problem)
             with contextlib.suppress(AitbcError):
                 await self._report(verified.message, "failed", error=f"refused: {problem}")
@@ -227,13 +233,13 @@ class ProviderAgent:
             log.warning("job %s is already queued or running; duplicate dropped", job.job_id)
             return
         id_path(self.config.work_dir / "jobs", job.job_id)  # refuse an id that is a path before it is queued
-        if (problem := queue_problem(job, (a.job for a in self._active_jobs.values()), self.config.slots)) is not None:
+        if (problem := queue_problem(job, (a.job for a in self._active_jobs.values()), self.slots)) is not None:
             self.dropped["jobs: queue full"] += 1
             log.warning("job %s refused: %s", job.job_id, problem)
             self._track(asyncio.create_task(self._refuse(job, problem)))
             return
         task = asyncio.create_task(self._run_job(job))
-        self._active_jobs[job.job_id] = _ActiveJob(job, task)
+        self._active_jobs[job.job_id] = ActiveJob(job, task)
         self._track(task)
 
     def _track(self, task: asyncio.Task[None]) -> None:
@@ -259,18 +265,10 @@ class ProviderAgent:
         active.task.cancel()
 
     async def _answer_ping(self, verified: Verified[Ping]) -> None:
-        nonce = verified.message.nonce
-        if not nonce or any(c in nonce for c in "/+#"):
-            return  # the nonce names a topic level; it must not reach into another topic
+        nonce = verified.message.nonce  # an Id: it names one topic level and reaches into no other
         with contextlib.suppress(AitbcError):
             await self.channel.publish(topics.pong(verified.sender, nonce),
                                        Pong(nonce=nonce, busy_jobs=self._busy))
-
-    def _remember(self, job: JobAssignment, outcome: TrainOutcome, checkpoint: bytes) -> None:
-        """Keep the last few results, so a checkpoint the coordinator could not fetch can be re-sent."""
-        self._delivered[job.job_id] = (job, outcome, checkpoint)
-        while len(self._delivered) > DELIVERED_KEPT:
-            self._delivered.popitem(last=False)
 
     async def _resend(self, verified: Verified[ResendRequest]) -> None:
         request = verified.message
@@ -291,10 +289,8 @@ class ProviderAgent:
         finally:
             await asyncio.to_thread(shutil.rmtree, resend_dir, True)
 
-    async def _report(self, job: JobAssignment, status: str, *, epoch: int = 0, loss: float | None = None,
-                      samples_per_s: float | None = None, error: str | None = None) -> None:
-        progress = job_progress(job, self.address, status, epoch=epoch, loss=loss, samples_per_s=samples_per_s,
-                                error=error)
+    async def _report(self, job: JobAssignment, status: str, **fields: Any) -> None:
+        progress = job_progress(job, self.address, status, **fields)
         self.jobs[job.job_id] = progress
         self.jobs.move_to_end(job.job_id)
         while len(self.jobs) > MAX_JOB_HISTORY:
@@ -303,8 +299,13 @@ class ProviderAgent:
 
     async def _run_job(self, job: JobAssignment) -> None:
         try:
-            async with self._slots:
-                await self._run_in_slot(job)
+            assert self.training is not None
+            async with self.training.slot() as process:
+                self._job_process[job.job_id] = process
+                try:
+                    await self._run_in_slot(job)
+                finally:
+                    self._job_process.pop(job.job_id, None)
         except asyncio.CancelledError:
             reason = self._cancel_reasons.get(job.job_id)
             if reason is None:
@@ -334,12 +335,13 @@ class ProviderAgent:
 
             async def on_epoch(event: dict[str, Any]) -> None:
                 speed.append(event["samples_per_s"])
-                await self._report(job, "running", epoch=event["epoch"], loss=event["loss"],
-                                   samples_per_s=event["samples_per_s"])
+                await self._report(job, "running", **epoch_fields(event))
 
             outcome = await self.train_job(job, job_dir, on_epoch)
+            await self.tasks.keep(job, job_dir)
             checkpoint_cid = await self.upload_checkpoint(job, outcome.checkpoint)
-            self._remember(job, outcome, await asyncio.to_thread(outcome.checkpoint.read_bytes))
+            # Kept (the last few), so a checkpoint the coordinator could not fetch can be re-sent.
+            remember(self._delivered, job, outcome, await asyncio.to_thread(outcome.checkpoint.read_bytes))
             await self._publish_result(job, checkpoint_cid, outcome)
             self._forget(job)  # the result is out: too late to cancel
             await self._report(job, "complete", epoch=job.config.epochs, loss=outcome.loss,
@@ -365,28 +367,31 @@ class ProviderAgent:
             self.store.cat(job.weights_cid, max_bytes=job.weights_bytes,
                            timeout_s=fetch_timeout_s(job.weights_bytes)))
         await asyncio.to_thread(write_inputs, job_dir, shard, weights)
+        await self.tasks.prepare(job, job_dir)
 
     async def _publish_result(self, job: JobAssignment, checkpoint_cid: str, outcome: TrainOutcome) -> None:
         await self.channel.publish(topics.results(job.training_id), JobResult(
             job_id=job.job_id, training_id=job.training_id, worker_id=self.address, round=job.round,
             checkpoint_cid=checkpoint_cid, samples=outcome.samples, loss=outcome.loss,
-            train_seconds=outcome.seconds, signature=self.sign_checkpoint(job, checkpoint_cid)))
+            train_seconds=outcome.seconds, signature=self.sign_checkpoint(job, checkpoint_cid),
+            task_state=outcome.task_state))
 
     # --- the steps of a job; subclasses (e.g. the chaos tests' Byzantine providers) override one
 
     async def train_job(self, job: JobAssignment, job_dir: Path, on_epoch: EpochReporter) -> TrainOutcome:
         """Train in the training process on the inputs in ``job_dir``; the checkpoint lands there too."""
-        done = await self.process.train(job_dir, job_id=job.job_id, model=job.model, config=job.config,
-                                        seed=job.seed, on_epoch=on_epoch, owner=job.training_id)
+        process = self._job_process.get(job.job_id) or self.process
+        done = await process.train(job_dir, job_id=job.job_id, model=job.model, config=job.config, seed=job.seed,
+                                   on_epoch=on_epoch, owner=job.training_id, task=job.task)
         return TrainOutcome(checkpoint=job_dir / CHECKPOINT_FILE, samples=int(done["samples"]),
-                            loss=float(done["loss"]), seconds=float(done["seconds"]))
+                            loss=float(done["loss"]), seconds=float(done["seconds"]),
+                            task_state=done.get("task_state"))
 
     async def upload_checkpoint(self, job: JobAssignment, checkpoint: Path) -> str:
         """Store the checkpoint; the returned CID is the one the result announces."""
         return await self.store.add(checkpoint)
 
     def sign_checkpoint(self, job: JobAssignment, cid: str) -> str:
-        """``0x``-hex ``sign_result`` over (chain, registry, training, round, CID): the evidence a
-        coordinator can slash with, good for this one training and round only."""
+        """``0x``-hex ``sign_result`` over (chain, registry, training, round, CID): slashing evidence."""
         assert self.chain is not None  # no job runs without a contract the chain backs
         return self.chain.sign_result(self.account, self._contracts[job.contract_id], job.round, cid)

@@ -61,6 +61,10 @@ class ProviderChain:
         """``0x``-hex evidence over (chain, registry, training, round, CID)."""
         return "0x" + sign_result(account, self.domain, self.key(proposal), round, cid).hex()
 
+    async def closed(self, training_id: str, coordinator: str) -> bool:
+        """Whether the chain shows this coordinator's training closed (settled or refunded)."""
+        return (await self.escrow.training(training_key(coordinator, training_id))).closed
+
     async def check(self, proposal: ContractProposal, provider: str) -> str | None:
         """Read the training and the provider's slot; None when it may work under ``proposal``."""
         key = self.key(proposal)

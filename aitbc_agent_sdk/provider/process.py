@@ -26,20 +26,43 @@ from typing import Any
 
 from ..cluster.sandbox_plan import scrubbed_env
 from ..errors import AitbcError, TrainingError
-from ..models import JobConfig, ModelSpec
+from ..models import JobConfig, ModelSpec, TaskRef
 from .sandbox import (
-    MAX_JOBS_PER_PROCESS, SANDBOX_DIR, TrainingSandbox, clear_output, require_bwrap, sandbox_spec, stage_inputs,
-    take_output, worker_command,
+    MAX_JOBS_PER_PROCESS, SANDBOX_DIR, TrainingSandbox, clear_output, gpu_env, require_bwrap, sandbox_spec,
+    stage_inputs, take_output, within_disk_limits, worker_command,
 )
 
 # The files a job directory holds: inputs written by the provider, output by the training process.
 SHARD_FILE = "shard.safetensors"
 WEIGHTS_FILE = "weights.safetensors"
 CHECKPOINT_FILE = "checkpoint.safetensors"
+TASK_FILE = "task.json"  # a user task's package, fetched by the provider from its CID
+STATE_FILE = "task_state.safetensors"  # a keep_state task's optimizer state: in from the last round, out for the next
 
 
 EpochCallback = Callable[[dict[str, Any]], Any]
 WORKER_ENTRY = ("-m", "aitbc_agent_sdk.provider.worker_process")
+
+
+@dataclass(frozen=True)
+class _JobRequest:
+    job_id: str
+    model: ModelSpec
+    config: JobConfig
+    seed: int
+    task: TaskRef | None
+
+    def input_files(self, job_dir: Path) -> tuple[str, ...]:
+        user_code = self.task is not None and self.task.cid is not None
+        kept = (STATE_FILE,) if (job_dir / STATE_FILE).is_file() else ()
+        return (SHARD_FILE, WEIGHTS_FILE, *((TASK_FILE,) if user_code else ()), *kept)
+
+    def line(self, job_dir: Path, out_dir: Path, device: str) -> str:
+        return json.dumps({
+            "op": "train", "job_dir": str(job_dir), "out_dir": str(out_dir), "job_id": self.job_id, "seed": self.seed,
+            "device": device, "model": self.model.model_dump(mode="json"),
+            "config": self.config.model_dump(mode="json"),
+            "task": self.task.model_dump(mode="json") if self.task is not None else None})
 
 
 @dataclass(frozen=True)
@@ -53,11 +76,14 @@ class TrainingProcess:
     """One long-lived worker process per provider, so torch is imported once, not per job."""
 
     def __init__(self, work_dir: Path, *, threads: int = 1, sandbox: TrainingSandbox | None = None,
-                 entry: tuple[str, ...] = WORKER_ENTRY) -> None:
+                 entry: tuple[str, ...] = WORKER_ENTRY, gpu: int | None = None) -> None:
         """``sandbox=None`` runs unconfined (``--no-sandbox``). ``entry`` follows the interpreter in argv:
-        the worker module; tests swap in a probe that plays a job with code execution."""
+        the worker module; tests swap in a probe that plays a job with code execution. ``gpu``: the
+        one GPU (NVML index) this process sees and trains on; None: CPU only, no GPU visible."""
         self._work_dir = work_dir
         self._threads = threads
+        self.gpu = gpu
+        self._device = "cpu" if gpu is None else "auto"
         self._sandbox = sandbox
         self._entry = entry
         self._proc: asyncio.subprocess.Process | None = None
@@ -95,13 +121,13 @@ class TrainingProcess:
             await asyncio.to_thread(require_bwrap)
             box = self._work_dir / SANDBOX_DIR / f"p{next(self._seq)}"
             spec = await asyncio.to_thread(sandbox_spec, self._sandbox, box, worker_command(self._entry),
-                                           threads=self._threads)
+                                           threads=self._threads, gpu=self.gpu)
             proc, _ = await start_sandboxed(spec, backend="bwrap", stdin=asyncio.subprocess.PIPE)
         else:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, *self._entry,
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                cwd=self._work_dir, env=scrubbed_env(self._work_dir, self._threads),
+                cwd=self._work_dir, env={**scrubbed_env(self._work_dir, self._threads), **gpu_env(self.gpu)},
                 start_new_session=True,
             )
         return _Launched(proc, asyncio.create_task(self._drain_stderr(proc)), box)
@@ -132,16 +158,17 @@ class TrainingProcess:
         return event
 
     async def train(self, job_dir: Path, *, job_id: str, model: ModelSpec, config: JobConfig, seed: int,
-                    on_epoch: EpochCallback | None = None, owner: str | None = None) -> dict[str, Any]:
+                    on_epoch: EpochCallback | None = None, owner: str | None = None,
+                    task: TaskRef | None = None) -> dict[str, Any]:
         """Run one job. ``owner`` (the training id) lets a sandboxed process serve that training's
-        next job too; ``None`` gives every job a fresh process."""
+        next job too; ``None`` gives every job a fresh process. A user ``task``'s package is
+        ``job_dir/TASK_FILE``."""
+        request = _JobRequest(job_id, model, config, seed, task)
         async with self._lock:
             try:
                 if self._sandbox is None:
-                    return await self._train_locked(job_dir, job_id=job_id, model=model, config=config, seed=seed,
-                                                    on_epoch=on_epoch)
-                return await self._train_sandboxed(job_dir, job_id=job_id, model=model, config=config, seed=seed,
-                                                   on_epoch=on_epoch, owner=owner)
+                    return await self._train_locked(job_dir, request, on_epoch=on_epoch)
+                return await self._train_sandboxed(job_dir, request, on_epoch=on_epoch, owner=owner)
             except asyncio.CancelledError:
                 # The process is still computing this job and would later answer with its
                 # events; kill it so the computation really stops and the next job starts clean.
@@ -162,8 +189,8 @@ class TrainingProcess:
                 raise TrainingError(f"unexpected event from training process: {first}")
             self._ready = True
 
-    async def _train_sandboxed(self, job_dir: Path, *, job_id: str, model: ModelSpec, config: JobConfig, seed: int,
-                               on_epoch: EpochCallback | None, owner: str | None) -> dict[str, Any]:
+    async def _train_sandboxed(self, job_dir: Path, request: _JobRequest, *, on_epoch: EpochCallback | None,
+                               owner: str | None) -> dict[str, Any]:
         assert self._sandbox is not None
         if self._proc is not None and self._jobs_served and (owner is None or owner != self._owner):
             await self._replace()  # it served another training: this one's data never meets it
@@ -172,15 +199,20 @@ class TrainingProcess:
                 await self._await_ready()
                 assert self._box is not None
                 box = self._box
-                await asyncio.to_thread(clear_output, box / "out", CHECKPOINT_FILE)
-                await asyncio.to_thread(stage_inputs, job_dir, box / "in", (SHARD_FILE, WEIGHTS_FILE))
-                done = await self._train_locked(box / "in", job_id=job_id, model=model, config=config, seed=seed,
-                                                on_epoch=on_epoch, out_dir=box / "out")
+                for name in (CHECKPOINT_FILE, STATE_FILE):
+                    await asyncio.to_thread(clear_output, box / "out", name)
+                await asyncio.to_thread(stage_inputs, job_dir, box / "in", request.input_files(job_dir))
+                done = await within_disk_limits(
+                    self._train_locked(box / "in", request, on_epoch=on_epoch, out_dir=box / "out"),
+                    self._sandbox, box / "out", request.job_id)
             await asyncio.to_thread(take_output, box / "out" / CHECKPOINT_FILE, job_dir / CHECKPOINT_FILE,
                                     max_bytes=self._sandbox.file_size_bytes)
+            if done.get("task_state") is not None:
+                await asyncio.to_thread(take_output, box / "out" / STATE_FILE, job_dir / STATE_FILE,
+                                        max_bytes=self._sandbox.file_size_bytes)
         except TimeoutError as exc:
             await self._replace()
-            raise TrainingError(f"job {job_id} ran past {self._sandbox.job_timeout_s:.0f}s and was killed") from exc
+            raise TrainingError(f"job {request.job_id} ran past {self._sandbox.job_timeout_s:.0f}s and was killed") from exc
         except asyncio.CancelledError:
             raise  # train() kills the process; the next job starts one
         except BaseException:
@@ -197,14 +229,12 @@ class TrainingProcess:
         with contextlib.suppress(AitbcError, OSError):
             await self.start()
 
-    async def _train_locked(self, job_dir: Path, *, job_id: str, model: ModelSpec, config: JobConfig, seed: int,
-                            on_epoch: EpochCallback | None, out_dir: Path | None = None) -> dict[str, Any]:
+    async def _train_locked(self, job_dir: Path, request: _JobRequest, *, on_epoch: EpochCallback | None,
+                            out_dir: Path | None = None) -> dict[str, Any]:
         await self._await_ready()
         assert self._proc is not None and self._proc.stdin is not None
-        request = {"op": "train", "job_dir": str(job_dir), "out_dir": str(out_dir or job_dir), "job_id": job_id,
-                   "seed": seed,
-                   "model": model.model_dump(mode="json"), "config": config.model_dump(mode="json")}
-        self._proc.stdin.write((json.dumps(request) + "\n").encode())
+        line = request.line(job_dir, out_dir or job_dir, self._device)
+        self._proc.stdin.write((line + "\n").encode())
         await self._proc.stdin.drain()
         while True:
             event = await self._next_event()

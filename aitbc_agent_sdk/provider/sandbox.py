@@ -4,7 +4,7 @@ The training process parses shards and weights that strangers sent, so it runs i
 :mod:`aitbc_agent_sdk.cluster.sandbox`'s bwrap sandbox and nothing weaker: no network, a
 private root without ``$HOME``, the AITBC home (keystore, devnet password) or host sockets,
 as ``nobody`` when the provider is root, with rlimits on memory, processes, file size and
-CPU time and a wall-clock limit per job enforced from outside. Without a working bwrap the
+CPU time, and a wall-clock limit and a disk quota per job enforced from outside. Without a working bwrap the
 provider refuses to start rather than train unconfined; ``--no-sandbox`` is the explicit
 way out (``ProviderConfig.sandbox = None``).
 
@@ -17,11 +17,14 @@ Layout under the provider's work directory (``sandbox/p<n>/``, one per process, 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import stat
 import sys
+from collections.abc import Awaitable
 from pathlib import Path
+from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -32,6 +35,9 @@ GiB = 1 << 30
 # Jobs of one training a sandboxed process may serve before it is replaced; its CPU rlimit
 # covers that many jobs at the wall-clock limit.
 MAX_JOBS_PER_PROCESS = 16
+T = TypeVar("T")
+DISK_CHECK_S = 0.5  # how often a running job's disk use is measured
+ENTRY_BYTES = 4096  # what one file or directory counts at least: no filling the disk with empty inodes
 
 
 class TrainingSandbox(BaseModel):
@@ -44,6 +50,12 @@ class TrainingSandbox(BaseModel):
         "uses); default: the host's physical memory"))
     processes: int = Field(default=256, ge=8, description="RLIMIT_NPROC: threads count too")
     file_size_bytes: int = Field(default=4 * GiB, ge=1 << 20, description="RLIMIT_FSIZE: largest file written")
+    disk_bytes: int = Field(default=16 * GiB, ge=1 << 20, description=(
+        "what the process may keep in its writable directory, all files together (RLIMIT_FSIZE caps one); "
+        f"checked every {DISK_CHECK_S}s, past it the job is killed"))
+    disk_reserve_bytes: int = Field(default=GiB, ge=0, description=(
+        "free space a job must leave on the work directory's filesystem (this also catches space held by "
+        "files it deleted but keeps open)"))
     job_timeout_s: float = Field(default=3600.0, gt=0, description="wall clock per job, enforced by the parent")
     open_files: int = Field(default=1024, ge=64)
     hidden_paths: tuple[Path, ...] = Field(default=(), description="hidden besides $HOME and AITBC_HOME: the "
@@ -54,14 +66,21 @@ def physical_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def sandbox_spec(policy: TrainingSandbox, box: Path, command: tuple[str, ...], *, threads: int) -> object:
-    """The SandboxSpec of one training process; creates fresh ``box/in/`` and ``box/out/``."""
+def gpu_env(gpu: int | None) -> dict[str, str]:
+    """The variables that show a training process its one GPU (NVML's order), or none at all."""
+    return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "" if gpu is None else str(gpu)}
+
+
+def sandbox_spec(policy: TrainingSandbox, box: Path, command: tuple[str, ...], *, threads: int,
+                 gpu: int | None = None) -> object:
+    """The SandboxSpec of one training process; creates fresh ``box/in/`` and ``box/out/``. ``gpu``:
+    the one GPU whose device node is passed through (None: no GPU device at all)."""
     from ..cluster.sandbox import SandboxLimits, SandboxSpec, gpu_devices
 
     shutil.rmtree(box, ignore_errors=True)  # nothing a previous process left behind survives
     (box / "in").mkdir(parents=True)
     (box / "out").mkdir()
-    gpus = bool(gpu_devices())
+    gpus = gpu is not None and bool(gpu_devices())
     memory = policy.memory_bytes or physical_memory()
     # CPU seconds: the wall limit times the threads it may use for every job it may serve, plus
     # the time to import torch. The per-job wall limit, enforced from outside, is the tight one.
@@ -70,8 +89,8 @@ def sandbox_spec(policy: TrainingSandbox, box: Path, command: tuple[str, ...], *
                            file_size_bytes=policy.file_size_bytes,
                            address_space_bytes=None if gpus else memory, data_bytes=memory if gpus else None)
     return SandboxSpec(command=command, work_dir=box / "out", read_only_paths=(box / "in",), threads=threads,
-                       allow_network=False, gpus=gpus, limits=limits, drop_root=True,
-                       hidden_paths=policy.hidden_paths)
+                       allow_network=False, gpus=gpus, gpu_index=gpu if gpus else None, env=gpu_env(gpu),
+                       limits=limits, drop_root=True, hidden_paths=policy.hidden_paths)
 
 
 def require_bwrap() -> None:
@@ -128,6 +147,55 @@ def take_output(out_file: Path, dest: Path, *, max_bytes: int) -> None:
             raise TrainingError("the training process left something other than a checkpoint file")
         with open(dest, "wb") as out:
             shutil.copyfileobj(src, out)
+
+
+def disk_usage(root: Path, limit: int) -> int:
+    """Bytes allocated below ``root`` (at least ENTRY_BYTES per entry), links not followed; counting
+    stops once past ``limit``, and a tree the provider cannot read counts as past it."""
+    total, pending = 0, [root]
+    while pending and total <= limit:
+        try:
+            with os.scandir(pending.pop()) as entries:
+                for entry in entries:
+                    try:
+                        info = entry.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue  # removed meanwhile
+                    total += max(info.st_blocks * 512, ENTRY_BYTES)
+                    if stat.S_ISDIR(info.st_mode):
+                        pending.append(Path(entry.path))
+        except FileNotFoundError:
+            continue
+        except OSError:  # unreadable, or nested past PATH_MAX: nothing an honest job does
+            return limit + 1
+    return total
+
+
+def disk_problem(policy: TrainingSandbox, out_dir: Path) -> str | None:
+    """Why the job writing to ``out_dir`` must stop now (too much kept there, too little left free), or None."""
+    if disk_usage(out_dir, policy.disk_bytes) > policy.disk_bytes:
+        return f"wrote more than {policy.disk_bytes} bytes to its job directory"
+    if shutil.disk_usage(out_dir).free < policy.disk_reserve_bytes:
+        return f"left less than {policy.disk_reserve_bytes} bytes free on the provider's disk"
+    return None
+
+
+async def within_disk_limits(job: Awaitable[T], policy: TrainingSandbox, out_dir: Path, job_id: str) -> T:
+    """``job``'s result; TrainingError (``job`` cancelled, the caller kills the process) as soon as a
+    check every DISK_CHECK_S finds a :func:`disk_problem`. RLIMIT_FSIZE caps one file, not many."""
+    work = asyncio.ensure_future(job)
+    try:
+        while True:
+            finished, _ = await asyncio.wait({work}, timeout=DISK_CHECK_S)
+            # Checked once more when it is done: what jobs of one training leave adds up.
+            if (problem := await asyncio.to_thread(disk_problem, policy, out_dir)) is not None:
+                raise TrainingError(f"job {job_id} {problem} and was killed")
+            if finished:
+                return work.result()
+    finally:
+        if not work.done():
+            work.cancel()
+            await asyncio.wait({work})
 
 
 def worker_command(entry: tuple[str, ...]) -> tuple[str, ...]:

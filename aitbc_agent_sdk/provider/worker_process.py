@@ -1,9 +1,10 @@
 """The training process a provider runs jobs in (``python -m aitbc_agent_sdk.provider.worker_process``).
 
-It speaks JSON lines: one request per line on stdin, events on stdout. It only
-ever reads safetensors files from the job directory, so nothing a stranger sent
-is unpickled, and it holds no keys: its environment is scrubbed by the parent, and
-on a provider it runs in the bwrap sandbox of :mod:`.sandbox`.
+It speaks JSON lines: one request per line on stdin, events on stdout. It reads only
+safetensors files and (for a user task) the task package from the job directory, so nothing
+a stranger sent is unpickled; the customer's task code is imported here and nowhere else on
+the provider. It holds no keys: its environment is scrubbed by the parent, and on a provider
+it runs in the bwrap sandbox of :mod:`.sandbox`.
 """
 
 from __future__ import annotations
@@ -12,39 +13,85 @@ import json
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..models import JobConfig, ModelSpec
-from ..training import EpochStats, LabeledData, build_model, decode_data, decode_state, encode_state, train_local
+from ..models import JobConfig, ModelSpec, TaskRef
+from ..training import EpochStats, LabeledData, decode_data, decode_state, encode_state
+from ..training.bound_task import bind_task, job_task_ref
+from ..training.task import TrainingTask
+from ..training.task_loop import train_task, training_device
+from ..training.task_package import decode_package, load_task
 
-from .process import CHECKPOINT_FILE, SHARD_FILE, WEIGHTS_FILE
+from .process import CHECKPOINT_FILE, SHARD_FILE, STATE_FILE, TASK_FILE, WEIGHTS_FILE
+
+LoadedTasks = dict[str, TrainingTask]  # task CID -> the imported task: a process serves one training
 
 
-def emit(event: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(event) + "\n")
-    sys.stdout.flush()
+Emit = Callable[[dict[str, Any]], None]
 
 
-def run_job(request: dict[str, Any]) -> dict[str, Any]:
+def event_channel() -> Emit:
+    """Events go out on a private copy of stdout; fd 1 then points at stderr (the worker log), so a
+    task that prints cannot corrupt the event stream."""
+    channel = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+
+    def emit(event: dict[str, Any]) -> None:
+        channel.write(json.dumps(event) + "\n")
+        channel.flush()
+    return emit
+
+
+def run_job(request: dict[str, Any], loaded: LoadedTasks, emit: Emit) -> dict[str, Any]:
     job_dir = Path(request["job_dir"])
+    out_dir = Path(request.get("out_dir") or job_dir)  # sandboxed: inputs are read-only, output goes here
     spec = ModelSpec.model_validate(request["model"])
     config = JobConfig.model_validate(request["config"])
+    ref = job_task_ref(spec, TaskRef.model_validate(request["task"]) if request.get("task") else None)
+    user_task = None
+    if ref.cid is not None:  # the customer's code, imported here, inside the sandbox only
+        if ref.cid not in loaded:
+            package = decode_package((job_dir / TASK_FILE).read_bytes())
+            loaded[ref.cid] = load_task(package, out_dir / "tasks" / ref.cid)
+        user_task = loaded[ref.cid]
+    task = bind_task(ref, user_task)
     data = decode_data((job_dir / SHARD_FILE).read_bytes())
-    model = build_model(spec)
+    model = task.build(spec, samples=len(data))
     model.load_state_dict(decode_state((job_dir / WEIGHTS_FILE).read_bytes()), strict=True)
+
+    device = training_device(str(request.get("device", "auto")))
 
     def on_epoch(stats: EpochStats) -> None:
         emit({"event": "epoch", "epoch": stats.epoch, "epochs": stats.epochs, "loss": stats.loss,
-              "samples_per_s": stats.samples_per_s})
+              "samples_per_s": stats.samples_per_s, **gpu_figures(device)})
 
-    result = train_local(model, data, config, seed=int(request["seed"]), on_epoch=on_epoch)
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    out_dir = Path(request.get("out_dir") or job_dir)  # sandboxed: inputs are read-only, output goes here
+    kept = (job_dir / STATE_FILE).read_bytes() if (job_dir / STATE_FILE).is_file() else None
+    result = train_task(task.task, model, data, task.params, config, seed=int(request["seed"]), device=device,
+                        on_epoch=on_epoch, kept_state=kept)
+    if result.task_state is not None:
+        (out_dir / STATE_FILE).write_bytes(result.task_state)
+    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     (out_dir / CHECKPOINT_FILE).write_bytes(encode_state(state, {"job_id": str(request.get("job_id", ""))}))
-    return {"event": "done", "samples": result.samples, "loss": result.loss, "seconds": result.seconds}
+    kept_as = None if result.task_state is None else ("resumed" if result.resumed else "fresh")
+    return {"event": "done", "samples": result.samples, "loss": result.loss, "seconds": result.seconds,
+            "task_state": kept_as}
+
+
+def gpu_figures(device: torch.device) -> dict[str, Any]:
+    """Peak memory and utilisation of the process's GPU (none on a CPU)."""
+    if device.type != "cuda":
+        return {}
+    figures: dict[str, Any] = {"gpu_memory_bytes": int(torch.cuda.max_memory_allocated(device))}
+    try:
+        figures["gpu_utilization_percent"] = float(torch.cuda.utilization(device))
+    except Exception:  # NVML unreadable in this sandbox: memory alone
+        pass
+    return figures
 
 
 def warm_up() -> None:
@@ -52,26 +99,29 @@ def warm_up() -> None:
     step, and a fresh sandboxed process serves every new training, so no job should wait for that."""
     spec = ModelSpec(name="mlp", input_shape=(4,), num_classes=2, hidden=4)
     data = LabeledData(torch.zeros(2, 4), torch.zeros(2, dtype=torch.long), 2)
-    model = build_model(spec)
-    train_local(model, data, JobConfig(epochs=1, batch_size=2), seed=0)
+    task = bind_task(TaskRef(name="mlp"))
+    model = task.build(spec)
+    train_task(task.task, model, data, task.params, JobConfig(epochs=1, batch_size=2), seed=0,
+               device=torch.device("cpu"))
     decode_state(encode_state({k: v.detach() for k, v in model.state_dict().items()}))
 
 
 def main() -> None:
     torch.set_num_threads(int(os.environ.get("AITBC_WORKER_THREADS", "1")))
+    emit = event_channel()
     warm_up()
     emit({"event": "ready", "pid": os.getpid()})
+    loaded: LoadedTasks = {}
     for line in sys.stdin:
         if not line.strip():
             continue
         try:
-            emit(run_job(json.loads(line)))
+            emit(run_job(json.loads(line), loaded, emit))
         except Exception as exc:  # report any failure to the parent instead of dying
             emit({"event": "error", "message": f"{type(exc).__name__}: {exc}",
                   "trace": traceback.format_exc(limit=5)})
     # stdin closed: the parent is done with us. Skip interpreter teardown (about a second
-    # with torch loaded); there is nothing left to flush.
-    sys.stdout.flush()
+    # with torch loaded); every event was flushed as it was written.
     os._exit(0)
 
 

@@ -29,6 +29,8 @@ class LocalTrainResult:
     samples: int  # samples in the shard: the FedAvg weight
     loss: float  # mean loss of the last epoch
     seconds: float
+    task_state: bytes | None = None  # a keep_state task's optimizer and scheduler after the job
+    resumed: bool = False  # the job started from the state kept after the last round
 
 
 def train_local(

@@ -26,9 +26,12 @@ from .common import (
 from .plot import plot_report
 from .render import LiveTraining
 from .report_view import report_tables
+from .task_options import TaskOption, TaskParamOption
 from .training_options import (
-    JOB, AggregationChoiceOption, BatchSizeOption, EpochsOption, LrOption, MinGpuOption, ModelType, ModelTypeOption,
-    PartitionOption, PlotOption, RoundsOption, SeedOption, TargetWorkersOption,
+    FAULTS, JOB, AggregationChoiceOption, AssumedSpeedOption, BatchSizeOption, EpochsOption, FetchTimeoutOption,
+    FirstRoundDeadlineOption, LrOption, MinDeadlineOption, MinGpuOption, MinRoundTimeoutOption, ModelType,
+    ModelTypeOption, PartitionOption, PingTimeoutOption, PlotOption, ResendTimeoutOption, RoundsOption,
+    RoundTimeoutOption, SeedOption, TargetWorkersOption,
 )
 
 if TYPE_CHECKING:
@@ -47,6 +50,8 @@ def run(
     data_path: Annotated[Optional[Path], typer.Option(help=".npz, .pt or .csv file; overrides --dataset")] = None,
     label_column: Annotated[Optional[str], typer.Option(help="label column of a CSV file")] = None,
     model_type: ModelTypeOption = ModelType.mlp,
+    task: TaskOption = None,
+    task_param: TaskParamOption = None,
     target_workers: TargetWorkersOption = 4,
     rounds: RoundsOption = 5,
     epochs: EpochsOption = JOB["epochs"].default,
@@ -58,7 +63,15 @@ def run(
     seed: SeedOption = 0,
     spares: SparesOption = 0,
     aggregation: AggregationChoiceOption = "fedavg",
-    heartbeat_timeout: HeartbeatOption = 10.0,
+    heartbeat_timeout: HeartbeatOption = FAULTS["heartbeat_timeout_s"].default,
+    ping_timeout: PingTimeoutOption = FAULTS["ping_timeout_s"].default,
+    first_round_deadline: FirstRoundDeadlineOption = FAULTS["first_round_deadline_s"].default,
+    assumed_samples_per_s: AssumedSpeedOption = FAULTS["assumed_samples_per_s"].default,
+    min_deadline: MinDeadlineOption = FAULTS["min_deadline_s"].default,
+    round_timeout: RoundTimeoutOption = None,
+    min_round_timeout: MinRoundTimeoutOption = FAULTS["min_round_timeout_s"].default,
+    fetch_timeout: FetchTimeoutOption = FAULTS["fetch_timeout_s"].default,
+    resend_timeout: ResendTimeoutOption = FAULTS["resend_timeout_s"].default,
     target_throughput: TargetThroughputOption = None,
     min_workers: MinWorkersOption = 1,
     max_workers: MaxWorkersOption = 64,
@@ -90,10 +103,17 @@ def run(
                                    "or --dry-run to see the plan and its cost")
     source = data_path or dataset
     flow.check_dataset(source, label_column)  # a bad file: a clear error now, not a traceback mid-run
+    flow.check_task_source(task)
+    task_choice = flow.TaskChoice(task, flow.parse_task_params(task_param))
     spec = TrainingSpec(model_type=ModelType(model_type).value, target_workers=target_workers, rounds=rounds,
                         partition=getattr(partition, "value", partition), dirichlet_alpha=alpha, seed=seed,
                         spare_workers=spares, aggregation=getattr(aggregation, "value", aggregation),
-                        faults=FaultPolicy(heartbeat_timeout_s=heartbeat_timeout),
+                        faults=FaultPolicy(
+                            heartbeat_timeout_s=heartbeat_timeout, ping_timeout_s=ping_timeout,
+                            first_round_deadline_s=first_round_deadline, assumed_samples_per_s=assumed_samples_per_s,
+                            min_deadline_s=min_deadline, round_timeout_s=round_timeout,
+                            min_round_timeout_s=min_round_timeout, fetch_timeout_s=fetch_timeout,
+                            resend_timeout_s=resend_timeout),
                         elastic=elastic_policy(target_throughput, min_workers, max_workers, scale_window),
                         job=JobConfig(batch_size=batch_size, learning_rate=lr, epochs=epochs))
     settings: dict[str, Any] = {"providers": target_workers + spares if providers is None else providers,
@@ -102,14 +122,15 @@ def run(
     if dry_run:  # the embedded stack in a scratch home: this home and its chain stay untouched
         with tempfile.TemporaryDirectory(prefix="aitbc-dry-run-") as scratch:
             config = AgentConfig(name="aitbc-cli", home=Path(scratch), **settings)
-            plan = asyncio.run(_plan(config, spec, source, label_column, min_gpu, console))
+            plan = asyncio.run(_plan(config, spec, task_choice, source, label_column, min_gpu, console))
         if as_json:
             print_json({"dry_run": True, **plan})
         return
     if home is not None:
         settings["home"] = home
     config = AgentConfig(name="aitbc-cli", **settings)
-    report = asyncio.run(_run(config, spec, source, label_column, min_gpu, console, yes=yes, live=not as_json))
+    report = asyncio.run(_run(config, spec, task_choice, source, label_column, min_gpu, console, yes=yes,
+                              live=not as_json))
     if plot is not None:
         plot_report(report, plot)
     if as_json:
@@ -156,10 +177,11 @@ async def _cost(agent: Agent, spec: TrainingSpec, source: str | Path, label_colu
     return flow.preview([w.price for w in selected], [w.price for w in spares], spec.rounds), prepared
 
 
-async def _plan(config: AgentConfig, spec: TrainingSpec, source: str | Path, label_column: str | None,
-                min_gpu: str | None, console: Console) -> dict[str, Any]:
+async def _plan(config: AgentConfig, spec: TrainingSpec, task: flow.TaskChoice, source: str | Path,
+                label_column: str | None, min_gpu: str | None, console: Console) -> dict[str, Any]:
     agent = await _start(config, console)
     try:
+        spec = await flow.attach_task(agent, spec, task.source, task.params)
         cost, (_, selected, spares) = await _cost(agent, spec, source, label_column, min_gpu)
     finally:
         await agent.stop()
@@ -170,11 +192,13 @@ async def _plan(config: AgentConfig, spec: TrainingSpec, source: str | Path, lab
     return {"cost": cost.as_json(), "workers": workers, **spend.as_json()}
 
 
-async def _run(config: AgentConfig, spec: TrainingSpec, source: str | Path, label_column: str | None,
-               min_gpu: str | None, console: Console, *, yes: bool, live: bool) -> TrainingReport:
+async def _run(config: AgentConfig, spec: TrainingSpec, task: flow.TaskChoice, source: str | Path,
+               label_column: str | None, min_gpu: str | None, console: Console, *, yes: bool,
+               live: bool) -> TrainingReport:
     view = LiveTraining(console, spec) if live else None
     agent = await _start(config, console, view)
     try:
+        spec = await flow.attach_task(agent, spec, task.source, task.params)
         # The workers priced are the workers hired: the run reuses what the preview checked.
         cost, prepared = await _cost(agent, spec, source, label_column, min_gpu)
         spend = SpendPreview("fund the escrow of a new training", tuple(cost.items()))

@@ -8,13 +8,15 @@ import signal
 import time
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
 from aitbc_agent_sdk.errors import ConfigError
+from aitbc_agent_sdk.models import TaskPolicy
 from aitbc_agent_sdk.profile import load_profile
 
 from .common import HomeOption, JsonOption, eth_amount_option, print_json, resolve_home, unlock, wallet_store
@@ -30,13 +32,37 @@ class GpuChoice(str, Enum):
     none = "none"  # offer CPU only
 
 
+class TaskChoice(str, Enum):
+    builtin = "builtin"
+    allow_list = "allow-list"
+    any = "any"
+
+
+def task_policy(accepts: str, allowed: list[str]) -> TaskPolicy:
+    """The policy from the options; a bad CID or an allow-list without CIDs is a usage error (exit 2)."""
+    if accepts == "allow-list" and not allowed:
+        raise typer.BadParameter("--tasks allow-list needs at least one --allow-task CID", param_hint="--allow-task")
+    try:
+        return TaskPolicy(accepts=accepts, allowed=tuple(allowed))  # type: ignore[arg-type]
+    except ValidationError as exc:
+        raise typer.BadParameter(exc.errors()[0]["msg"], param_hint="--allow-task") from exc
+
+
 @app.command()
 def start(
     wallet: Annotated[str, typer.Option(help="wallet that signs offers and receives payments")],
     price: Annotated[int, eth_amount_option("--price", "--price-eth", help="price per training round")],
     gpu: Annotated[GpuChoice, typer.Option(help="'auto' detects GPUs with NVML; 'none' offers CPU only")
                    ] = GpuChoice.auto,
-    slots: Annotated[int, typer.Option(min=1, max=64, help="jobs served at once")] = 1,
+    slots: Annotated[Optional[int], typer.Option(
+        min=1, max=64, help="jobs served at once (default: one per GPU, each on its own GPU; 1 on a CPU host)")] = None,
+    threads: Annotated[Optional[int], typer.Option(
+        min=1, max=1024, help="torch threads per slot (default: the host's cores shared among the slots)")] = None,
+    tasks: Annotated[TaskChoice, typer.Option(
+        help="code to run: 'builtin' tasks only, 'allow-list' (built-ins and --allow-task CIDs), or 'any' task "
+             "(always in the sandbox)")] = TaskChoice.builtin,
+    allow_task: Annotated[Optional[list[str]], typer.Option(
+        "--allow-task", metavar="CID", help="a task CID this provider runs (repeatable; with --tasks allow-list)")] = None,
     stake: Annotated[int, eth_amount_option("--stake", help="bond to post in the registry if not registered",
                                             default_wei=0)] = 0,
     no_sandbox: Annotated[bool, typer.Option(
@@ -48,6 +74,7 @@ def start(
     Example: aitbc provider start --wallet provider-0 --price 0.01
     """
     root = resolve_home(home)
+    policy = task_policy(tasks.value, allow_task or [])
 
     async def serve() -> None:
         from aitbc_agent_sdk.provider.daemon import serve_provider
@@ -60,7 +87,7 @@ def start(
         Console(stderr=True).print(f"provider {account.address} serving at {format_eth(price)} ETH per round "
                                    f"(Ctrl-C stops)")
         await serve_provider(root, account, price_wei=price, slots=slots, gpu=gpu.value,
-                             stake_wei=stake or None, stop=stop,
+                             stake_wei=stake or None, stop=stop, threads=threads, tasks=policy,
                              sandbox=None if no_sandbox else TrainingSandbox(hidden_paths=(root,)))
 
     asyncio.run(serve())

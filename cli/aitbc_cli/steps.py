@@ -22,9 +22,12 @@ from .common import (
     SparesOption, SpendPreview, TargetThroughputOption, YesOption, confirm_spend, elastic_policy,
     eth_amount_option, print_json, resolve_home, unlock,
 )
+from .task_options import TaskOption, TaskParamOption
 from .training_options import (
-    JOB, AggregationChoiceOption, BatchSizeOption, EpochsOption, LrOption, MinGpuOption, ModelType, ModelTypeOption,
-    PartitionOption, RoundsOption, SeedOption, Strategy, TrainingIdArgument, TrainingIdOption,
+    FAULTS, JOB, AggregationChoiceOption, AssumedSpeedOption, BatchSizeOption, EpochsOption, FetchTimeoutOption,
+    FirstRoundDeadlineOption, LrOption, MinDeadlineOption, MinGpuOption, MinRoundTimeoutOption, ModelType,
+    ModelTypeOption, PartitionOption, PingTimeoutOption, ResendTimeoutOption, RoundsOption, RoundTimeoutOption,
+    SeedOption, Strategy, TrainingIdArgument, TrainingIdOption,
 )
 
 if TYPE_CHECKING:
@@ -45,6 +48,8 @@ def run_as(home: Path, training_id: str, work: Callable[[Agent], Awaitable[T]]) 
 def init(
     wallet: Annotated[str, typer.Option(help="the coordinator's wallet (pays the escrow later)")],
     model_type: ModelTypeOption = ModelType.mlp,
+    task: TaskOption = None,
+    task_param: TaskParamOption = None,
     target_workers: Annotated[int, typer.Option("--target-workers", "--workers", min=1, max=1024,
                                                 help="workers to hire (one data shard each)")] = 3,
     dataset_size: Annotated[Optional[int], typer.Option(min=0, help="informational, as in the seed")] = None,
@@ -56,7 +61,15 @@ def init(
     seed: SeedOption = 0,
     spares: SparesOption = 0,
     aggregation: AggregationChoiceOption = "fedavg",
-    heartbeat_timeout: HeartbeatOption = 10.0,
+    heartbeat_timeout: HeartbeatOption = FAULTS["heartbeat_timeout_s"].default,
+    ping_timeout: PingTimeoutOption = FAULTS["ping_timeout_s"].default,
+    first_round_deadline: FirstRoundDeadlineOption = FAULTS["first_round_deadline_s"].default,
+    assumed_samples_per_s: AssumedSpeedOption = FAULTS["assumed_samples_per_s"].default,
+    min_deadline: MinDeadlineOption = FAULTS["min_deadline_s"].default,
+    round_timeout: RoundTimeoutOption = None,
+    min_round_timeout: MinRoundTimeoutOption = FAULTS["min_round_timeout_s"].default,
+    fetch_timeout: FetchTimeoutOption = FAULTS["fetch_timeout_s"].default,
+    resend_timeout: ResendTimeoutOption = FAULTS["resend_timeout_s"].default,
     target_throughput: TargetThroughputOption = None,
     min_workers: MinWorkersOption = 1,
     max_workers: MaxWorkersOption = 64,
@@ -68,27 +81,39 @@ def init(
 
     Example: aitbc distributed-training init --wallet dev --model-type mlp --target-workers 3 --rounds 3
     """
+    # Long because: typer declares every option (the fault policy's timeouts too) in the signature.
     root = resolve_home(home)
     spec = TrainingSpec(model_type=ModelType(model_type).value, target_workers=target_workers, rounds=rounds,
                         dataset_size=dataset_size, partition=_value(partition), seed=seed, spare_workers=spares,
-                        aggregation=_value(aggregation), faults=FaultPolicy(heartbeat_timeout_s=heartbeat_timeout),
+                        aggregation=_value(aggregation), faults=FaultPolicy(
+                            heartbeat_timeout_s=heartbeat_timeout, ping_timeout_s=ping_timeout,
+                            first_round_deadline_s=first_round_deadline, assumed_samples_per_s=assumed_samples_per_s,
+                            min_deadline_s=min_deadline, round_timeout_s=round_timeout,
+                            min_round_timeout_s=min_round_timeout, fetch_timeout_s=fetch_timeout,
+                            resend_timeout_s=resend_timeout),
                         elastic=elastic_policy(target_throughput, min_workers, max_workers, scale_window),
                         job=JobConfig(batch_size=batch_size, learning_rate=lr, epochs=epochs))
+
+    flow.check_task_source(task)
+    params = flow.parse_task_params(task_param)
 
     async def create() -> Any:
         account, _ = await unlock(root, wallet)
         async with flow.devnet_agent(root, account) as agent:
-            return await flow.create_training(agent, spec, wallet)
+            return await flow.create_training(agent, await flow.attach_task(agent, spec, task, params), wallet)
 
     record = asyncio.run(create())
     if as_json:
-        print_json({"training_id": record.training_id, "status": record.status, "model_type": spec.model_type,
+        print_json({"training_id": record.training_id, "status": record.status, "model_type": record.spec.model_type,
+                    "task": record.spec.task.model_dump(mode="json") if record.spec.task else None,
                     "target_workers": target_workers, "coordinator": record.coordinator})
         return
     console = Console()
     console.print("Distributed training initialized")
     console.print(f"Training ID: {record.training_id}")
-    console.print(f"Model Type: {spec.model_type}")
+    console.print(f"Model Type: {record.spec.model_type}")
+    if record.spec.task is not None and record.spec.task.cid is not None:
+        console.print(f"Task: {record.spec.task.name} ({record.spec.task.cid})")
     console.print(f"Dataset Size: {dataset_size if dataset_size is not None else '-'}")
     console.print(f"Target Workers: {target_workers}")
     console.print(f"Status: {record.status}")

@@ -9,7 +9,7 @@ from typing import Annotated, Optional, get_args
 
 import typer
 
-from aitbc_agent_sdk.models import AggregationName, JobConfig, Partition
+from aitbc_agent_sdk.models import AggregationName, FaultPolicy, JobConfig, Partition
 
 JOB = JobConfig.model_fields  # the tuned defaults: one place, shared with the assistant
 
@@ -60,3 +60,33 @@ MinGpuOption = Annotated[Optional[str], typer.Option(
     "--min-gpu", "--gpu", help="slowest GPU accepted, e.g. RTX3090; 'cpu' or omitted accepts any")]
 PlotOption = Annotated[Optional[Path], typer.Option(
     "--plot", metavar="PNG", help="write accuracy/loss curves to this PNG (checked before anything is paid)")]
+
+# FaultPolicy's timeouts, each a flag; defaults and factors from the record, so help and SDK agree.
+FAULTS = FaultPolicy.model_fields
+_FACTOR, _ROUND_FACTOR = FAULTS["deadline_factor"].default, FAULTS["round_timeout_factor"].default
+PingTimeoutOption = Annotated[float, typer.Option(
+    "--ping-timeout", min=0.1, metavar="SECONDS", help="seconds a silent worker has to answer a ping before it is "
+                                                       "replaced")]
+FirstRoundDeadlineOption = Annotated[float, typer.Option(
+    "--first-round-deadline", min=0.1, metavar="SECONDS",
+    help=f"seconds a job on a provider with no round here yet may run before a spare gets a copy; the floor: a "
+         f"bigger job gets {_FACTOR:g} x its work (samples x epochs) at --assumed-samples-per-s")]
+AssumedSpeedOption = Annotated[float, typer.Option(
+    "--assumed-samples-per-s", min=0.001, metavar="RATE",
+    help="samples x epochs per second expected of a provider before its first round here: sizes the first "
+         "deadline of a big job")]
+MinDeadlineOption = Annotated[float, typer.Option(
+    "--min-deadline", min=0.1, metavar="SECONDS",
+    help=f"seconds: the shortest deadline of a provider with past rounds here (its deadline is {_FACTOR:g} x the "
+         f"{FAULTS['deadline_quantile'].default:g} quantile of its round times, at least this)")]
+RoundTimeoutOption = Annotated[Optional[float], typer.Option(
+    "--round-timeout", min=0.1, metavar="SECONDS", help="seconds a round may run before the training fails",
+    show_default=f"{_ROUND_FACTOR:g} x the round's longest job deadline, at least --min-round-timeout")]
+MinRoundTimeoutOption = Annotated[float, typer.Option(
+    "--min-round-timeout", min=0.1, metavar="SECONDS", help="seconds: the shortest derived round timeout")]
+FetchTimeoutOption = Annotated[float, typer.Option(
+    "--fetch-timeout", min=0.1, metavar="SECONDS",
+    help="seconds to fetch a worker's checkpoint from the content store before asking it to re-send")]
+ResendTimeoutOption = Annotated[float, typer.Option(
+    "--resend-timeout", min=0.1, metavar="SECONDS",
+    help="seconds a worker has to re-send a checkpoint that could not be fetched before its work moves")]

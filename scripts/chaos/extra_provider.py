@@ -15,7 +15,7 @@ from pathlib import Path
 from aitbc_agent_sdk.chain import TransactionSender, connect_rpc
 from aitbc_agent_sdk.chain.deployment import fund_accounts
 from aitbc_agent_sdk.devnet.anvil import dev_accounts
-from aitbc_agent_sdk.devnet.network import wait_for_offers, wallet_store
+from aitbc_agent_sdk.devnet.network import DEVNET_PROVIDER_ARGS, wait_for_offers, wallet_store
 from aitbc_agent_sdk.devnet.service import spawn
 from aitbc_agent_sdk.errors import ConfigError
 from aitbc_agent_sdk.profile import devnet_password, load_profile, save_profile
@@ -46,7 +46,7 @@ async def add_provider_daemon(home: Path, wallet: str, behaviour: str, *, price_
     service = spawn(f"provider:{wallet}",
                     [sys.executable, str(REPO / "scripts" / "chaos" / "byzantine_provider.py"), "--home", str(home),
                      "--wallet", wallet, "--price-wei", str(price_wei), "--stake-wei", str(stake_wei),
-                     "--behaviour", behaviour, *extra_args],
+                     "--behaviour", behaviour, *DEVNET_PROVIDER_ARGS, *extra_args],
                     port=0, log=home / "devnet" / "logs" / f"{wallet}.log", cwd=REPO,
                     stdin_data=(password + "\n").encode())
     profile = profile.model_copy(update={"services": (*profile.services, service)})

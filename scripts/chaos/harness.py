@@ -359,7 +359,7 @@ class ScenarioRun:
         from aitbc_agent_sdk.chain.deployment import fund_accounts
         from aitbc_agent_sdk.errors import ConfigError
         from aitbc_agent_sdk.devnet.anvil import dev_accounts
-        from aitbc_agent_sdk.devnet.network import wait_for_offers, wallet_store
+        from aitbc_agent_sdk.devnet.network import DEVNET_PROVIDER_ARGS, wait_for_offers, wallet_store
         from aitbc_agent_sdk.devnet.service import spawn
         from aitbc_agent_sdk.profile import PASSWORD_FILE, load_profile, save_profile
 
@@ -380,7 +380,8 @@ class ScenarioRun:
                         [self.config.python, str(REPO / "scripts" / "chaos" / "byzantine_provider.py"),
                          "--home", str(self.home), "--wallet", BYZANTINE_WALLET,
                          "--price-wei", str(self.config.byzantine_price_wei),
-                         "--stake-wei", str(self.config.stake_wei), "--behaviour", behaviour],
+                         "--stake-wei", str(self.config.stake_wei), "--behaviour", behaviour,
+                         *DEVNET_PROVIDER_ARGS],
                         port=0, log=self.home / "devnet" / "logs" / f"{BYZANTINE_WALLET}.log", cwd=REPO,
                         env=self.env, stdin_data=(password + "\n").encode())
         profile = profile.model_copy(update={"services": (*profile.services, service)})

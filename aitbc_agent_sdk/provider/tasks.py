@@ -1,0 +1,100 @@
+"""Which tasks a provider runs, fetching a task's code by CID, and the state a task keeps between rounds.
+
+The policy is checked twice: when a contract is proposed (with the package fetched once, so a
+task this environment cannot run is refused with the packages it lacks, not failed mid-round)
+and again for every job, whose task must be the contract's. A ``keep_state`` task's state is kept
+per training and contract (a replacement worker has another contract: it starts fresh) and dropped
+once the chain shows the training closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from ..errors import AitbcError
+from ..models import MAX_TASK_BYTES, JobAssignment, TaskPackage, TaskPolicy, TaskRef, id_path
+from ..storage import ContentStore, fetch_timeout_s
+from ..training.task_package import decode_package, missing_requirements
+from .jobs import write_file
+from .process import STATE_FILE, TASK_FILE
+
+PACKAGES_KEPT = 16  # fetched task packages kept in memory, by CID
+SWEEP_READ_S = 10.0  # one chain read of the sweep
+
+
+class ProviderTasks:
+    def __init__(self, policy: TaskPolicy, store: ContentStore, states: Path,
+                 coordinator_of: Callable[[JobAssignment], str]) -> None:
+        """``states``: where kept task states live, by training and contract (emptied now: no
+        contract survives a restart); ``coordinator_of``: a job's coordinator, from its contract."""
+        self.policy = policy
+        self._store = store
+        self._packages: OrderedDict[str, bytes] = OrderedDict()
+        self._states = states
+        shutil.rmtree(states, ignore_errors=True)
+        self._coordinator_of = coordinator_of
+        self._coordinators: dict[str, str] = {}  # training with kept state -> its coordinator
+
+    async def refusal(self, task: TaskRef | None) -> str | None:
+        """Why this provider will not run ``task`` (its policy, an unreadable package, missing packages)."""
+        if (problem := self.policy.refusal(task)) is not None or task is None or task.cid is None:
+            return problem
+        try:
+            package = decode_package(await self._fetch(task.cid))
+        except AitbcError as exc:
+            return f"task {task.name!r} ({task.cid}) cannot be read: {exc}"
+        return requirement_refusal(task, package)
+
+    async def prepare(self, job: JobAssignment, job_dir: Path) -> None:
+        """Put a user task's package, and the state its worker kept from the last round, into the job directory."""
+        if job.task is not None and job.task.cid is not None:
+            blob = await self._fetch(job.task.cid)
+            await asyncio.to_thread(write_file, job_dir / TASK_FILE, blob)
+        kept = self._state_path(job)
+        if kept.is_file():
+            await asyncio.to_thread(shutil.copyfile, kept, job_dir / STATE_FILE)
+
+    async def keep(self, job: JobAssignment, job_dir: Path) -> None:
+        """Keep the state the job left (a keep_state task's optimizer) for this worker's next round."""
+        produced = job_dir / STATE_FILE
+        if not produced.is_file() or produced.is_symlink():
+            return
+        target = self._state_path(job)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(os.replace, produced, target)
+        self._coordinators[job.training_id] = self._coordinator_of(job)
+
+    async def sweep(self, closed: Callable[[str, str], Awaitable[bool]]) -> None:
+        """Drop the kept state of every training the chain shows closed (``closed(training, coordinator)``)."""
+        for training_id, coordinator in list(self._coordinators.items()):
+            with contextlib.suppress(AitbcError, TimeoutError, OSError):
+                async with asyncio.timeout(SWEEP_READ_S):
+                    is_closed = await closed(training_id, coordinator)
+                if is_closed:
+                    del self._coordinators[training_id]
+                    await asyncio.to_thread(shutil.rmtree, id_path(self._states, training_id), True)
+
+    def _state_path(self, job: JobAssignment) -> Path:
+        return id_path(id_path(self._states, job.training_id), job.contract_id) / STATE_FILE
+
+    async def _fetch(self, cid: str) -> bytes:
+        if cid not in self._packages:
+            limit = 2 * MAX_TASK_BYTES  # JSON escapes: the files' text at most doubles
+            self._packages[cid] = await self._store.cat(cid, max_bytes=limit, timeout_s=fetch_timeout_s(limit))
+            while len(self._packages) > PACKAGES_KEPT:
+                self._packages.popitem(last=False)
+        self._packages.move_to_end(cid)
+        return self._packages[cid]
+
+
+def requirement_refusal(task: TaskRef, package: TaskPackage) -> str | None:
+    missing = missing_requirements(dict(package.manifest.requires))
+    if not missing:
+        return None
+    return f"task {task.name!r} needs {', '.join(missing)}, which this provider's environment lacks"

@@ -1,0 +1,108 @@
+"""A task bound to its parameters: what the coordinator and the training process call.
+
+``bind_task`` turns a training's spec (a built-in's name, or a :class:`TaskRef` with the loaded
+user task) into a :class:`BoundTask`; its methods are the only way the rest of the SDK builds,
+initialises, scores and checks a model, so a built-in and a user's task take the same path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from pydantic import ValidationError
+from torch import nn
+
+from aitbc_agent_sdk import limits
+from aitbc_agent_sdk.errors import ConfigError, TrainingError, UnknownModelError
+from aitbc_agent_sdk.models import ModelSpec, TaskRef, TrainingSpec
+from aitbc_agent_sdk.training.builtin_tasks import BUILTIN_TASKS, ClassifierParams
+from aitbc_agent_sdk.training.checkpoint import encode_state
+from aitbc_agent_sdk.training.datasets import LabeledData
+from aitbc_agent_sdk.training.models import MODEL_NAMES, model_spec_for
+from aitbc_agent_sdk.training.task import DataInfo, TaskParams, TrainingTask
+from aitbc_agent_sdk.training.task_loop import evaluate_task, task_loss
+
+USER_TASK_MODEL = "task"  # ModelSpec.name of a user task's jobs: the shape travels, the model is the task's
+
+
+@dataclass(frozen=True)
+class BoundTask:
+    ref: TaskRef
+    task: TrainingTask
+    params: TaskParams
+
+    def model_spec(self, data: LabeledData) -> ModelSpec:
+        """The data's shape as jobs carry it (and, for a built-in, its registry model)."""
+        if self.ref.builtin:
+            assert isinstance(self.params, ClassifierParams)
+            return model_spec_for(self.ref.name, data, hidden=self.params.hidden)
+        try:
+            return ModelSpec(name=USER_TASK_MODEL, input_shape=data.feature_shape, num_classes=data.num_classes,
+                             hidden=1)
+        except ValidationError as exc:
+            raise ConfigError(f"task {self.ref.name!r}: {exc.errors()[0]['msg']}") from exc
+
+    def build(self, spec: ModelSpec, *, samples: int = 0, seed: int | None = None) -> nn.Module:
+        """The task's model for data of ``spec``'s shape; with ``seed`` the same weights everywhere."""
+        info = DataInfo(feature_shape=tuple(spec.input_shape), num_classes=spec.num_classes, samples=samples)
+        with torch.random.fork_rng(devices=[]):  # the caller's RNG stream stays untouched
+            if seed is not None:
+                torch.manual_seed(seed)
+            model = self.task.build_model(info, self.params)
+        if not isinstance(model, nn.Module):
+            raise TrainingError(f"task {self.ref.name!r}: build_model() returned {type(model).__name__}, not a Module")
+        count = sum(p.numel() for p in model.parameters())
+        if count > limits.MAX_PARAMETERS:
+            raise TrainingError(f"task {self.ref.name!r} builds {count:,} parameters, above the limit of "
+                                f"{limits.MAX_PARAMETERS:,}")
+        return model
+
+    def initial_state(self, train: LabeledData, seed: int) -> bytes:
+        """The round-0 weights: seeded, then ``prepare``d on the training split (e.g. normalisation)."""
+        model = self.build(self.model_spec(train), samples=len(train), seed=seed)
+        self.task.prepare(model, train, self.params)
+        return encode_state({k: v.detach().contiguous() for k, v in model.state_dict().items()})
+
+    def loaded(self, spec: ModelSpec, state: dict[str, torch.Tensor]) -> nn.Module:
+        model = self.build(spec)
+        model.load_state_dict(dict(state), strict=True)
+        return model
+
+    def evaluate(self, test: LabeledData, state: dict[str, torch.Tensor]) -> dict[str, float]:
+        return evaluate_task(self.task, self.loaded(self.model_spec(test), state), test, self.params)
+
+    def validation_loss(self, spec: ModelSpec, state: dict[str, torch.Tensor], batch: LabeledData) -> float:
+        return task_loss(self.task, self.loaded(spec, state), batch, self.params)
+
+
+def task_ref_of(spec: TrainingSpec) -> TaskRef:
+    """The task a spec names: its ``task``, else the built-in named by ``model_type``."""
+    if spec.task is not None:
+        return spec.task
+    if spec.model_type not in BUILTIN_TASKS:
+        raise UnknownModelError(f"unknown model {spec.model_type!r}; valid models are {list(MODEL_NAMES)}")
+    return TaskRef(name=spec.model_type)
+
+
+def job_task_ref(spec: ModelSpec, task: TaskRef | None) -> TaskRef:
+    """The task a job runs: its own, else the built-in its model spec names (with the spec's width)."""
+    return task if task is not None else TaskRef(name=spec.name, params={"hidden": spec.hidden})
+
+
+def bind_task(ref: TaskRef, user_task: TrainingTask | None = None) -> BoundTask:
+    """``ref`` with its parameters validated; a user task's code must be loaded already (``user_task``)."""
+    if ref.builtin:
+        if ref.name not in BUILTIN_TASKS:
+            raise UnknownModelError(f"unknown task {ref.name!r}; built-in tasks are {list(MODEL_NAMES)}")
+        task: TrainingTask = BUILTIN_TASKS[ref.name]
+    elif user_task is None:
+        raise TrainingError(f"task {ref.name!r} ({ref.cid}) is not loaded")
+    else:
+        task = user_task
+    try:
+        params = task.params(dict(ref.params))
+    except ValidationError as exc:
+        raise ConfigError(f"task {ref.name!r}: bad parameters: {exc.errors()[0]['loc']}: "
+                          f"{exc.errors()[0]['msg']}") from exc
+    return BoundTask(ref, task, params)

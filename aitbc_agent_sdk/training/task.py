@@ -1,0 +1,122 @@
+"""A training task: the user's model, data loading, loss, optimizer and evaluation, in one small class.
+
+The split follows the frameworks users know. Like Lightning's ``LightningModule`` the task
+names the loss (``loss``, Lightning's ``training_step``) and the optimizer
+(``configure_optimizer``); like torchtitan's train spec the model is built from a config
+(``build_model``) and data loading is the task's (``batches``); like Flower's ``ClientApp``
+evaluation returns named metrics (``evaluate``). The loop itself (epochs, device, bf16
+autocast, gradient clipping, scheduler steps, progress) belongs to the SDK
+(:func:`~aitbc_agent_sdk.training.task_loop.train_task`), so a task never sees a socket, a
+key or a path outside its shard.
+
+A task runs in three places: on the coordinator (``build_model`` + ``prepare`` make the round-0
+weights; ``evaluate`` scores the test split; ``loss`` checks each result on validation data),
+and on each provider, in the sandboxed training process (``build_model``, ``batches``,
+``configure_optimizer``, ``loss``). Hyper-parameters of its own are a pydantic model
+(``Params``) validated on both sides.
+
+    class FocalTabular(TrainingTask):
+        name = "focal-tabular"
+        class Params(TaskParams):
+            gamma: float = 2.0
+        def build_model(self, info, params): ...
+        def loss(self, model, batch, params): ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from pydantic import BaseModel, ConfigDict
+from torch import nn
+from torch.nn import functional as F
+
+from aitbc_agent_sdk.models import JobConfig
+from aitbc_agent_sdk.training.datasets import LabeledData
+
+Batch = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets), on the training device
+Scheduler = torch.optim.lr_scheduler.LRScheduler
+
+
+class TaskParams(BaseModel):
+    """A task's own hyper-parameters: subclass it and add typed, bounded fields."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass(frozen=True)
+class DataInfo:
+    """What a task may know about the data before it builds its model."""
+
+    feature_shape: tuple[int, ...]  # one sample's inputs, without the batch dimension
+    num_classes: int
+    samples: int  # in the data the model is built for (the training split or one shard)
+
+
+class TrainingTask:
+    """Subclass and override ``build_model``; every other method has a classifier's default.
+
+    Class attributes: ``name`` (shown to users and providers), ``Params`` (the task's
+    hyper-parameters), ``metric`` and ``higher_is_better`` (the metric that says which model is
+    better, one of the keys ``evaluate`` returns), ``bf16`` (whether bf16 autocast may be used on
+    a GPU), ``requires`` (Python packages and PEP 440 versions the task needs on a provider) and
+    ``keep_state`` (keep the optimizer's and scheduler's state on the provider from one round to the
+    same worker's next; off, every round starts a fresh optimizer, as FedAvg classically does).
+    """
+
+    name: ClassVar[str] = "task"
+    Params: ClassVar[type[TaskParams]] = TaskParams
+    metric: ClassVar[str] = "accuracy"
+    higher_is_better: ClassVar[bool] = True
+    bf16: ClassVar[bool] = True
+    requires: ClassVar[dict[str, str]] = {}
+    keep_state: ClassVar[bool] = False
+
+    def params(self, raw: dict[str, Any] | None = None) -> TaskParams:
+        """``raw`` (from the spec or the wire) validated against ``Params``."""
+        return self.Params.model_validate(raw or {})
+
+    def build_model(self, info: DataInfo, params: TaskParams) -> nn.Module:
+        raise NotImplementedError(f"{type(self).__name__} must define build_model(info, params)")
+
+    def prepare(self, model: nn.Module, train: LabeledData, params: TaskParams) -> None:
+        """On the coordinator, before round 1: fit whatever the model takes from the training split."""
+
+    def batches(self, data: LabeledData, params: TaskParams, batch_size: int, generator: torch.Generator,
+                device: torch.device) -> Iterator[Batch]:
+        """One epoch of shuffled mini-batches (``generator`` is seeded per job: reproducible; augment here)."""
+        features, labels = data.features.to(device), data.labels.to(device)
+        order = torch.randperm(len(data), generator=generator).to(device)
+        for start in range(0, len(data), batch_size):
+            idx = order[start : start + batch_size]
+            yield features[idx], labels[idx]
+
+    def loss(self, model: nn.Module, batch: Batch, params: TaskParams) -> torch.Tensor:
+        """Mean loss of one batch (the training step's objective, and the result check's)."""
+        inputs, targets = batch
+        return F.cross_entropy(model(inputs), targets)
+
+    def configure_optimizer(self, model: nn.Module, params: TaskParams, config: JobConfig,
+                            total_steps: int) -> tuple[torch.optim.Optimizer, Scheduler | None]:
+        """The optimizer of one job (and a scheduler stepped once per batch, or None)."""
+        return torch.optim.Adam(model.parameters(), lr=config.learning_rate), None
+
+    def grad_clip_norm(self, params: TaskParams) -> float | None:
+        """Clip the gradients' global L2 norm to this before each step; None: no clipping."""
+        return None
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, data: LabeledData, params: TaskParams,
+                 device: torch.device) -> dict[str, float]:
+        """Named metrics of ``model`` on ``data``; the default: accuracy and mean cross-entropy."""
+        correct, loss_sum = 0, 0.0
+        for start in range(0, len(data), 1024):
+            inputs = data.features[start : start + 1024].to(device)
+            targets = data.labels[start : start + 1024].to(device)
+            logits = model(inputs).float()
+            loss_sum += F.cross_entropy(logits, targets, reduction="sum").item()  # sum: short last batch
+            correct += int((logits.argmax(dim=1) == targets).sum())
+        return {"accuracy": correct / len(data), "loss": loss_sum / len(data)}

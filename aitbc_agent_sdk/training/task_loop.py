@@ -1,0 +1,118 @@
+"""The SDK's side of a task: the training loop, evaluation and the result check's loss.
+
+The loop owns what users should not have to get right on a stranger's machine: the device,
+bf16 autocast on a GPU, gradient clipping, stepping the scheduler, a seeded shuffle that does
+not touch the global RNG, progress per epoch and a clear error when the loss diverges.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from aitbc_agent_sdk.errors import TrainingError
+from aitbc_agent_sdk.models import JobConfig
+from aitbc_agent_sdk.training.datasets import LabeledData
+from aitbc_agent_sdk.training.local import EpochStats, LocalTrainResult
+from aitbc_agent_sdk.training.task import Batch, TaskParams, TrainingTask
+from aitbc_agent_sdk.training.task_state import encode_task_state, restore_task_state
+
+
+def training_device(prefer: str = "auto") -> torch.device:
+    """``cuda`` when one is visible and allowed (the provider passes one GPU per process), else ``cpu``."""
+    if prefer != "cpu" and torch.cuda.is_available():
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def autocast_for(task: TrainingTask, device: torch.device) -> contextlib.AbstractContextManager[object]:
+    """bf16 autocast on a GPU where the task allows it; full precision on a CPU (bf16 there is slower)."""
+    if device.type == "cuda" and task.bf16:
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def train_task(task: TrainingTask, model: nn.Module, data: LabeledData, params: TaskParams, config: JobConfig, *,
+               seed: int, device: torch.device | None = None, on_epoch: Callable[[EpochStats], None] | None = None,
+               kept_state: bytes | None = None) -> LocalTrainResult:
+    """Train ``model`` in place for ``config.epochs`` epochs of the task's loss and optimizer.
+
+    A ``keep_state`` task resumes its optimizer from ``kept_state`` (the last round's, when there
+    is one) and returns the new state in the result."""
+    if len(data) == 0:
+        raise TrainingError("cannot train on an empty shard")
+    device = device or next(model.parameters()).device
+    model.to(device)
+    generator = torch.Generator().manual_seed(seed)  # own stream: results do not depend on the global RNG
+    batch_size = min(config.batch_size, len(data))
+    steps = config.epochs * math.ceil(len(data) / batch_size)
+    optimizer, scheduler = task.configure_optimizer(model, params, config, steps)
+    resumed = task.keep_state and kept_state is not None
+    if resumed:
+        assert kept_state is not None
+        restore_task_state(kept_state, optimizer, scheduler)
+    clip = task.grad_clip_norm(params)
+    model.train()
+    started, epoch_loss = time.perf_counter(), math.nan
+    for epoch in range(1, config.epochs + 1):
+        epoch_start, loss_sum, seen = time.perf_counter(), 0.0, 0
+        for batch in task.batches(data, params, batch_size, generator, device):
+            loss = _step(task, model, batch, params, optimizer, device, clip)
+            if scheduler is not None:
+                scheduler.step()
+            loss_sum += loss * len(batch[1])
+            seen += len(batch[1])
+        epoch_loss = loss_sum / max(seen, 1)
+        if not math.isfinite(epoch_loss):
+            raise TrainingError(f"loss diverged to {epoch_loss} in epoch {epoch}; lower the learning rate")
+        if on_epoch is not None:
+            on_epoch(EpochStats(epoch, config.epochs, epoch_loss, seen / max(time.perf_counter() - epoch_start, 1e-9)))
+    kept = encode_task_state(optimizer, scheduler) if task.keep_state else None
+    return LocalTrainResult(samples=len(data), loss=epoch_loss, seconds=time.perf_counter() - started,
+                            task_state=kept, resumed=resumed)
+
+
+def _step(task: TrainingTask, model: nn.Module, batch: Batch, params: TaskParams,
+          optimizer: torch.optim.Optimizer, device: torch.device, clip: float | None) -> float:
+    with autocast_for(task, device):
+        loss = task.loss(model, batch, params)
+    if loss.ndim != 0:
+        raise TrainingError(f"task {task.name!r}: loss() must return a scalar, got shape {tuple(loss.shape)}")
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if clip is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    optimizer.step()
+    return float(loss.item())
+
+
+def evaluate_task(task: TrainingTask, model: nn.Module, data: LabeledData, params: TaskParams,
+                  device: torch.device | None = None) -> dict[str, float]:
+    """The task's metrics in eval mode; the model's mode is left as it was. Checks the task's answer."""
+    if len(data) == 0:
+        raise ValueError("cannot evaluate on an empty dataset")
+    device = device or next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), autocast_for(task, device):
+            metrics = task.evaluate(model, data, params, device)
+    finally:
+        model.train(was_training)
+    if not isinstance(metrics, dict) or task.metric not in metrics:
+        raise TrainingError(f"task {task.name!r}: evaluate() must return a dict with its metric {task.metric!r}")
+    return {str(k): float(v) for k, v in metrics.items()}
+
+
+@torch.no_grad()
+def task_loss(task: TrainingTask, model: nn.Module, data: LabeledData, params: TaskParams) -> float:
+    """The task's mean loss over ``data`` in eval mode: how the coordinator checks a result."""
+    model.eval()
+    device = next(model.parameters()).device
+    inputs, targets = data.features.to(device), data.labels.to(device)
+    return float(task.loss(model, (inputs, targets), params))
