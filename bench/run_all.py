@@ -19,6 +19,7 @@ FULL = {
     "bench_gas.py": ["--sizes", "1", "4", "10", "32"],
     "bench_elastic.py": ["--rounds", "6", "--repeat", "2"],
     "bench_sandbox_startup.py": ["5"],
+    "bench_task_path.py": [],
     "bench_flows.py": ["--pairs", "3"],
 }
 

@@ -152,8 +152,25 @@ def weights_digest(model: torch.nn.Module) -> str:
     h = hashlib.sha256()
     for key, tensor in unwrap(model).state_dict().items():
         h.update(key.encode())
-        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+        h.update(tensor_bytes(tensor))
     return h.hexdigest()
+
+
+def tensor_bytes(tensor: torch.Tensor) -> bytes:
+    """The tensor's raw bytes on the CPU. numpy has no bfloat16 (or float8): such a tensor is read as
+    integers of its width, bit for bit, so a bf16 model gets a digest too and every other dtype keeps its own."""
+    import torch
+
+    flat = tensor.detach().cpu().contiguous()
+    if flat.dtype.is_floating_point and flat.dtype not in (torch.float16, torch.float32, torch.float64):
+        flat = flat.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[flat.element_size()])
+    return flat.numpy().tobytes()
+
+
+def collective_device(backend: str, device: str) -> str:
+    """Where a collective's own tensors (OOM flags, loss sums) must live: NCCL reduces CUDA tensors
+    only, so on an NCCL group they go to this rank's GPU; gloo and the rest take CPU tensors."""
+    return device if backend == "nccl" and device.startswith("cuda") else "cpu"
 
 
 def global_batch_indices(step: int, global_batch: int, dataset_size: int, *, seed: int = 0) -> list[int]:
@@ -338,6 +355,7 @@ class BalancedStep:
         import torch.distributed as dist
 
         oom_seen: list[int] = []
+        reduce_device = collective_device(self.info.backend, self.info.device)
         for attempt in range(self.max_retries + 1):
             size = self.plan.sizes[self.info.rank]
             self.optimizer.zero_grad(set_to_none=False)
@@ -357,7 +375,7 @@ class BalancedStep:
                 self.optimizer.zero_grad(set_to_none=False)
                 if self.info.device.startswith("cuda"):
                     torch.cuda.empty_cache()
-            flags = torch.zeros(self.info.world_size, dtype=torch.int64)
+            flags = torch.zeros(self.info.world_size, dtype=torch.int64, device=reduce_device)
             flags[self.info.rank] = oom
             if dist.is_initialized():
                 dist.all_reduce(flags)
@@ -372,7 +390,7 @@ class BalancedStep:
                 continue
             total = weighted_allreduce_gradients(self.model, size)
             self.optimizer.step()
-            summed = torch.tensor([local_loss], dtype=torch.float64)
+            summed = torch.tensor([local_loss], dtype=torch.float64, device=reduce_device)
             if dist.is_initialized():
                 dist.all_reduce(summed)
             return StepResult(loss=float(summed.item()) / total, global_batch=total, sizes=self.plan.sizes,

@@ -46,7 +46,9 @@ async def prepare(coordinator: Coordinator, request: RunRequest) -> Prepared:
     """All the checks that need no writes: data, model, market, money. Returns (data, workers, spares)."""
     spec = request.spec
     data = await asyncio.to_thread(load_dataset, request.dataset, label_column=request.label_column)
-    (await coordinator.tasks.bound(spec)).model_spec(data)  # an unknown task or bad parameters: fail now
+    task = await coordinator.tasks.bound(spec)  # an unknown task or bad parameters: fail now
+    task.model_spec(data)
+    await asyncio.to_thread(task.rehearse, data, spec.job, spec.seed)  # and a broken task, before funding
     found = await coordinator.discover(min_gpu=request.min_gpu, max_price_wei=spec.max_price_wei, task=spec.task)
     if len(found) < spec.target_workers:
         raise NotEnoughWorkersError(

@@ -15,14 +15,15 @@ from torch import nn
 
 from aitbc_agent_sdk import limits
 from aitbc_agent_sdk.errors import ConfigError, TrainingError, UnknownModelError
-from aitbc_agent_sdk.models import ModelSpec, TaskRef, TrainingSpec
+from aitbc_agent_sdk.models import JobConfig, ModelSpec, TaskRef, TrainingSpec
 from aitbc_agent_sdk.training.builtin_tasks import BUILTIN_TASKS, ClassifierParams
-from aitbc_agent_sdk.training.checkpoint import encode_state
+from aitbc_agent_sdk.training.checkpoint import decode_state, encode_state
 from aitbc_agent_sdk.training.datasets import LabeledData
 from aitbc_agent_sdk.training.models import MODEL_NAMES, model_spec_for
 from aitbc_agent_sdk.training.task import DataInfo, TaskParams, TrainingTask
-from aitbc_agent_sdk.training.task_loop import evaluate_task, task_loss
+from aitbc_agent_sdk.training.task_loop import evaluate_task, task_loss, train_task
 
+REHEARSAL_SAMPLES = 64  # what the dry run before funding trains and evaluates on
 USER_TASK_MODEL = "task"  # ModelSpec.name of a user task's jobs: the shape travels, the model is the task's
 
 
@@ -74,6 +75,21 @@ class BoundTask:
 
     def validation_loss(self, spec: ModelSpec, state: dict[str, torch.Tensor], batch: LabeledData) -> float:
         return task_loss(self.task, self.loaded(spec, state), batch, self.params)
+
+    def rehearse(self, data: LabeledData, config: JobConfig, seed: int, samples: int = REHEARSAL_SAMPLES) -> None:
+        """Every step of the task once, on a few samples, before anything is funded: a bug in the
+        task's code is a usage error now, not a failed (and paid) round."""
+        small = data.subset(torch.arange(min(samples, len(data))))
+        try:
+            state = decode_state(self.initial_state(small, seed))
+            model = self.loaded(self.model_spec(small), state)
+            train_task(self.task, model, small, self.params, config.model_copy(update={"epochs": 1}), seed=seed,
+                       device=torch.device("cpu"))
+            self.validation_loss(self.model_spec(small), model.state_dict(), small)
+            evaluate_task(self.task, model, small, self.params)
+        except Exception as exc:  # the user's code: any failure is theirs to fix, with its message
+            raise ConfigError(f"task {self.ref.name!r} failed a dry run on {len(small)} samples: "
+                              f"{type(exc).__name__}: {exc}") from exc
 
 
 def task_ref_of(spec: TrainingSpec) -> TaskRef:

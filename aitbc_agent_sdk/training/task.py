@@ -111,7 +111,8 @@ class TrainingTask:
     @torch.no_grad()
     def evaluate(self, model: nn.Module, data: LabeledData, params: TaskParams,
                  device: torch.device) -> dict[str, float]:
-        """Named metrics of ``model`` on ``data``; the default: accuracy and mean cross-entropy."""
+        """Named metrics of ``model`` on ``data``, with ``loss`` and ``metric`` among them; the default:
+        accuracy and mean cross-entropy."""
         correct, loss_sum = 0, 0.0
         for start in range(0, len(data), 1024):
             inputs = data.features[start : start + 1024].to(device)

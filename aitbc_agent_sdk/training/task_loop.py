@@ -60,14 +60,16 @@ def train_task(task: TrainingTask, model: nn.Module, data: LabeledData, params: 
     model.train()
     started, epoch_loss = time.perf_counter(), math.nan
     for epoch in range(1, config.epochs + 1):
-        epoch_start, loss_sum, seen = time.perf_counter(), 0.0, 0
+        # The loss is summed on the device and read once per epoch: no host sync per step on a GPU.
+        epoch_start, seen = time.perf_counter(), 0
+        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         for batch in task.batches(data, params, batch_size, generator, device):
             loss = _step(task, model, batch, params, optimizer, device, clip)
             if scheduler is not None:
                 scheduler.step()
-            loss_sum += loss * len(batch[1])
+            loss_sum += loss.double() * len(batch[1])
             seen += len(batch[1])
-        epoch_loss = loss_sum / max(seen, 1)
+        epoch_loss = float(loss_sum) / max(seen, 1)
         if not math.isfinite(epoch_loss):
             raise TrainingError(f"loss diverged to {epoch_loss} in epoch {epoch}; lower the learning rate")
         if on_epoch is not None:
@@ -78,7 +80,7 @@ def train_task(task: TrainingTask, model: nn.Module, data: LabeledData, params: 
 
 
 def _step(task: TrainingTask, model: nn.Module, batch: Batch, params: TaskParams,
-          optimizer: torch.optim.Optimizer, device: torch.device, clip: float | None) -> float:
+          optimizer: torch.optim.Optimizer, device: torch.device, clip: float | None) -> torch.Tensor:
     with autocast_for(task, device):
         loss = task.loss(model, batch, params)
     if loss.ndim != 0:
@@ -88,7 +90,7 @@ def _step(task: TrainingTask, model: nn.Module, batch: Batch, params: TaskParams
     if clip is not None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
     optimizer.step()
-    return float(loss.item())
+    return loss.detach()
 
 
 def evaluate_task(task: TrainingTask, model: nn.Module, data: LabeledData, params: TaskParams,
@@ -104,8 +106,9 @@ def evaluate_task(task: TrainingTask, model: nn.Module, data: LabeledData, param
             metrics = task.evaluate(model, data, params, device)
     finally:
         model.train(was_training)
-    if not isinstance(metrics, dict) or task.metric not in metrics:
-        raise TrainingError(f"task {task.name!r}: evaluate() must return a dict with its metric {task.metric!r}")
+    if not isinstance(metrics, dict) or not {task.metric, "loss"} <= metrics.keys():  # rounds report both
+        raise TrainingError(f"task {task.name!r}: evaluate() must return a dict with 'loss' and its metric "
+                            f"{task.metric!r}")
     return {str(k): float(v) for k, v in metrics.items()}
 
 
