@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from ..cluster.sandbox_plan import scrubbed_env
 from ..errors import AitbcError, TrainingError
@@ -39,6 +39,10 @@ CHECKPOINT_FILE = "checkpoint.safetensors"
 TASK_FILE = "task.json"  # a user task's package, fetched by the provider from its CID
 STATE_FILE = "task_state.safetensors"  # a keep_state task's optimizer state: in from the last round, out for the next
 
+
+WORKER_LOG = "worker.log"  # what training processes print, in the provider's work directory
+MAX_LOG_BYTES = 16 << 20  # of one process's output; past it the rest is read and dropped
+LOG_CHUNK = 1 << 16
 
 EpochCallback = Callable[[dict[str, Any]], Any]
 WORKER_ENTRY = ("-m", "aitbc_agent_sdk.provider.worker_process")
@@ -133,11 +137,23 @@ class TrainingProcess:
         return _Launched(proc, asyncio.create_task(self._drain_stderr(proc)), box)
 
     async def _drain_stderr(self, proc: asyncio.subprocess.Process) -> None:
+        """Copy the process's output (a task's prints too) to the worker log, at most MAX_LOG_BYTES of
+        it, and read the rest to its end: a process blocked on a full pipe would never exit."""
         assert proc.stderr is not None
-        with open(self._work_dir / "worker.log", "ab") as log:
-            async for line in proc.stderr:
-                log.write(line)
-                log.flush()
+        log, kept = await asyncio.to_thread(_open_log, self._work_dir / WORKER_LOG), 0
+        try:
+            while chunk := await proc.stderr.read(LOG_CHUNK):  # chunks: a line may have no end
+                if log is not None and kept < MAX_LOG_BYTES:
+                    kept_now = chunk[: MAX_LOG_BYTES - kept]
+                    if kept + len(chunk) >= MAX_LOG_BYTES:
+                        kept_now += b"\n[output past this point not logged]\n"
+                    with contextlib.suppress(OSError):  # a full disk must not stop the draining
+                        log.write(kept_now)
+                        log.flush()
+                    kept += len(chunk)
+        finally:
+            if log is not None:
+                log.close()
 
     async def _next_event(self) -> dict[str, Any]:
         assert self._proc is not None and self._proc.stdout is not None
@@ -148,7 +164,7 @@ class TrainingProcess:
         if not line:
             code = await self._proc.wait()
             self._proc = None
-            raise TrainingError(f"training process exited with code {code} (see {self._work_dir / 'worker.log'})")
+            raise TrainingError(f"training process exited with code {code} (see {self._work_dir / WORKER_LOG})")
         try:
             event = json.loads(line)
         except ValueError as exc:
@@ -297,6 +313,17 @@ async def _close(worker: _Launched, *, graceful: bool) -> None:
     await asyncio.gather(worker.stderr_task, return_exceptions=True)
     if worker.box is not None:
         await asyncio.to_thread(shutil.rmtree, worker.box, True)
+
+
+def _open_log(path: Path) -> BinaryIO | None:
+    """The worker log to append to, the previous one kept as ``.1`` once past MAX_LOG_BYTES; None when
+    it cannot be opened (the output is then only drained)."""
+    try:
+        if path.is_file() and path.stat().st_size > MAX_LOG_BYTES:
+            os.replace(path, path.with_name(path.name + ".1"))
+        return open(path, "ab")
+    except OSError:
+        return None
 
 
 async def _maybe_await(value: Any) -> None:

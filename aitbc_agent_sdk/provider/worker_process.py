@@ -95,15 +95,16 @@ def gpu_figures(device: torch.device) -> dict[str, Any]:
 
 
 def warm_up() -> None:
-    """One tiny step before announcing ready: torch loads much of itself on the first optimizer
-    step, and a fresh sandboxed process serves every new training, so no job should wait for that."""
+    """One tiny step before announcing ready, on the CPU and on the process's GPU when it has one:
+    torch loads much of itself (and CUDA its context) on the first step, and a fresh sandboxed
+    process serves every new training, so no job should wait for that."""
     spec = ModelSpec(name="mlp", input_shape=(4,), num_classes=2, hidden=4)
     data = LabeledData(torch.zeros(2, 4), torch.zeros(2, dtype=torch.long), 2)
     task = bind_task(TaskRef(name="mlp"))
-    model = task.build(spec)
-    train_task(task.task, model, data, task.params, JobConfig(epochs=1, batch_size=2), seed=0,
-               device=torch.device("cpu"))
-    decode_state(encode_state({k: v.detach() for k, v in model.state_dict().items()}))
+    for device in {torch.device("cpu"), training_device()}:
+        model = task.build(spec)
+        train_task(task.task, model, data, task.params, JobConfig(epochs=1, batch_size=2), seed=0, device=device)
+        decode_state(encode_state({k: v.detach() for k, v in model.state_dict().items()}))
 
 
 def main() -> None:
