@@ -44,7 +44,8 @@ def honest_checkpoint(market: Market, job, tmp_path) -> dict[str, torch.Tensor]:
     (job_dir / SHARD_FILE).write_bytes(encode_data(market.data))
     (job_dir / WEIGHTS_FILE).write_bytes(encode_state(market.initial_weights()))
     run_job({"job_dir": str(job_dir), "job_id": job.job_id, "seed": job.seed,
-             "model": job.model.model_dump(mode="json"), "config": job.config.model_dump(mode="json")})
+             "model": job.model.model_dump(mode="json"), "config": job.config.model_dump(mode="json")},
+            {}, lambda event: None)
     state = decode_state((job_dir / CHECKPOINT_FILE).read_bytes())
     shutil.rmtree(job_dir)
     return state

@@ -4,8 +4,25 @@ from __future__ import annotations
 
 import asyncio
 
+from pathlib import Path
+
+from ..errors import ConfigError
+from ..models import format_size
 from ..storage import ContentStore
 from ..training import LabeledData, decode_data
+
+
+def check_declared_size(declared: int | None, source: str | Path, actual: int | None = None) -> None:
+    """Refuse a dataset larger than the training declared (``--dataset-size``), before it is stored or funded.
+
+    ``actual`` is the stored form's size where ``source`` is not a file (the bundled datasets)."""
+    if declared is None:
+        return
+    path = Path(source)
+    size = path.stat().st_size if actual is None and path.is_file() else actual
+    if size is not None and size > declared:
+        raise ConfigError(f"the dataset {source} holds {format_size(size)} ({size} bytes), more than the "
+                          f"{format_size(declared)} ({declared} bytes) the training declared with --dataset-size")
 
 
 class DatasetCache:

@@ -17,6 +17,7 @@ from ..models import (
     RoundReport, Settlement, TrainingPhase, TrainingRecord, TrainingReport, TrainingSpec, Worker, WorkerReport,
 )
 from ..training import LabeledData, load_dataset
+from .datasets import check_declared_size
 from .deadlines import job_work, round_timeout
 from .inputs import RoundInputs
 from .liveness import LivenessWatch
@@ -45,6 +46,7 @@ Prepared = tuple[LabeledData, list[Worker], list[Worker]]  # what prepare() chec
 async def prepare(coordinator: Coordinator, request: RunRequest) -> Prepared:
     """All the checks that need no writes: data, model, market, money. Returns (data, workers, spares)."""
     spec = request.spec
+    check_declared_size(spec.dataset_size, request.dataset)
     data = await asyncio.to_thread(load_dataset, request.dataset, label_column=request.label_column)
     task = await coordinator.tasks.bound(spec)  # an unknown task or bad parameters: fail now
     task.model_spec(data)

@@ -33,7 +33,7 @@ from ..training import (
     AggregationStrategy, FedAvg, LabeledData, decode_state, encode_data, encode_state, label_counts, load_dataset,
     sample_weights,
 )
-from .datasets import DatasetCache
+from .datasets import DatasetCache, check_declared_size
 from .inputs import CHECKPOINT_HEADER_SLACK, RoundInputs, load_round_inputs, new_job
 from .listener import Observer, TrainingListener
 from .logbook import AuditLogs, audit_path
@@ -119,13 +119,17 @@ class Coordinator:
 
     async def attach_dataset(self, training_id: str, source: str | Path, *, label_column: str | None = None) -> str:
         """Load a dataset (validating it), store it as one content-addressed blob, link it to the training."""
+        declared = (await self.db.training(training_id)).spec.dataset_size
+        check_declared_size(declared, source)  # a file: by its size on disk, before it is read
         data = await asyncio.to_thread(load_dataset, source, label_column=label_column)
         return await self.attach_data(training_id, data)
 
     async def attach_data(self, training_id: str, data: LabeledData) -> str:
         record = await self.db.training(training_id)
         (await self.tasks.bound(record.spec)).model_spec(data)  # fail now on an unknown task, not mid-run
-        cid = await self.store.add(await asyncio.to_thread(encode_data, data))
+        blob = await asyncio.to_thread(encode_data, data)
+        check_declared_size(record.spec.dataset_size, "(in memory)", len(blob))
+        cid = await self.store.add(blob)
         self.data.put(cid, data)
         await self.db.save_training(record.model_copy(update={"dataset_cid": cid}))
         return cid
@@ -364,8 +368,9 @@ class Coordinator:
         round_ = record.round + 1
         jobs = await self.db.jobs(training_id, round_)
         round_metrics = RoundMetrics(
-            round=round_, accuracy=_fraction(result, "accuracy"), loss=result["loss"], metrics=result,
-            model_cid=model_cid,
+            # A task without an accuracy reports 0; its own metric is in ``metrics``.
+            round=round_, accuracy=min(max(result.get("accuracy", 0.0), 0.0), 1.0), loss=result["loss"],
+            metrics=result, model_cid=model_cid,
             workers=len(stats.worker_samples) if stats else max(len({j.worker_id for j in jobs}), 1),
             throughput=stats.throughput if stats else None, round_seconds=stats.seconds if stats else None)
         await self.db.save_round(training_id, round_metrics)
@@ -393,8 +398,3 @@ class Coordinator:
         return TrainingStatus(training_id=training_id, phase=record.phase, round=record.round,
                               rounds=record.spec.rounds, workers=len(await self.db.contracts(training_id, "worker")),
                               accuracy=rounds[-1].accuracy if rounds else None, model_cid=record.model_cid)
-
-
-def _fraction(metrics: dict[str, float], name: str) -> float:
-    """A task's accuracy as reports show it; a task without one reports 0 (its own metric is in ``metrics``)."""
-    return min(max(metrics.get(name, 0.0), 0.0), 1.0)

@@ -5,6 +5,7 @@ access keeps working; attribute access is the primary API.
 """
 
 from .base import Address, Cid, Wei, Fraction, Finite, Text, Name, ID_PATTERN, Id, new_id, id_path, Record  # noqa: F401
+from .sizes import ByteSize, format_size, parse_size  # noqa: F401
 from .tasks import TaskRef, TaskManifest, TaskPackage, TaskPolicy, TaskPolicyName, MAX_TASK_BYTES  # noqa: F401
 from .market import GpuInfo, Hardware, Offer, Worker  # noqa: F401
 from .training import TrainingPhase, ModelSpec, JobConfig, Partition, AggregationName, FaultPolicy, ElasticPolicy, SampleRange, TrainingSpec, TrainingRecord, Shard, ShardManifest  # noqa: F401

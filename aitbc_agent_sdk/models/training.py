@@ -10,6 +10,7 @@ from pydantic import Field, model_validator
 
 from .. import limits
 from .base import Address, Cid, Id, Record, Wei
+from .sizes import ByteSize
 from .tasks import TaskRef
 
 
@@ -137,7 +138,8 @@ class TrainingSpec(Record):
     test_fraction: float = Field(default=0.2, gt=0.0, lt=1.0)
     seed: int = 0
     max_price_wei: Wei | None = None
-    dataset_size: int | None = Field(default=None, ge=0, description="informational, as in the seed")
+    dataset_size: ByteSize | None = Field(default=None, description=(
+        "the most bytes the dataset may hold (100GB, 512MiB or bytes); a larger upload is refused"))
     aggregation: AggregationName = "fedavg"
     spare_workers: int = Field(default=0, ge=0, le=64, description="hired but unfunded, to replace failed workers")
     faults: FaultPolicy = FaultPolicy()

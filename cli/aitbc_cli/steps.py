@@ -15,7 +15,7 @@ from rich.table import Table
 
 from aitbc_agent_sdk import flow
 from aitbc_agent_sdk.errors import ConfigError
-from aitbc_agent_sdk.models import FaultPolicy, JobConfig, TrainingSpec
+from aitbc_agent_sdk.models import FaultPolicy, JobConfig, TrainingSpec, format_size, parse_size
 
 from .common import (
     DryRunOption, HeartbeatOption, HomeOption, JsonOption, MaxWorkersOption, MinWorkersOption, ScaleWindowOption,
@@ -52,7 +52,10 @@ def init(
     task_param: TaskParamOption = None,
     target_workers: Annotated[int, typer.Option("--target-workers", "--workers", min=1, max=1024,
                                                 help="workers to hire (one data shard each)")] = 3,
-    dataset_size: Annotated[Optional[int], typer.Option(min=0, help="informational, as in the seed")] = None,
+    dataset_size: Annotated[Optional[int], typer.Option(
+        metavar="SIZE", parser=parse_size,
+        help="the most the dataset may hold: 100GB, 512MiB, 1.5TB or bytes (kB/MB/GB/TB are powers of 1000, "
+             "KiB/MiB/GiB/TiB of 1024); upload-data refuses a larger dataset before anything is funded")] = None,
     rounds: RoundsOption = 5,
     epochs: EpochsOption = JOB["epochs"].default,
     batch_size: BatchSizeOption = JOB["batch_size"].default,
@@ -114,7 +117,7 @@ def init(
     console.print(f"Model Type: {record.spec.model_type}")
     if record.spec.task is not None and record.spec.task.cid is not None:
         console.print(f"Task: {record.spec.task.name} ({record.spec.task.cid})")
-    console.print(f"Dataset Size: {dataset_size if dataset_size is not None else '-'}")
+    console.print(f"Dataset Size: {format_size(dataset_size) if dataset_size is not None else '-'}")
     console.print(f"Target Workers: {target_workers}")
     console.print(f"Status: {record.status}")
 

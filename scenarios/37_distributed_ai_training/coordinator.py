@@ -283,7 +283,7 @@ async def main():
     parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--model", default="mlp")
     parser.add_argument("--min-gpu", default=None)
-    parser.add_argument("--dataset-size", type=int, default=None)
+    parser.add_argument("--dataset-size", default=None, help="e.g. 100GB or 512MiB")  # changed: units
     parser.add_argument("--data-path", type=Path, default=None)
     parser.add_argument("--poll", type=float, default=0.2)
     parser.add_argument("--home", type=Path, default=None, help="state directory (default $AITBC_HOME)")

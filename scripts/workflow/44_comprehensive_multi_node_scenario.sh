@@ -373,8 +373,9 @@ if [[ -z "$FATAL" ]]; then
     for wallet in provider-aitbc-0 provider-aitbc-1 provider-gitea-runner-0; do
         node=${PROVIDER_NODE[$wallet]}
         log "$node: provider start --wallet $wallet --price ${PRICE[$wallet]} --stake $STAKE"
+        # One thread each: the three "hosts" share this machine's cores (a real host uses all of its own).
         aitbc "$node" provider start --wallet "$wallet" --price "${PRICE[$wallet]}" --stake "$STAKE" --gpu none \
-            >"$RUN/$node/$wallet.log" 2>&1 &
+            --threads 1 >"$RUN/$node/$wallet.log" 2>&1 &
     done
 fi
 phase_done "providers"
