@@ -32,6 +32,15 @@ async def join_market(agent: Agent, factory: type[ProviderAgent], price_wei: int
     return await join_embedded_market(agent.stack, agent.config.home, price_wei, factory=factory)
 
 
+async def warm(provider: ProviderAgent) -> None:
+    """Wait until a just-joined provider's training process has imported torch. Otherwise, on a busy
+    machine its first job still waits for that while the others finish, and the straggler rule
+    (rightly) gives its shard to the spare before the behaviour under test shows."""
+    assert provider.training is not None
+    for process in provider.training.processes:
+        await process.ready()
+
+
 def events(agent: Agent, training_id: str) -> list[dict]:
     path = audit_path(agent.config.home / "trainings", training_id)
     assert verify_log(path).ok
@@ -80,6 +89,7 @@ async def test_a_byzantine_worker_is_rejected_replaced_and_unpaid(aitbc_home, cl
     async with Agent(AgentConfig(home=aitbc_home, providers=4)) as agent:
         cheat = await join_market(agent, BEHAVIOURS[behaviour])
         async with cheat:
+            await warm(cheat)
             report = await agent.run_distributed_training(spec(rounds=2))
         await check_settled(agent, report, cheat.address)
         # the replacement retrained the same shard with the same seed: the clean run's model
@@ -143,6 +153,7 @@ async def test_a_straggler_is_duplicated_on_the_spare_which_wins_and_takes_its_s
     async with Agent(AgentConfig(home=aitbc_home, providers=4)) as agent:
         slow = await join_market(agent, SlowProvider)
         async with slow:
+            await warm(slow)
             report = await agent.run_distributed_training(spec(rounds=2))
             cancelled = [p for p in slow.jobs.values() if p.round == 2]
         await check_settled(agent, report, slow.address)
