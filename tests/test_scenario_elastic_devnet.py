@@ -9,7 +9,8 @@ fraction of a second on an idle machine but half a minute on a busy one (each jo
 sandboxed training process to import torch). So the test first measures this devnet's rounds with
 the same elastic loop pinned to four workers, then derives the target and the stall from it: the
 stalled round is slow enough to hire whatever the load (it cannot end before the stall does), and a
-normal round clears the release threshold unless the load grows 1.7x between measurement and run.
+normal round clears the release threshold unless the load grows 3x between measurement and run (a
+run measured 2.7x slower rounds than its measurement while the other test worker was busy).
 """
 
 import asyncio
@@ -29,8 +30,8 @@ from scripts.chaos.extra_provider import add_provider_daemon
 pytestmark = pytest.mark.slow
 SCRIPT = REPO / "scenarios" / "37_distributed_ai_training" / "fault_tolerant.py"
 SAMPLES = 1438  # the digits training split: every round trains on all of it
-SLACK = 2.2  # target = measured throughput / SLACK; release above 1.3x target: a round 2.2/1.3 = 1.7x slower releases
-STALL_ROUNDS = 3.2  # a round stalled 3.2 measured rounds runs at most 2.2/3.2 = 0.69x target: under the 0.7x that hires
+SLACK = 4.0  # target = measured throughput / SLACK; release above 1.3x target: a round 4.0/1.3 = 3x slower releases
+STALL_ROUNDS = 6.0  # a round stalled 6 measured rounds runs at most 4.0/6.0 = 0.67x target: under the 0.7x that hires
 FIRST_DEADLINE_S = 120.0  # FaultPolicy.first_round_deadline_s: a longer first round gets a copy from the market
 
 
