@@ -1,4 +1,4 @@
-"""Storage: the ContentStore port, kubo-compatible UnixFS CIDs and the local blockstore."""
+"""Storage: the ContentStore port, kubo-compatible UnixFS CIDs (files, directories, HAMTs) and the local blockstore."""
 
 from .bounds import (
     MAX_BLOCK_BYTES,
@@ -9,8 +9,20 @@ from .bounds import (
     read_file_node,
     walk_file,
 )
-from .local import LocalContentStore, compute_file_cid, read_chunks
-from .port import DEFAULT_CHUNK_SIZE, DEFAULT_MAX_BYTES, DEFAULT_TIMEOUT_S, AddOptions, ContentStore
+from .directory_import import scan_directory
+from .local import LocalContentStore, compute_directory_cid, compute_file_cid, read_chunks
+from .paths import parse_content_path
+from .port import (
+    DEFAULT_CHUNK_SIZE,
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_ENTRIES,
+    DEFAULT_TIMEOUT_S,
+    HAMT_SHARDING_SIZE,
+    AddOptions,
+    ContentStore,
+    DirectoryStore,
+    DirEntry,
+)
 from .unixfs import (
     DAG_PB,
     MAX_LINKS,
@@ -32,9 +44,10 @@ from .unixfs import (
 )
 
 __all__ = [
-    "DAG_PB", "DEFAULT_CHUNK_SIZE", "DEFAULT_MAX_BYTES", "DEFAULT_TIMEOUT_S", "MAX_BLOCK_BYTES", "MAX_DAG_DEPTH",
-    "MAX_LINKS", "MAX_NODE_LINKS", "RAW", "AddOptions", "Block", "ContentStore", "FileDagBuilder", "FileNode",
-    "InvalidCidError", "LocalContentStore", "PBLink", "PBNode", "UnixFSData", "cid_for_block", "cid_from_str",
-    "cid_to_str", "compute_cid", "compute_file_cid", "decode_dagpb", "decode_unixfs", "fetch_timeout_s",
-    "iter_blocks", "parse_cid", "read_chunks", "read_file_node", "walk_file",
+    "DAG_PB", "DEFAULT_CHUNK_SIZE", "DEFAULT_MAX_BYTES", "DEFAULT_MAX_ENTRIES", "DEFAULT_TIMEOUT_S",
+    "HAMT_SHARDING_SIZE", "MAX_BLOCK_BYTES", "MAX_DAG_DEPTH", "MAX_LINKS", "MAX_NODE_LINKS", "RAW", "AddOptions",
+    "Block", "ContentStore", "DirEntry", "DirectoryStore", "FileDagBuilder", "FileNode", "InvalidCidError",
+    "LocalContentStore", "PBLink", "PBNode", "UnixFSData", "cid_for_block", "cid_from_str", "cid_to_str",
+    "compute_cid", "compute_directory_cid", "compute_file_cid", "decode_dagpb", "decode_unixfs", "fetch_timeout_s",
+    "iter_blocks", "parse_cid", "parse_content_path", "read_chunks", "read_file_node", "scan_directory", "walk_file",
 ]

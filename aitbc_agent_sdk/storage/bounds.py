@@ -77,15 +77,50 @@ def read_file_node(cid: bytes, block: bytes) -> FileNode:
     return FileNode(data, children, size)
 
 
-class DagBudget:
-    """What one read may still spend; every block of the read passes through :meth:`accept`."""
+Child = tuple[bytes, int, int]
+"""A child to fetch: (binary CID, file bytes it must hold, file offset where its bytes start)."""
 
-    def __init__(self, root: bytes, max_bytes: int | None, deadline: float | None) -> None:
+
+def check_range(offset: int, length: int | None) -> None:
+    if offset < 0 or (length is not None and length < 0):
+        raise StorageError(f"a read range needs offset >= 0 and length >= 0 (got {offset}, {length})")
+
+
+def node_parts(node: FileNode, start: int, lo: int, hi: int) -> tuple[bytes, list[Child]]:
+    """The part of a node's own data inside [lo, hi) and the children that overlap it.
+
+    ``start`` is the file offset of the node's first byte: its data comes first, then its children.
+    """
+    end = start + len(node.data)
+    if lo <= start and end <= hi:
+        data = node.data
+    else:
+        data = node.data[max(0, lo - start):max(0, min(hi, end) - start)]
+    children: list[Child] = []
+    at = end
+    for cid, size in node.children:
+        if at < hi and at + size > lo:
+            children.append((cid, size, at))
+        at += size
+    return data, children
+
+
+class DagBudget:
+    """What one read may still spend; every block of the read passes through :meth:`accept`.
+
+    After the root is accepted, ``lo``/``hi`` are the file range the read returns.
+    """
+
+    def __init__(self, root: bytes, max_bytes: int | None, deadline: float | None, offset: int = 0,
+                 length: int | None = None) -> None:
+        check_range(offset, length)
         self.root = cid_to_str(root)
         self.max_bytes = max_bytes
         self.deadline = deadline  # time.monotonic() value, or None
         self.blocks = 0
         self.max_blocks = 1
+        self.offset, self.length = offset, length
+        self.lo = self.hi = 0
 
     def check_time(self) -> None:
         if self.deadline is not None and time.monotonic() > self.deadline:
@@ -96,8 +131,12 @@ class DagBudget:
         self.check_time()
         node = read_file_node(cid, block)
         if expected is None:
-            if self.max_bytes is not None and node.size > self.max_bytes:
-                raise FetchLimitError(f"{self.root} declares {node.size} bytes, over the limit of {self.max_bytes}")
+            self.lo = min(self.offset, node.size)
+            self.hi = node.size if self.length is None else min(node.size, self.lo + self.length)
+            if self.max_bytes is not None and self.hi - self.lo > self.max_bytes:
+                whole = self.hi - self.lo == node.size
+                what = f"declares {node.size} bytes" if whole else f"has {self.hi - self.lo} bytes in the range read"
+                raise FetchLimitError(f"{self.root} {what}, over the limit of {self.max_bytes}")
             # Balanced trees have fewer internal nodes than leaves (plus one chain per level),
             # and every leaf holds at least one byte.
             self.max_blocks = 2 * node.size + MAX_DAG_DEPTH + 1
@@ -117,25 +156,28 @@ def deadline_after(timeout_s: float | None) -> float | None:
 
 
 def walk_file(root: bytes, get_block: Callable[[bytes], bytes], *, max_bytes: int | None = DEFAULT_MAX_BYTES,
-              deadline: float | None = None) -> Iterator[bytes]:
+              deadline: float | None = None, offset: int = 0, length: int | None = None) -> Iterator[bytes]:
     """Yield a file's bytes in order from binary CID ``root``, within the limits above.
 
-    ``get_block`` does the (blocking) I/O and must verify each block against its CID.
+    With ``offset``/``length`` only that range is yielded, and only the blocks that overlap it
+    are fetched. ``get_block`` does the (blocking) I/O and must verify each block against its CID.
     """
-    budget = DagBudget(root, max_bytes, deadline)
+    budget = DagBudget(root, max_bytes, deadline, offset, length)
     node = budget.accept(root, get_block(root), None, 0)
-    if node.data:
-        yield node.data
-    stack = [iter(node.children)]
+    data, children = node_parts(node, 0, budget.lo, budget.hi)
+    if data:
+        yield data
+    stack = [iter(children)]
     while stack:
         nxt = next(stack[-1], None)
         if nxt is None:
             stack.pop()
             continue
         budget.check_time()
-        cid, size = nxt
+        cid, size, start = nxt
         node = budget.accept(cid, get_block(cid), size, len(stack))
-        if node.data:
-            yield node.data
-        if node.children:
-            stack.append(iter(node.children))
+        data, children = node_parts(node, start, budget.lo, budget.hi)
+        if data:
+            yield data
+        if children:
+            stack.append(iter(children))

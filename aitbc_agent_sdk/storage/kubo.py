@@ -11,16 +11,18 @@ import asyncio
 import hashlib
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterable
 from itertools import islice
 from pathlib import Path
 from typing import TypeVar
 
 from ..errors import ContentNotFoundError, FetchLimitError, IntegrityError, StorageError
-from .bounds import DagBudget, FileNode, deadline_after, read_file_node
+from .bounds import Child, DagBudget, check_range, deadline_after, node_parts, read_file_node
+from .directory_import import FileRequest, FileResult, ImportJournal, ImportTracker, Steps, import_steps
 from .kubo_rpc import DEFAULT_API, KuboClient, same_cid
-from .local import compute_file_cid
-from .port import DEFAULT_MAX_BYTES, DEFAULT_TIMEOUT_S, AddOptions
+from .local import compute_directory_cid, compute_file_cid, file_dag
+from .paths import parse_content_path, resolve_steps, walk_steps
+from .port import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, DEFAULT_TIMEOUT_S, AddOptions, DirEntry
 from .unixfs import Block, cid_from_str, cid_to_str, compute_cid, decode_cid_bytes
 
 __all__ = ["DEFAULT_API", "KuboClient", "KuboContentStore"]
@@ -30,6 +32,15 @@ T = TypeVar("T")
 
 def _local_cid(data: bytes | Path, options: AddOptions) -> str:
     return compute_file_cid(data, options) if isinstance(data, Path) else compute_cid(data, options)
+
+
+def _step(steps: Steps, value: FileResult | None) -> FileRequest | list[Block] | str:
+    """Advance an import walk in a worker thread; its root CID once it is done (StopIteration cannot
+    cross into a future)."""
+    try:
+        return steps.send(value)
+    except StopIteration as done:
+        return str(done.value)
 
 
 class KuboContentStore:
@@ -62,42 +73,105 @@ class KuboContentStore:
                                  f" CID is {expected} ({opts})")
         return expected
 
+    async def add_directory(self, path: Path, *, pin: bool = True, options: AddOptions | None = None,
+                            only_hash: bool = False, hidden: bool = False, journal: Path | None = None,
+                            progress: Callable[[int], None] | None = None) -> str:
+        """Import a directory tree: each file through the daemon's ``add`` (its CID checked against the
+        local computation), then the directory and HAMT blocks through ``block/put``; the root is
+        pinned last. Resumable through ``journal``; ``progress`` gets the bytes done after each file.
+        """
+        opts = options or AddOptions()
+        if only_hash:  # nothing reaches the daemon: the CID is computed here
+            return await asyncio.to_thread(compute_directory_cid, Path(path), opts, hidden=hidden)
+        steps = import_steps(Path(path), opts, hidden=hidden)
+        tracker = ImportTracker(await asyncio.to_thread(ImportJournal, journal, path, opts, hidden) if journal
+                                else None, progress)
+        try:
+            request = await asyncio.to_thread(_step, steps, None)
+            while not isinstance(request, str):
+                if isinstance(request, FileRequest):
+                    result = tracker.reuse(request)
+                    fresh = result is None
+                    if result is None:
+                        result = await self._add_file(request.path, opts)
+                    await asyncio.to_thread(tracker.finished, request, result, fresh=fresh)
+                    request = await asyncio.to_thread(_step, steps, result)
+                else:
+                    await self.put_blocks(request)
+                    request = await asyncio.to_thread(_step, steps, None)
+            root = request
+        except OSError as exc:
+            raise StorageError(f"cannot add {path}: {exc}") from exc
+        finally:
+            tracker.close()
+        if pin:
+            await self.pin(root)
+        return root
+
     async def cat(self, cid: str, *, max_bytes: int | None = DEFAULT_MAX_BYTES,
-                  timeout_s: float | None = DEFAULT_TIMEOUT_S) -> bytes:
-        return b"".join([chunk async for chunk in self.stream(cid, max_bytes=max_bytes, timeout_s=timeout_s)])
+                  timeout_s: float | None = DEFAULT_TIMEOUT_S, offset: int = 0, length: int | None = None) -> bytes:
+        return b"".join([chunk async for chunk in self.stream(cid, max_bytes=max_bytes, timeout_s=timeout_s,
+                                                              offset=offset, length=length)])
 
     async def stream(self, cid: str, *, max_bytes: int | None = DEFAULT_MAX_BYTES,
-                     timeout_s: float | None = DEFAULT_TIMEOUT_S) -> AsyncIterator[bytes]:
-        """Yield the content in order; each block is checked against its CID and the limits before use.
+                     timeout_s: float | None = DEFAULT_TIMEOUT_S, offset: int = 0,
+                     length: int | None = None) -> AsyncIterator[bytes]:
+        """Yield the content (or the range) in order; each block is checked against its CID and the
+        limits before use, and only the blocks that overlap the range are fetched.
 
         The walk is a loop over a stack of sibling prefetchers, so DAG depth costs no recursion.
         """
-        root = cid_from_str(cid)  # InvalidCidError before any I/O
-        budget = DagBudget(root, max_bytes, deadline_after(timeout_s))
+        check_range(offset, length)
+        deadline = deadline_after(timeout_s)
+        root = await self._resolve(cid, deadline)  # InvalidCidError before any I/O
+        budget = DagBudget(root, max_bytes, deadline, offset, length)
         node = budget.accept(root, await self._within(budget, self._get_verified(root)), None, 0)
-        if node.data:
-            yield node.data
-        stack = [self._fetch_in_order(node)]
+        data, children = node_parts(node, 0, budget.lo, budget.hi)
+        if data:
+            yield data
+        stack = [self._fetch_in_order(children)]
         try:
             while stack:
                 nxt = await self._within(budget, anext(stack[-1], None))
                 if nxt is None:
                     await stack.pop().aclose()
                     continue
-                child, size, block = nxt
+                child, size, start, block = nxt
                 node = budget.accept(child, block, size, len(stack))
-                if node.data:
-                    yield node.data
-                if node.children:
-                    stack.append(self._fetch_in_order(node))
+                data, children = node_parts(node, start, budget.lo, budget.hi)
+                if data:
+                    yield data
+                if children:
+                    stack.append(self._fetch_in_order(children))
         finally:
             for pending in reversed(stack):  # the consumer stopped early or a limit was hit
                 await pending.aclose()
 
     async def size(self, cid: str) -> int:
-        """The file size the root block of ``cid`` declares."""
-        raw = cid_from_str(cid)
+        """The file size the root block of ``cid`` (or of ``CID/path``) declares."""
+        raw = await self._resolve(cid, None)
         return read_file_node(raw, await self._get_verified(raw)).size
+
+    async def resolve(self, path: str, *, timeout_s: float | None = DEFAULT_TIMEOUT_S) -> str:
+        """``CID/a/b`` -> the CID it names, through directories and HAMT shards, each block verified."""
+        return cid_to_str(await self._resolve(path, deadline_after(timeout_s)))
+
+    async def walk_directory(self, cid: str, *, max_entries: int = DEFAULT_MAX_ENTRIES,
+                             timeout_s: float | None = DEFAULT_TIMEOUT_S) -> AsyncIterator[DirEntry]:
+        """Every file and directory below ``cid`` (depth first, name order), each block verified."""
+        deadline = deadline_after(timeout_s)
+        steps = walk_steps(await self._resolve(cid, deadline), max_entries)
+        sent: bytes | None = None
+        while True:
+            try:
+                step = steps.send(sent)
+            except StopIteration:
+                return
+            if isinstance(step, DirEntry):
+                sent = None
+                yield step
+            else:
+                sent = await self._within_deadline(deadline, cid, self._get_verified(step))
 
     async def pin(self, cid: str) -> None:
         await self.client.pin_add(cid_to_str(cid_from_str(cid)))
@@ -130,6 +204,33 @@ class KuboContentStore:
 
     # internals
 
+    async def _add_file(self, path: Path, opts: AddOptions) -> tuple[bytes, int]:
+        """One file through the daemon (unpinned), its CID and Tsize computed here and compared."""
+        local = asyncio.ensure_future(asyncio.to_thread(file_dag, path, opts, None))
+        try:
+            remote = await self.client.add(path, cid_version=opts.cid_version, raw_leaves=opts.use_raw_leaves,
+                                           chunker=f"size-{opts.chunk_size}", pin=False)
+        except BaseException:
+            await asyncio.gather(local, return_exceptions=True)
+            raise
+        raw_cid, tsize = await local
+        if cid_from_str(remote) != raw_cid:
+            raise IntegrityError(f"IPFS API {self.client.api_url} returned {remote} for {path}, whose"
+                                 f" CID is {cid_to_str(raw_cid)} ({opts})")
+        return raw_cid, tsize
+
+    async def _resolve(self, path: str, deadline: float | None) -> bytes:
+        root, segments = parse_content_path(path)
+        if not segments:
+            return root
+        steps: Generator[bytes, bytes, bytes] = resolve_steps(root, segments)
+        try:
+            need = next(steps)
+            while True:
+                need = steps.send(await self._within_deadline(deadline, path, self._get_verified(need)))
+        except StopIteration as done:
+            return bytes(done.value)
+
     async def _get_verified(self, raw_cid: bytes) -> bytes:
         block = await self.client.block_get(cid_to_str(raw_cid))
         _, _, digest = decode_cid_bytes(raw_cid)
@@ -140,31 +241,35 @@ class KuboContentStore:
     @staticmethod
     async def _within(budget: DagBudget, step: Awaitable[T]) -> T:
         """Await one fetch under the read's total deadline."""
-        if budget.deadline is None:
+        return await KuboContentStore._within_deadline(budget.deadline, budget.root, step)
+
+    @staticmethod
+    async def _within_deadline(deadline: float | None, what: str, step: Awaitable[T]) -> T:
+        if deadline is None:
             return await step
         try:
-            async with asyncio.timeout(max(0.0, budget.deadline - time.monotonic())):
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
                 return await step
         except TimeoutError as exc:
-            raise FetchLimitError(f"reading {budget.root} timed out") from exc
+            raise FetchLimitError(f"reading {what} timed out") from exc
 
-    async def _fetch_in_order(self, node: FileNode) -> AsyncIterator[tuple[bytes, int, bytes]]:
-        """A node's children as (CID, declared size, verified block) in link order, up to ``prefetch`` ahead.
+    async def _fetch_in_order(self, children: list[Child]) -> AsyncIterator[tuple[bytes, int, int, bytes]]:
+        """Children as (CID, declared size, start, verified block) in link order, up to ``prefetch`` ahead.
 
         Only children of a node that passed its size checks are ever requested.
         """
-        queue: deque[tuple[bytes, int, asyncio.Task[bytes]]] = deque()
-        ahead = iter(node.children)
+        queue: deque[tuple[bytes, int, int, asyncio.Task[bytes]]] = deque()
+        ahead = iter(children)
         try:
-            for cid, size in islice(ahead, self._prefetch):
-                queue.append((cid, size, asyncio.ensure_future(self._get_verified(cid))))
+            for cid, size, start in islice(ahead, self._prefetch):
+                queue.append((cid, size, start, asyncio.ensure_future(self._get_verified(cid))))
             while queue:
-                cid, size, task = queue.popleft()
+                cid, size, start, task = queue.popleft()
                 block = await task
-                for nxt, nxt_size in islice(ahead, 1):
-                    queue.append((nxt, nxt_size, asyncio.ensure_future(self._get_verified(nxt))))
-                yield cid, size, block
+                for nxt, nxt_size, nxt_start in islice(ahead, 1):
+                    queue.append((nxt, nxt_size, nxt_start, asyncio.ensure_future(self._get_verified(nxt))))
+                yield cid, size, start, block
         finally:
-            for _, _, task in queue:  # the consumer stopped early or a block failed
+            for *_, task in queue:  # the consumer stopped early or a block failed
                 task.cancel()
-            await asyncio.gather(*(t for _, _, t in queue), return_exceptions=True)
+            await asyncio.gather(*(t for *_, t in queue), return_exceptions=True)

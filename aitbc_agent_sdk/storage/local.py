@@ -18,14 +18,17 @@ import asyncio
 import base64
 import hashlib
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
 from ..errors import ContentNotFoundError, FetchLimitError, IntegrityError, StorageError
-from .bounds import MAX_BLOCK_BYTES, deadline_after, read_file_node, walk_file
-from .port import DEFAULT_MAX_BYTES, DEFAULT_TIMEOUT_S, AddOptions
+from .bounds import MAX_BLOCK_BYTES, check_range, deadline_after, read_file_node, walk_file
+from .directory_import import FileRequest, ImportJournal, ImportTracker, import_steps, run_import
+from .paths import drive, parse_content_path, resolve_steps, walk_steps
+from .port import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, DEFAULT_TIMEOUT_S, AddOptions, DirEntry
 from .unixfs import (
     Block,
     Buffer,
@@ -73,10 +76,26 @@ def read_chunks(path: Path, chunk_size: int) -> Iterator[memoryview]:
 
 def compute_file_cid(path: Path, options: AddOptions | None = None) -> str:
     """``ipfs add --only-hash`` for a file on disk, with bounded memory. Blocking."""
-    builder = FileDagBuilder(options, emit_blocks=False)
-    for chunk in read_chunks(Path(path), builder.chunk_size):
-        builder.add_chunk(chunk)
-    return builder.finish()[1]
+    return cid_to_str(file_dag(Path(path), options, None)[0])
+
+
+def file_dag(path: Path, options: AddOptions | None, put: Callable[[str, bytes], None] | None) -> tuple[bytes, int]:
+    """Chunk one file into its DAG, handing each block to ``put`` (None: only hash); (root CID, Tsize)."""
+    builder = FileDagBuilder(options, emit_blocks=put is not None)
+    for chunk in read_chunks(path, builder.chunk_size):
+        for cid, block in builder.add_chunk(chunk):
+            put(cid, block)  # type: ignore[misc]  # emit_blocks is off without put: no blocks come
+    last, root = builder.finish()
+    for cid, block in last:
+        put(cid, block)  # type: ignore[misc]
+    return cid_from_str(root), builder.root_tsize
+
+
+def compute_directory_cid(path: Path, options: AddOptions | None = None, *, hidden: bool = False) -> str:
+    """``ipfs add -r --only-hash`` for a directory, with bounded memory. Blocking."""
+    opts = options or AddOptions()
+    return run_import(import_steps(Path(path), opts, hidden=hidden), ImportTracker(None, None),
+                      lambda request: file_dag(request.path, opts, None), lambda blocks: None, lambda cid: True)
 
 
 class LocalContentStore:
@@ -105,18 +124,31 @@ class LocalContentStore:
     ) -> str:
         return await self._io(self._add_sync, data, pin, options, only_hash)
 
+    async def add_directory(self, path: Path, *, pin: bool = True, options: AddOptions | None = None,
+                            only_hash: bool = False, hidden: bool = False, journal: Path | None = None,
+                            progress: Callable[[int], None] | None = None) -> str:
+        """Import a directory tree (the CID ``ipfs add -r`` prints); resumable through ``journal``.
+
+        ``progress`` is called in a worker thread with the bytes done after each file.
+        """
+        return await self._io(self._add_directory_sync, Path(path), pin, options or AddOptions(), only_hash,
+                              hidden, journal, progress)
+
     async def cat(self, cid: str, *, max_bytes: int | None = DEFAULT_MAX_BYTES,
-                  timeout_s: float | None = DEFAULT_TIMEOUT_S) -> bytes:
+                  timeout_s: float | None = DEFAULT_TIMEOUT_S, offset: int = 0, length: int | None = None) -> bytes:
+        check_range(offset, length)
         deadline = deadline_after(timeout_s)  # checked at every block by the walk in the worker thread
-        return await self._io(lambda: b"".join(self._iter_content(cid, max_bytes, deadline)))
+        return await self._io(lambda: b"".join(self._iter_content(cid, max_bytes, deadline, offset, length)))
 
     async def stream(self, cid: str, *, max_bytes: int | None = DEFAULT_MAX_BYTES,
-                     timeout_s: float | None = DEFAULT_TIMEOUT_S) -> AsyncIterator[bytes]:
+                     timeout_s: float | None = DEFAULT_TIMEOUT_S, offset: int = 0,
+                     length: int | None = None) -> AsyncIterator[bytes]:
         """Yield the content in order; blocks are read and verified a batch at a time.
 
         A bad or missing block raises after every verified chunk before it was yielded.
         """
-        chunks = self._iter_content(cid, max_bytes, deadline_after(timeout_s))
+        check_range(offset, length)
+        chunks = self._iter_content(cid, max_bytes, deadline_after(timeout_s), offset, length)
         try:
             while True:
                 batch, error = await asyncio.to_thread(self._take_batch, chunks)
@@ -142,9 +174,29 @@ class LocalContentStore:
         return await self._io(self._pins_sync)
 
     async def size(self, cid: str) -> int:
-        """The file size the root block of ``cid`` declares."""
-        raw = cid_from_str(cid)
-        return await self._io(lambda: read_file_node(raw, self._get_block(raw)).size)
+        """The file size the root block of ``cid`` (or of ``CID/path``) declares."""
+        def read() -> int:
+            raw = self._resolve_sync(cid, None)
+            return read_file_node(raw, self._get_block(raw)).size
+        return await self._io(read)
+
+    async def resolve(self, path: str, *, timeout_s: float | None = DEFAULT_TIMEOUT_S) -> str:
+        """``CID/a/b`` -> the CID it names, through directories and HAMT shards, each block verified."""
+        deadline = deadline_after(timeout_s)
+        return cid_to_str(await self._io(self._resolve_sync, path, deadline))
+
+    async def walk_directory(self, cid: str, *, max_entries: int = DEFAULT_MAX_ENTRIES,
+                             timeout_s: float | None = DEFAULT_TIMEOUT_S) -> AsyncIterator[DirEntry]:
+        """Every file and directory below ``cid`` (depth first, name order), read a batch at a time."""
+        deadline = deadline_after(timeout_s)
+        steps = walk_steps(await self._io(self._resolve_sync, cid, deadline), max_entries)
+        sent: bytes | None = None
+        while True:
+            batch, sent, done = await self._io(self._walk_batch, steps, sent, deadline)
+            for entry in batch:
+                yield entry
+            if done:
+                return
 
     async def put_blocks(self, blocks: Iterable[Block]) -> int:
         """Store raw blocks as they are (e.g. from another store), each checked against its CID."""
@@ -161,6 +213,54 @@ class LocalContentStore:
             return await asyncio.to_thread(fn, *args)
         except OSError as exc:  # map file-system failures onto the SDK's error root
             raise StorageError(f"content store {self.root}: {exc}") from exc
+
+    def _add_directory_sync(self, path: Path, pin: bool, options: AddOptions, only_hash: bool, hidden: bool,
+                            journal: Path | None, progress: Callable[[int], None] | None) -> str:
+        put = None if only_hash else self._put_block
+        tracker = ImportTracker(ImportJournal(journal, path, options, hidden) if journal else None, progress)
+
+        def add_file(request: FileRequest) -> tuple[bytes, int]:
+            return file_dag(request.path, options, put)
+
+        def put_blocks(blocks: list[Block]) -> None:
+            for cid, block in blocks if put else ():
+                self._put_block(cid, block)
+
+        def has_block(raw_cid: bytes) -> bool:  # a journalled file counts only while its root is stored
+            return only_hash or self._block_path(raw_cid).is_file()
+
+        root = run_import(import_steps(path, options, hidden=hidden), tracker, add_file, put_blocks, has_block)
+        if pin and not only_hash:
+            self._pin_sync(cid_from_str(root))
+        return root
+
+    def _resolve_sync(self, path: str, deadline: float | None) -> bytes:
+        root, segments = parse_content_path(path)
+        return drive(resolve_steps(root, segments), self._timed_get(deadline)) if segments else root
+
+    def _timed_get(self, deadline: float | None) -> Callable[[bytes], bytes]:
+        def get(raw_cid: bytes) -> bytes:
+            if deadline is not None and time.monotonic() > deadline:
+                raise FetchLimitError(f"reading {cid_to_str(raw_cid)} timed out")
+            return self._get_block(raw_cid)
+        return get
+
+    def _walk_batch(self, steps: Generator[bytes | DirEntry, bytes | None, None], sent: bytes | None,
+                    deadline: float | None) -> tuple[list[DirEntry], bytes | None, bool]:
+        """Advance a walk until a batch of entries is found; (entries, value to send next, finished)."""
+        get = self._timed_get(deadline)
+        batch: list[DirEntry] = []
+        try:
+            while len(batch) < 256:
+                step = steps.send(sent)
+                if isinstance(step, DirEntry):
+                    batch.append(step)
+                    sent = None
+                else:
+                    sent = get(step)
+        except StopIteration:
+            return batch, None, True
+        return batch, sent, False
 
     def _add_sync(self, data: bytes | Path, pin: bool, options: AddOptions | None, only_hash: bool) -> str:
         builder = FileDagBuilder(options, emit_blocks=not only_hash)
@@ -232,9 +332,11 @@ class LocalContentStore:
             raise IntegrityError(f"block {cid_to_str(raw_cid)} does not match its hash")
         return block
 
-    def _iter_content(self, cid: str, max_bytes: int | None, deadline: float | None) -> Generator[bytes, None, None]:
-        raw = cid_from_str(cid)  # raises InvalidCidError before any I/O
-        yield from walk_file(raw, self._get_block, max_bytes=max_bytes, deadline=deadline)
+    def _iter_content(self, cid: str, max_bytes: int | None, deadline: float | None, offset: int = 0,
+                      length: int | None = None) -> Generator[bytes, None, None]:
+        raw = self._resolve_sync(cid, deadline)  # raises InvalidCidError before any I/O
+        yield from walk_file(raw, self._get_block, max_bytes=max_bytes, deadline=deadline, offset=offset,
+                             length=length)
 
     def _take_batch(self, chunks: Iterator[bytes]) -> tuple[list[bytes], StorageError | None]:
         batch: list[bytes] = []

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
@@ -11,6 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field
 DEFAULT_CHUNK_SIZE = 256 * 1024  # kubo's default fixed-size chunker
 DEFAULT_MAX_BYTES = 1024**3  # a read that names no limit holds at most this much (1 GiB)
 DEFAULT_TIMEOUT_S = 600.0  # ... and takes at most this long
+DEFAULT_MAX_ENTRIES = 1_000_000  # entries one directory walk may list
+HAMT_SHARDING_SIZE = 256 * 1024  # kubo's Import.UnixFSHAMTDirectorySizeThreshold
 
 
 class AddOptions(BaseModel):
@@ -21,6 +24,9 @@ class AddOptions(BaseModel):
     cid_version: Literal[0, 1] = 0
     raw_leaves: bool | None = Field(default=None, description="None follows kubo: on for CIDv1")
     chunk_size: int = Field(default=DEFAULT_CHUNK_SIZE, ge=1, le=1024 * 1024)
+    hamt_threshold: int = Field(default=HAMT_SHARDING_SIZE, ge=0, description=(
+        "directories: shard into a HAMT over this estimated size (kubo's"
+        " Import.UnixFSHAMTDirectorySizeThreshold); 0 never shards"))
 
     @property
     def use_raw_leaves(self) -> bool:
@@ -34,17 +40,21 @@ class ContentStore(Protocol):
         ...
 
     async def cat(self, cid: str, *, max_bytes: int | None = DEFAULT_MAX_BYTES,
-                  timeout_s: float | None = DEFAULT_TIMEOUT_S) -> bytes:
-        """Return the whole content; raises ContentNotFoundError / IntegrityError.
+                  timeout_s: float | None = DEFAULT_TIMEOUT_S, offset: int = 0, length: int | None = None) -> bytes:
+        """Return the content (or ``length`` bytes from ``offset``); raises ContentNotFoundError / IntegrityError.
 
+        ``cid`` may be a path through directories, ``CID/dir/file`` (the adapters that serve
+        directories resolve it); a range fetches only the blocks it overlaps.
         Reads of content from strangers name ``max_bytes`` (what the job declared) and a timeout.
-        A breach of either, or of the DAG shape limits in ``storage.bounds``, is a FetchLimitError
-        (an IntegrityError), raised as soon as a block shows it. ``None`` lifts that limit only.
+        ``max_bytes`` bounds the bytes returned. A breach of either, or of the DAG shape limits in
+        ``storage.bounds``, is a FetchLimitError (an IntegrityError), raised as soon as a block
+        shows it. ``None`` lifts that limit only.
         """
         ...
 
     def stream(self, cid: str, *, max_bytes: int | None = DEFAULT_MAX_BYTES,
-               timeout_s: float | None = DEFAULT_TIMEOUT_S) -> AsyncIterator[bytes]:
+               timeout_s: float | None = DEFAULT_TIMEOUT_S, offset: int = 0,
+               length: int | None = None) -> AsyncIterator[bytes]:
         """Yield the content chunk by chunk, each block verified before it is yielded; same limits as cat."""
         ...
 
@@ -53,4 +63,34 @@ class ContentStore(Protocol):
         ...
 
     async def pin(self, cid: str) -> None:
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class DirEntry:
+    """One entry of a directory walk: its path below the walked directory ('/'-separated)."""
+
+    path: str
+    cid: str
+    size: int  # file bytes its root block declares; 0 for a directory
+    is_dir: bool
+
+
+@runtime_checkable
+class DirectoryStore(ContentStore, Protocol):
+    """A content store that also holds directories, with the CIDs ``ipfs add -r`` gives."""
+
+    async def add_directory(self, path: Path, *, pin: bool = True, options: AddOptions | None = None,
+                            only_hash: bool = False, hidden: bool = False, journal: Path | None = None,
+                            progress: Callable[[int], None] | None = None) -> str:
+        """Import a directory tree, streamed; a ``journal`` makes an interrupted import resumable."""
+        ...
+
+    async def resolve(self, path: str, *, timeout_s: float | None = DEFAULT_TIMEOUT_S) -> str:
+        """``CID/a/b`` -> the CID of what the path names (file or directory), each block verified."""
+        ...
+
+    def walk_directory(self, cid: str, *, max_entries: int = DEFAULT_MAX_ENTRIES,
+                       timeout_s: float | None = DEFAULT_TIMEOUT_S) -> AsyncIterator[DirEntry]:
+        """Every file and directory below ``cid``, recursively, in name order per directory."""
         ...

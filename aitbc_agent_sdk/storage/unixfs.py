@@ -85,6 +85,7 @@ class FileDagBuilder:
         self._finished = False
         self._pending = bytearray()  # only used by write()
         self._leaf_heads: dict[int, tuple[bytes, bytes]] = {}
+        self.root_tsize = 0  # after finish(): the root's cumulative DAG size (a parent link's Tsize)
 
     def write(self, data: Buffer) -> list[Block]:
         """Accept bytes of any length; cut them into chunks the way kubo's size splitter does."""
@@ -133,6 +134,7 @@ class FileDagBuilder:
         if not levels[0].cids and len(levels) == 1:  # empty file: one leaf without Data
             if self._raw_leaves:
                 return out, cid_to_str(self._block(1, RAW, b"", out))
+            self.root_tsize = len(_EMPTY_LEAF)
             return out, cid_to_str(self._block(self._version, DAG_PB, _EMPTY_LEAF, out))
         # Close every partial level below the top: balanced keeps all leaves at one depth.
         for depth in range(len(levels) - 1):
@@ -140,8 +142,10 @@ class FileDagBuilder:
                 self._flush(depth, out)
         top = levels[-1]
         if len(top.cids) == 1:  # a single leaf, or a tree that was exactly full
+            self.root_tsize = top.tsizes[0]
             return out, cid_to_str(top.cids[0])
         self._flush(len(levels) - 1, out)
+        self.root_tsize = levels[-1].tsizes[0]
         return out, cid_to_str(levels[-1].cids[0])
 
     # internals
@@ -247,6 +251,8 @@ class UnixFSData:
     data: bytes | None
     filesize: int | None
     blocksizes: list[int]
+    hash_type: int | None = None  # HAMT shards only
+    fanout: int | None = None  # HAMT shards only
 
 
 def _fields(buf: bytes) -> Iterator[tuple[int, int, int | bytes]]:
@@ -299,7 +305,7 @@ def _decode_link(buf: bytes) -> PBLink:
 
 
 def decode_unixfs(data: bytes) -> UnixFSData:
-    """Decode UnixFS ``Data``; mode/mtime/hashType/fanout are skipped."""
+    """Decode UnixFS ``Data``; mode and mtime are skipped."""
     found: dict[int, int | bytes] = {}
     blocksizes: list[int] = []
     try:
@@ -316,6 +322,9 @@ def decode_unixfs(data: bytes) -> UnixFSData:
     except ValueError as exc:
         raise IntegrityError(f"malformed UnixFS data: {exc}") from exc
     typ, payload, filesize = found.get(1), found.get(2), found.get(3)
+    hash_type, fanout = found.get(5), found.get(6)
     if not isinstance(typ, int) or isinstance(payload, int) or isinstance(filesize, bytes):
         raise IntegrityError("UnixFS data without a valid Type, Data or filesize")
-    return UnixFSData(typ, payload, filesize, blocksizes)
+    if isinstance(hash_type, bytes) or isinstance(fanout, bytes):
+        raise IntegrityError("UnixFS data with a malformed hashType or fanout")
+    return UnixFSData(typ, payload, filesize, blocksizes, hash_type, fanout)
