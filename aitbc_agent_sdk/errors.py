@@ -63,6 +63,10 @@ class FetchLimitError(IntegrityError):
     """Content read by CID breaks a limit of the read: size, links, depth, blocks or time."""
 
 
+class DecryptionError(IntegrityError):
+    """Sealed content or a wrapped key does not authenticate: wrong key or context, tampered or truncated."""
+
+
 class MessagingError(AitbcError):
     """The message bus failed, or a request got no reply in time."""
 
