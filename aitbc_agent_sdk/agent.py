@@ -64,6 +64,8 @@ class Agent:
                 settings = settings.model_copy(update={"audit_dir": cfg.home / "trainings"})
             if settings.task_dir is None:
                 settings = settings.model_copy(update={"task_dir": cfg.home / "tasks"})
+            if settings.data_dir is None:
+                settings = settings.model_copy(update={"data_dir": cfg.home / "datasets"})
             coordinator = Coordinator(
                 channel=SignedChannel(stack.bus, stack.account), store=stack.store, db=db,
                 escrow=EscrowAccount(stack.sender, stack.escrow), scoring=self.scoring, aggregation=FedAvg,

@@ -83,8 +83,9 @@ async def build_embedded(config: AgentConfig, account: LocalAccount | None, exit
 
 EMBEDDED_STAKE = ETH // 100
 # The embedded market's providers are this machine, running its own user's tasks (sandboxed all
-# the same); several share its cores, so each trains on one thread and one slot.
-LOCAL_PROVIDER: dict = {"tasks": TaskPolicy(accepts="any"), "worker_threads": 1, "slots": 1}
+# the same); several share its cores, so each trains on one thread and one slot, and its disk, so
+# each caches at most 1 GiB of fetched inputs.
+LOCAL_PROVIDER: dict = {"tasks": TaskPolicy(accepts="any"), "worker_threads": 1, "slots": 1, "cache_bytes": 1 << 30}
 
 
 async def join_embedded_market(stack: Stack, home: Path, price_wei: int, *,

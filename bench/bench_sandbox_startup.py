@@ -25,12 +25,13 @@ import time
 from pathlib import Path
 
 from aitbc_agent_sdk.models import MAX_TASK_BYTES, JobConfig, TaskRef
-from aitbc_agent_sdk.provider.process import SHARD_FILE, TASK_FILE, WEIGHTS_FILE, TrainingProcess
+from aitbc_agent_sdk.provider.process import TASK_FILE, WEIGHTS_FILE, TrainingProcess
 from aitbc_agent_sdk.provider.sandbox import TrainingSandbox
 from aitbc_agent_sdk.storage import LocalContentStore
-from aitbc_agent_sdk.training import build_model, encode_data, encode_state, load_dataset, model_spec_for
+from aitbc_agent_sdk.training import build_model, encode_state, load_dataset, model_spec_for
 from aitbc_agent_sdk.training.bound_task import bind_task
 from aitbc_agent_sdk.training.task_package import encode_package, load_task, pack_task
+from aitbc_agent_sdk.training.shard_files import write_shard
 
 from quick import parse_args
 
@@ -52,7 +53,7 @@ def write_inputs(job_dir: Path):
     data = load_dataset("digits").subset(list(range(64)))
     spec = model_spec_for("mlp", data)
     job_dir.mkdir(parents=True, exist_ok=True)
-    (job_dir / SHARD_FILE).write_bytes(encode_data(data))
+    write_shard(job_dir, data)
     (job_dir / WEIGHTS_FILE).write_bytes(encode_state(build_model(spec, seed=0).state_dict()))
     return spec
 
@@ -79,7 +80,7 @@ async def user_task_cold(work: Path, sandbox: TrainingSandbox | None) -> float:
     bound = bind_task(ref, load_task(package, work / "local_task"))
     job = work / "jobs" / "user-task"
     job.mkdir(parents=True)
-    (job / SHARD_FILE).write_bytes(encode_data(data))
+    write_shard(job, data)
     (job / WEIGHTS_FILE).write_bytes(bound.initial_state(data, seed=0))
     process = TrainingProcess(work / "provider-cold", sandbox=sandbox)
     try:

@@ -40,12 +40,13 @@ from torch.nn import functional as F
 
 from aitbc_agent_sdk.cluster.errors import SandboxError
 from aitbc_agent_sdk.models import MAX_TASK_BYTES, JobConfig, ModelSpec, TaskRef
-from aitbc_agent_sdk.provider.process import SHARD_FILE, TASK_FILE, WEIGHTS_FILE, TrainingProcess
+from aitbc_agent_sdk.provider.process import TASK_FILE, WEIGHTS_FILE, TrainingProcess
 from aitbc_agent_sdk.provider.sandbox import TrainingSandbox, require_bwrap
 from aitbc_agent_sdk.storage import LocalContentStore
-from aitbc_agent_sdk.training import LabeledData, decode_state, encode_data
+from aitbc_agent_sdk.training import LabeledData, decode_state
 from aitbc_agent_sdk.training.bound_task import BoundTask, bind_task
 from aitbc_agent_sdk.training.task_package import encode_package, load_task, pack_task
+from aitbc_agent_sdk.training.shard_files import write_shard
 
 from quick import parse_args
 
@@ -122,7 +123,7 @@ async def make_job(name: str, args: argparse.Namespace, work: Path, store: Local
         data = synthetic((3, args.side, args.side), args.samples, seed=2)
         bound = bind_task(ref, load_task(package, work / "local_task"))
     weights = bound.initial_state(data, seed=0)
-    (job_dir / SHARD_FILE).write_bytes(encode_data(data))
+    write_shard(job_dir, data)
     (job_dir / WEIGHTS_FILE).write_bytes(weights)
     return Job(name, bound, bound.model_spec(data), data, weights, job_dir)
 

@@ -21,6 +21,9 @@ FULL = {
     "bench_sandbox_startup.py": ["5"],
     "bench_task_path.py": [],
     "bench_flows.py": ["--pairs", "3"],
+    "bench_encryption.py": ["--size-mib", "256", "--repeat", "5"],
+    "bench_datasets.py": ["--sizes-mib", "256,1024,4096", "--plot", "bench/datasets_rss.png"],
+    "bench_ipfs_fetch.py": ["--mib", "256", "--repeat", "3"],
 }
 
 

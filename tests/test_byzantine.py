@@ -9,10 +9,12 @@ import torch
 
 from aitbc_agent_sdk.errors import ContentNotFoundError
 from aitbc_agent_sdk.provider.daemon import serve_provider
-from aitbc_agent_sdk.provider.process import CHECKPOINT_FILE, SHARD_FILE, WEIGHTS_FILE
+from aitbc_agent_sdk.provider.process import CHECKPOINT_FILE, WEIGHTS_FILE
 from aitbc_agent_sdk.provider.worker_process import run_job
 from aitbc_agent_sdk.storage import compute_cid
-from aitbc_agent_sdk.training import decode_state, encode_data, encode_state
+from aitbc_agent_sdk.training import decode_state, encode_state
+from aitbc_agent_sdk.training.shard_files import write_shard
+from aitbc_agent_sdk.models.datasets import ShardData
 from scripts.chaos.byzantine import (
     BEHAVIOURS, SCALE, CidMismatchProvider, ForgedProvider, NanProvider, RandomProvider, ScaledProvider,
     StaleProvider, byzantine_factory,
@@ -33,6 +35,10 @@ async def announced_state(market: Market, result) -> dict[str, torch.Tensor]:
     return decode_state(await market.store.cat(result.checkpoint_cid))
 
 
+async def market_shard(market: Market, job) -> ShardData:
+    return ShardData.model_validate_json(await market.store.cat(job.shard_cid))
+
+
 def update_norm(state, start) -> float:
     return torch.sqrt(sum(((state[k] - start[k]) ** 2).sum() for k in start)).item()
 
@@ -41,7 +47,7 @@ def honest_checkpoint(market: Market, job, tmp_path) -> dict[str, torch.Tensor]:
     """What an honest provider computes for ``job``: the training process's own function, run here."""
     job_dir = tmp_path / "honest"
     job_dir.mkdir()
-    (job_dir / SHARD_FILE).write_bytes(encode_data(market.data))
+    write_shard(job_dir, market.data)
     (job_dir / WEIGHTS_FILE).write_bytes(encode_state(market.initial_weights()))
     run_job({"job_dir": str(job_dir), "job_id": job.job_id, "seed": job.seed,
              "model": job.model.model_dump(mode="json"), "config": job.config.model_dump(mode="json")},
@@ -112,7 +118,8 @@ async def test_cid_mismatch_provider_announces_a_cid_it_never_stored(tmp_path):
         with pytest.raises(ContentNotFoundError):
             await market.store.cat(result.checkpoint_cid)
         # what it did upload is its real checkpoint, and the announced CID is of one extra byte
-        (uploaded,) = set(await market.store.pins()) - {job.shard_cid, job.weights_cid}
+        inputs = {job.shard_cid, job.weights_cid, *(s.cid for s in (await market_shard(market, job)).data.slices)}
+        (uploaded,) = set(await market.store.pins()) - inputs
         blob = await market.store.cat(uploaded)
     assert decode_state(blob).keys() == market.initial_weights().keys()
     assert compute_cid(blob + b"\0") == result.checkpoint_cid

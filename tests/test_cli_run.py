@@ -162,7 +162,7 @@ def test_an_unwritable_plot_fails_before_anything_is_paid(aitbc_cmd, cli_env, ai
 
 @pytest.mark.parametrize("name,content,message", [
     ("latin1.csv", "a,b,label\n1,2,caf\xe9\n3,4,th\xe9\n".encode("latin-1"), "UTF-8"),
-    ("empty.npz", b"", "cannot read"),
+    ("empty.npz", b"", "not a readable .npz file"),
 ])
 def test_an_unreadable_dataset_is_a_clear_usage_error(aitbc_cmd, cli_env, aitbc_home, tmp_path, name, content,
                                                        message):

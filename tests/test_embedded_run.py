@@ -7,7 +7,7 @@ import pytest
 from aitbc_agent_sdk import Agent, AgentConfig, JobConfig, TrainingPhase, TrainingSpec
 from aitbc_agent_sdk.chain import result_hash, training_key
 from aitbc_agent_sdk.models import ShardManifest
-from aitbc_agent_sdk.training import build_model, decode_data, decode_state
+from aitbc_agent_sdk.training import build_model, decode_state
 
 async def test_four_workers_five_rounds_train_and_get_paid(aitbc_home):
     events = []
@@ -29,8 +29,12 @@ async def test_four_workers_five_rounds_train_and_get_paid(aitbc_home):
         # every shard, the test split and every model are content-addressed and verifiable
         store = agent.stack.store
         manifest = ShardManifest.model_validate_json(await store.cat(report.manifest_cid))
-        test_split = decode_data(await store.cat(manifest.test_cid))
-        shards = [decode_data(await store.cat(s.cid)) for s in manifest.shards]
+        data = agent.coordinator.data  # shards are slices of the dataset's files, read back by range
+        dataset = await data.manifest(manifest.dataset_cid)
+        for cid in (manifest.test_cid, *(s.cid for s in manifest.shards)):
+            (await data.shard(cid)).data.check_within(dataset)
+        test_split = await data.load(manifest.test_cid)
+        shards = [await data.load(s.cid) for s in manifest.shards]
         assert [len(s) for s in shards] == [s.samples for s in manifest.shards]
         assert sum(len(s) for s in shards) + len(test_split) == 1797  # all of digits, nothing twice
         final = decode_state(await store.cat(report.model_cid))

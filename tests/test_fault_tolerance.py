@@ -203,6 +203,8 @@ async def test_a_second_straggler_gets_a_copy_when_the_only_spare_is_taken(aitbc
         brief = await join_market(agent, BrieflySlowProvider, CHEAPEST - 2 * 10**15)  # ranked first: shard 0
         stalled = await join_market(agent, SlowProvider, CHEAPEST - 10**15)
         async with brief, stalled:
+            await warm(brief)  # a cold process is rightly a round-1 straggler, and would be copied twice
+            await warm(stalled)
             report = await asyncio.wait_for(agent.run_distributed_training(spec(rounds=2)), 120)
         assert report.status == TrainingPhase.COMPLETE
         log = events(agent, report.training_id)

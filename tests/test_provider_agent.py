@@ -33,7 +33,8 @@ from aitbc_agent_sdk.models import (
 from aitbc_agent_sdk.provider.node import ProviderAgent, ProviderConfig
 from aitbc_agent_sdk.provider.onchain import ProviderChain
 from aitbc_agent_sdk.storage import LocalContentStore
-from aitbc_agent_sdk.training import LabeledData, build_model, encode_data, encode_state, load_dataset, model_spec_for
+from aitbc_agent_sdk.training import LabeledData, build_model, encode_state, load_dataset, model_spec_for
+from aitbc_agent_sdk.coordinator.datasets import store_shard
 
 TRAINING = "training-under-test"
 PRICE = 10**15
@@ -118,9 +119,9 @@ class Market:
                      config: JobConfig = JobConfig(epochs=1), weights: dict[str, torch.Tensor] | None = None,
                      seed: int = 7) -> JobAssignment:
         weights = self.initial_weights() if weights is None else weights
-        shard, blob = encode_data(self.data), encode_state(weights)
+        (shard_cid, shard_bytes), blob = await store_shard(self.store, self.data), encode_state(weights)
         job = JobAssignment(job_id=new_id("job"), training_id=TRAINING, round=round, worker_id=provider.address,
-                            contract_id=contract_id, shard_cid=await self.store.add(shard), shard_bytes=len(shard),
+                            contract_id=contract_id, shard_cid=shard_cid, shard_bytes=shard_bytes,
                             weights_cid=await self.store.add(blob), weights_bytes=len(blob), model=self.spec,
                             config=config, seed=seed)
         await self.coordinator.publish(topics.jobs(provider.address), job)

@@ -10,8 +10,9 @@ from aitbc_agent_sdk.errors import TrainingError
 from aitbc_agent_sdk.models import JobConfig
 from aitbc_agent_sdk.provider.hardware import detect_hardware
 from aitbc_agent_sdk.provider.process import TrainingProcess, scrubbed_env
-from aitbc_agent_sdk.provider.worker_process import CHECKPOINT_FILE, SHARD_FILE, WEIGHTS_FILE
-from aitbc_agent_sdk.training import build_model, decode_state, encode_data, encode_state, load_dataset, model_spec_for
+from aitbc_agent_sdk.provider.worker_process import CHECKPOINT_FILE, WEIGHTS_FILE
+from aitbc_agent_sdk.training import build_model, decode_state, encode_state, load_dataset, model_spec_for
+from aitbc_agent_sdk.training.shard_files import write_shard
 
 
 def test_scrubbed_env_keeps_only_the_allow_list(tmp_path):
@@ -28,7 +29,7 @@ async def test_a_job_runs_in_another_process_without_the_parents_secrets(tmp_pat
     model = build_model(model_spec_for("mlp", data), seed=0)
     job_dir = tmp_path / "jobs" / "j1"
     job_dir.mkdir(parents=True)
-    (job_dir / SHARD_FILE).write_bytes(encode_data(data))
+    write_shard(job_dir, data)
     (job_dir / WEIGHTS_FILE).write_bytes(encode_state(model.state_dict()))
 
     process = TrainingProcess(tmp_path / "work")
@@ -51,7 +52,7 @@ async def test_a_broken_job_is_reported_and_the_process_survives(tmp_path):
     data = load_dataset("digits").subset(list(range(50)))
     job_dir = tmp_path / "j"
     job_dir.mkdir()
-    (job_dir / SHARD_FILE).write_bytes(encode_data(data))
+    write_shard(job_dir, data)
     (job_dir / WEIGHTS_FILE).write_bytes(b"not safetensors")
     process = TrainingProcess(tmp_path / "work")
     await process.start()
@@ -80,7 +81,7 @@ def write_job_inputs(job_dir: Path, samples: int) -> tuple:
     data = load_dataset("digits").subset(list(range(samples)))
     spec = model_spec_for("mlp", data)
     job_dir.mkdir(parents=True)
-    (job_dir / SHARD_FILE).write_bytes(encode_data(data))
+    write_shard(job_dir, data)
     (job_dir / WEIGHTS_FILE).write_bytes(encode_state(build_model(spec, seed=0).state_dict()))
     return data, spec
 

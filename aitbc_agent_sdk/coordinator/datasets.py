@@ -1,21 +1,47 @@
-"""Datasets by CID, decoded once per process: the coordinator's own data, test split and shards."""
+"""The coordinator's datasets: imported as directories, described by a manifest, read back by slices.
+
+A dataset goes into the store once, as the directory ``ipfs add -r`` would make of it (arrays
+and text corpora are first rewritten into flat files under a staging directory, removed after
+the import). Its CID in the training record is that of its :class:`DatasetManifest`. Shards and
+the test split are :class:`ShardData` records: slices of the dataset's files, never copies.
+The coordinator reads only what it evaluates on (the test split) and a bounded sample of the
+training split for the task's ``prepare``; both are materialized as parts on disk, as a provider's
+job directory holds them, and loaded the same way.
+"""
 
 from __future__ import annotations
 
 import asyncio
-
+import hashlib
+import shutil
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
-from ..errors import ConfigError
+import numpy as np
+
+from ..errors import ConfigError, DatasetError
 from ..models import format_size
+from ..models.datasets import (
+    MAX_DATASET_FILES, ArrayLayout, DataSlices, DatasetKind, DatasetManifest, FileSlice, ShardData,
+)
 from ..storage import ContentStore
-from ..training import LabeledData, decode_data
+from ..storage.port import DirectoryStore
+from ..training import LabeledData
+from ..models import TrainingSpec
+from ..training.dataset_dirs import PreparedDataset, build_manifest, prepare_dataset
+from ..training.file_sharding import plan_split, shard_data, spread_sample
+from ..training.shard_files import SHARD_INFO, ShardContent, load_shard, part_name
+from .sealing import SEALED_LAYOUT, KeyRing, read_sealed_slice, seal_tree
+
+MANIFEST_MAX_BYTES = 64 << 20  # a manifest of MAX_DATASET_FILES entries, with room
+WALK_MAX_ENTRIES = 2 * MAX_DATASET_FILES  # its files and the directories they are in
 
 
 def check_declared_size(declared: int | None, source: str | Path, actual: int | None = None) -> None:
     """Refuse a dataset larger than the training declared (``--dataset-size``), before it is stored or funded.
 
-    ``actual`` is the stored form's size where ``source`` is not a file (the bundled datasets)."""
+    ``actual`` is the stored form's size where ``source`` is not a file (a directory, a bundled dataset)."""
     if declared is None:
         return
     path = Path(source)
@@ -25,17 +51,175 @@ def check_declared_size(declared: int | None, source: str | Path, actual: int | 
                           f"{format_size(declared)} ({declared} bytes) the training declared with --dataset-size")
 
 
-class DatasetCache:
-    def __init__(self, store: ContentStore) -> None:
+def tree_size(path: Path) -> int:
+    return path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+class DatasetStore:
+    """Datasets in the content store, and the parts of them this coordinator has read (under ``root``)."""
+
+    def __init__(self, store: DirectoryStore, root: Path | None) -> None:
         self._store = store
-        self._data: dict[str, LabeledData] = {}
+        self._root = root
+        self._manifests: dict[str, DatasetManifest] = {}
+        self._loaded: dict[str, ShardContent] = {}
+        self._shards: dict[str, ShardData] = {}
+        self._keys: KeyRing | None = None
 
-    def put(self, cid: str, data: LabeledData) -> None:
-        self._data[cid] = data
+    async def import_dataset(self, source: str | Path | LabeledData, *, label_column: str | None = None,
+                             kind: DatasetKind | None = None, declared_size: int | None = None,
+                             progress: Callable[[int], None] | None = None,
+                             encrypt: bool = False) -> tuple[str, DatasetManifest]:
+        """Prepare ``source``, import its directory (sealed, with ``encrypt``), store its manifest; return
+        (manifest CID, manifest)."""
+        if isinstance(source, (str, Path)) and Path(source).exists():
+            check_declared_size(declared_size, source, await asyncio.to_thread(tree_size, Path(source)))
+        key = _staging_key(source)
+        staging = self._dir() / "staging" / key
+        marker, journal = staging.with_name(f"{key}.prepared.json"), staging.with_name(f"{key}.journal")
+        sealed_dir = staging.with_name(f"{key}.sealed")
+        try:
+            prepared = await asyncio.to_thread(_prepared, source, staging, marker, label_column, kind)
+            check_declared_size(declared_size, prepared.directory,
+                                await asyncio.to_thread(tree_size, prepared.directory))
+            directory, sealed, plain = prepared.directory, None, None
+            if encrypt:  # the store sees ciphertext only; the key stays here
+                plain = await asyncio.to_thread(seal_tree, self.keys.pending(key), prepared.directory, sealed_dir)
+                directory, sealed = sealed_dir, SEALED_LAYOUT
+            root = await self._store.add_directory(directory, journal=journal, progress=progress)
+            entries = [(e.path, e.cid, plain[e.path] if plain else e.size)
+                       async for e in self._store.walk_directory(root, max_entries=WALK_MAX_ENTRIES) if not e.is_dir]
+            manifest = build_manifest(prepared, root, entries, sealed=sealed)
+        except (ConfigError, DatasetError):  # bad input: nothing half-written stays behind
+            await asyncio.to_thread(_remove, staging, sealed_dir, marker, journal)
+            self.keys.drop(key)
+            raise
+        # Interrupted (cancelled, a store error): staging, marker, journal and key stay, so a rerun resumes.
+        if encrypt:
+            self.keys.commit(key, root)
+        await asyncio.to_thread(_remove, staging, sealed_dir, marker, journal)
+        cid = await self._store.add(manifest.model_dump_json().encode())
+        self._manifests[cid] = manifest
+        return cid, manifest
 
-    async def get(self, cid: str) -> LabeledData:
-        if cid not in self._data:
-            # Its own dataset or test split: bounded by what its own root declares, however large.
-            blob = await self._store.cat(cid, max_bytes=None)
-            self._data[cid] = await asyncio.to_thread(decode_data, blob)
-        return self._data[cid]
+    @property
+    def keys(self) -> KeyRing:
+        """Sealed datasets' keys (made on first use: a coordinator without private data keeps none)."""
+        if self._keys is None:
+            self._keys = KeyRing(self._dir() / "keys")
+        return self._keys
+
+    async def add_directory(self, path: Path, *, pin: bool = True) -> str:
+        return await self._store.add_directory(path, pin=pin)
+
+    async def manifest(self, cid: str) -> DatasetManifest:
+        if cid not in self._manifests:
+            blob = await self._store.cat(cid, max_bytes=MANIFEST_MAX_BYTES)
+            try:
+                self._manifests[cid] = DatasetManifest.model_validate_json(blob)
+            except ValueError as exc:
+                raise DatasetError(f"{cid} is not a dataset manifest: {exc}") from exc
+        return self._manifests[cid]
+
+    async def shard(self, cid: str) -> ShardData:
+        if cid not in self._shards:  # a CID's content never changes: read each record once
+            self._shards[cid] = ShardData.model_validate_json(await self._store.cat(cid, max_bytes=MANIFEST_MAX_BYTES))
+        return self._shards[cid]
+
+    async def add_shard(self, shard: ShardData) -> str:
+        return await self._store.add(shard.model_dump_json().encode())
+
+    async def materialize(self, shard: ShardData, directory: Path) -> Path:
+        """Write ``shard``'s parts (each slice fetched by range and verified) and ``shard.json`` under ``directory``."""
+        directory.mkdir(parents=True, exist_ok=True)
+        key = self.keys.key(shard.dataset) if shard.sealed is not None and shard.dataset is not None else None
+        for i, piece in enumerate(shard.data.slices):
+            path = directory / part_name(i)
+            if path.is_file() and path.stat().st_size == piece.length:
+                continue  # content addressed: what is there is what was fetched
+            if key is not None and shard.sealed is not None:
+                await read_sealed_slice(self._store, key, piece, shard.sealed, path)
+                continue
+            tmp = path.with_suffix(".tmp")
+            with open(tmp, "wb") as out:
+                async for chunk in self._store.stream(piece.cid, offset=piece.offset, length=piece.length,
+                                                      max_bytes=piece.length):
+                    await asyncio.to_thread(out.write, chunk)
+            tmp.replace(path)
+        (directory / SHARD_INFO).write_text(shard.model_dump_json())
+        return directory
+
+    async def load(self, cid: str, shard: ShardData | None = None) -> ShardContent:
+        """A shard or test split by the CID of its record, loaded as a task trains on it (kept in memory)."""
+        if cid not in self._loaded:
+            shard = shard or await self.shard(cid)
+            directory = await self.materialize(shard, self._dir() / "parts" / hashlib.sha256(cid.encode()).hexdigest()[:32])
+            self._loaded[cid] = await asyncio.to_thread(load_shard, directory, shard)
+        return self._loaded[cid]
+
+    async def load_sample(self, manifest: DatasetManifest, spec: TrainingSpec, samples: int) -> ShardContent:
+        """About ``samples`` samples of the training split, spread over it (the rehearsal before funding)."""
+        plan = plan_split(manifest, num_shards=1, test_fraction=spec.test_fraction, partition="iid",
+                          alpha=spec.dirichlet_alpha, seed=spec.seed)
+        sample = spread_sample(shard_data(manifest, plan.shards[0]), samples)
+        return await self.load(await self.add_shard(sample), sample)
+
+    def _dir(self) -> Path:
+        if self._root is None:
+            self._root = Path(tempfile.mkdtemp(prefix="aitbc-data-"))
+        self._root.mkdir(parents=True, exist_ok=True)
+        return self._root
+
+
+def _prepared(source: str | Path | LabeledData, staging: Path, marker: Path, label_column: str | None,
+              kind: DatasetKind | None) -> PreparedDataset:
+    """Stage ``source`` once: a rerun after an interruption finds the marker and reuses the staged files."""
+    if marker.is_file():
+        try:
+            return PreparedDataset.model_validate_json(marker.read_bytes())
+        except ValueError:
+            pass  # a torn marker: stage again
+    shutil.rmtree(staging, ignore_errors=True)
+    prepared = prepare_dataset(source, staging, label_column=label_column, kind=kind)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(prepared.model_dump_json())
+    return prepared
+
+
+def _remove(*paths: Path) -> None:
+    for path in paths:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
+def _staging_key(source: object) -> str:
+    """The same source stages in the same place, so an interrupted import's journal is found again."""
+    if isinstance(source, (str, Path)) and Path(source).exists():
+        path = Path(source).resolve()
+        stat = path.stat()
+        ident = f"{path}:{stat.st_size}:{stat.st_mtime_ns}"
+    else:
+        ident = f"memory:{id(source)}"
+    return hashlib.sha256(ident.encode()).hexdigest()[:24]
+
+
+
+
+async def store_shard(store: ContentStore, data: LabeledData) -> tuple[str, int]:
+    """Labelled data in memory stored as one arrays shard (its two files and its record); returns
+    (record CID, record bytes), what a job names. For tests and tools that hand a provider a shard directly."""
+    x = np.ascontiguousarray(data.features.numpy(), dtype="<f4").tobytes()
+    y = np.ascontiguousarray(data.labels.numpy(), dtype="<i8").tobytes()
+    counts = np.bincount(data.labels.numpy(), minlength=data.num_classes)
+    layout = ArrayLayout(feature_shape=data.feature_shape, num_classes=data.num_classes,
+                         class_rows=tuple(int(c) for c in counts))
+    slices = (FileSlice(path=layout.features, cid=await store.add(x), offset=0, length=len(x)),
+              FileSlice(path=layout.labels, cid=await store.add(y), offset=0, length=len(y)))
+    record = ShardData(kind="arrays", data=DataSlices(slices=slices, samples=len(data)),
+                       arrays=layout).model_dump_json().encode()
+    return await store.add(record), len(record)
+
+
+__all__ = ["DatasetStore", "check_declared_size", "store_shard"]

@@ -10,7 +10,6 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from ..errors import NotFoundError
@@ -20,7 +19,8 @@ from ..models import (
 from ..storage import ContentStore
 from ..training import LabeledData, decode_state
 from ..training.bound_task import BoundTask
-from .datasets import DatasetCache
+from ..training.shard_files import first_samples
+from .datasets import DatasetStore
 from .tasks import TaskCache
 from .store import TrainingStore
 from .verification import validation_loss
@@ -74,21 +74,21 @@ class RoundInputs:
         return self.sizes[self.model_cid] + CHECKPOINT_HEADER_SLACK
 
 
-async def load_round_inputs(db: TrainingStore, store: ContentStore, datasets: DatasetCache, tasks: TaskCache,
+async def load_round_inputs(db: TrainingStore, store: ContentStore, datasets: DatasetStore, tasks: TaskCache,
                             training_id: str) -> RoundInputs:
     """One read of the record, one fetch of the manifest, one of the model: everything a round reads first."""
     record = await db.training(training_id)
     if record.manifest_cid is None or record.model_cid is None:
         raise NotFoundError(f"training {training_id} has no shards yet")
     manifest = ShardManifest.model_validate_json(await store.cat(record.manifest_cid))
-    test = await datasets.get(manifest.test_cid)
+    test = await datasets.load(manifest.test_cid)
     task = await tasks.bound(record.spec)
     model = task.model_spec(test)
     contracts = tuple(await db.contracts(training_id, "worker"))
     shards = round_shards(manifest, await db.shards(training_id), contracts)
     sizes = {cid: await store.size(cid) for cid in sorted({record.model_cid, *(s.cid for s in shards.values())})}
     reference = decode_state(await store.cat(record.model_cid))
-    validation = test.subset(np.arange(min(record.spec.faults.val_samples, len(test))))
+    validation = first_samples(test, record.spec.faults.val_samples)
     start_loss = await asyncio.to_thread(validation_loss, model, reference, validation, task)
     earlier = frozenset(c.cid for c in await db.checkpoints(training_id, None) if c.round <= record.round)
     return RoundInputs(record, manifest, test, model, task, contracts, shards, sizes,

@@ -7,16 +7,12 @@ the moves are published as a JSON manifest (its CID is in the ``rebalanced`` aud
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 
-import numpy as np
-import torch
-
 from ..errors import InsufficientFundsError, MessagingError, NotEnoughWorkersError
 from ..models import ElasticPolicy, SampleRange, Shard, ShardManifest, WorkerContract
-from ..training import LabeledData, encode_data, label_counts
+from ..training.file_sharding import merge_shards, shard_label_counts, sub_shard
 from .elastic import count, needs_rebalance, plan_shares, reassign, scaling_decision
 from .service import Coordinator
 from .stats import RoundStats
@@ -111,7 +107,7 @@ async def _rebalance(coordinator: Coordinator, tid: str, stats: RoundStats, mani
                                                          and ranges == _whole(manifest.shards, contracts[worker].shard_index)):
             continue
         shard = await _build_shard(coordinator, f"{tid}-r{round_}-{worker[2:10]}", contracts[worker].shard_index or 0,
-                                   ranges, originals, manifest.num_classes)
+                                   ranges, originals)
         shards.append(shard)
         await coordinator.db.save_contract(contracts[worker].model_copy(
             update={"ranges": tuple(ranges), "shard_id": shard.shard_id}))
@@ -134,12 +130,10 @@ def _whole(shards, index: int | None) -> list[SampleRange]:
 
 
 async def _build_shard(coordinator: Coordinator, shard_id: str, index: int, ranges: list[SampleRange],
-                       originals: dict[int, Shard], num_classes: int) -> Shard:
-    pieces: list[LabeledData] = []
-    for r in ranges:
-        source = await coordinator.data.get(originals[r.shard].cid)
-        pieces.append(source.subset(np.arange(r.start, r.end)))
-    data = LabeledData(torch.cat([p.features for p in pieces]), torch.cat([p.labels for p in pieces]), num_classes)
-    cid = await coordinator.store.add(await asyncio.to_thread(encode_data, data))
-    return Shard(shard_id=shard_id, index=index, cid=cid, samples=len(data),
-                 label_counts=label_counts(data.labels.numpy(), num_classes))
+                       originals: dict[int, Shard]) -> Shard:
+    """A worker's new share: sample ranges of the original shards, as slices of the same files (no copy)."""
+    pieces = [sub_shard(await coordinator.data.shard(originals[r.shard].cid), r.start, r.end) for r in ranges]
+    data = merge_shards(pieces)
+    cid = await coordinator.data.add_shard(data)
+    return Shard(shard_id=shard_id, index=index, cid=cid, samples=data.data.samples,
+                 label_counts=shard_label_counts(data))

@@ -16,8 +16,8 @@ from ..errors import AitbcError, NotEnoughWorkersError, TrainingError
 from ..models import (
     RoundReport, Settlement, TrainingPhase, TrainingRecord, TrainingReport, TrainingSpec, Worker, WorkerReport,
 )
-from ..training import LabeledData, load_dataset
-from .datasets import check_declared_size
+from ..training.bound_task import REHEARSAL_SAMPLES
+from ..training.dataset_dirs import manifest_shape
 from .deadlines import job_work, round_timeout
 from .inputs import RoundInputs
 from .liveness import LivenessWatch
@@ -28,6 +28,7 @@ from .rounds import RoundRunner
 from .service import Coordinator
 
 log = logging.getLogger(__name__)
+REHEARSAL_TOKENS = 1 << 16  # a token stream's rehearsal: enough for a few windows of context
 P = TrainingPhase
 
 
@@ -40,17 +41,23 @@ class RunRequest:
     round_timeout_s: float | None = None  # None: the training's FaultPolicy decides (see deadlines.round_timeout)
 
 
-Prepared = tuple[LabeledData, list[Worker], list[Worker]]  # what prepare() checked: data, workers, spares
+Prepared = tuple[str, list[Worker], list[Worker]]  # what prepare() checked: the dataset's CID, workers, spares
 
 
 async def prepare(coordinator: Coordinator, request: RunRequest) -> Prepared:
-    """All the checks that need no writes: data, model, market, money. Returns (data, workers, spares)."""
+    """All the checks before a training is written: data, model, market, money. Returns (dataset, workers, spares).
+
+    The dataset goes into the content store here (content-addressed: a failed start leaves only
+    blocks a later run reuses), so it is read once and a rehearsal reads a few samples of it."""
     spec = request.spec
-    check_declared_size(spec.dataset_size, request.dataset)
-    data = await asyncio.to_thread(load_dataset, request.dataset, label_column=request.label_column)
+    dataset_cid, manifest = await coordinator.data.import_dataset(request.dataset, label_column=request.label_column,
+                                                                  declared_size=spec.dataset_size,
+                                                                  encrypt=spec.encrypt)
     task = await coordinator.tasks.bound(spec)  # an unknown task or bad parameters: fail now
-    task.model_spec(data)
-    await asyncio.to_thread(task.rehearse, data, spec.job, spec.seed)  # and a broken task, before funding
+    task.model_spec(manifest_shape(manifest))
+    sample = await coordinator.data.load_sample(manifest, spec, REHEARSAL_TOKENS if manifest.kind == "tokens"
+                                                else REHEARSAL_SAMPLES)
+    await asyncio.to_thread(task.rehearse, sample, spec.job, spec.seed)  # and a broken task, before funding
     found = await coordinator.discover(min_gpu=request.min_gpu, max_price_wei=spec.max_price_wei, task=spec.task)
     if len(found) < spec.target_workers:
         raise NotEnoughWorkersError(
@@ -59,17 +66,17 @@ async def prepare(coordinator: Coordinator, request: RunRequest) -> Prepared:
     selected, spares = ranked[:spec.target_workers], ranked[spec.target_workers:]
     await coordinator.money.ensure_funds(sum(w.price for w in selected) * spec.rounds,
                                          f"{spec.target_workers} workers x {spec.rounds} rounds")
-    return data, selected, spares
+    return dataset_cid, selected, spares
 
 
 async def run_training(coordinator: Coordinator, request: RunRequest, prepared: Prepared | None = None) -> TrainingReport:
     """Prepare (unless ``prepared`` is what a cost preview already checked and priced), fund, train, settle."""
     started = time.perf_counter()
-    data, selected, spares = prepared if prepared is not None else await prepare(coordinator, request)
+    dataset_cid, selected, spares = prepared if prepared is not None else await prepare(coordinator, request)
     record = await coordinator.initialize(request.spec)
     tid = record.training_id
     try:
-        await coordinator.attach_data(tid, data)
+        await coordinator.use_dataset(tid, dataset_cid)
         await coordinator.create_shards(tid, len(selected))
         await hire(coordinator, tid, selected, spares)
         await coordinator.money.fund_escrow(tid)

@@ -14,7 +14,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 
 from ..chain.registry import RegistryClient
 from ..errors import ConfigError, MessagingError, NotFoundError, TrainingError
@@ -29,11 +28,10 @@ from ..models import (
     TrainingStatus, Worker, WorkerContract, new_id,
 )
 from ..storage import DEFAULT_MAX_BYTES, ContentStore
-from ..training import (
-    AggregationStrategy, FedAvg, LabeledData, decode_state, encode_data, encode_state, label_counts, load_dataset,
-    sample_weights,
-)
-from .datasets import DatasetCache, check_declared_size
+from ..training import AggregationStrategy, FedAvg, LabeledData, decode_state, encode_state, sample_weights
+from ..training.dataset_dirs import manifest_shape
+from .datasets import DatasetStore
+from .sealing import JobKeys
 from .inputs import CHECKPOINT_HEADER_SLACK, RoundInputs, load_round_inputs, new_job
 from .listener import Observer, TrainingListener
 from .logbook import AuditLogs, audit_path
@@ -41,7 +39,7 @@ from .money import EscrowSteps
 from .phases import check_transition
 from .settings import CoordinatorSettings
 from .settlement import EscrowAccount
-from .sharding import plan_shards
+from .sharding import publish_shards
 from .tasks import TaskCache
 from .stats import RoundStats
 from .store import TrainingStore
@@ -66,14 +64,16 @@ class Coordinator:
     round_times: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     _listeners: dict[str, TrainingListener] = field(default_factory=dict)
     logs: AuditLogs = field(init=False)  # one audit log per training, under settings.audit_dir
-    data: DatasetCache = field(init=False)
+    data: DatasetStore = field(init=False)  # datasets by manifest, and the splits this coordinator reads
     tasks: TaskCache = field(init=False)  # the trainings' tasks, built-in or user code by CID
     money: EscrowSteps = field(init=False)  # budget, funding, paying, settling
+    job_keys: JobKeys = field(init=False)  # sealed datasets: each job carries the key wrapped for its worker
 
     def __post_init__(self) -> None:
         self.logs = AuditLogs(self.settings.audit_dir)
-        self.data = DatasetCache(self.store)
+        self.data = DatasetStore(self.store, self.settings.data_dir)
         self.tasks = TaskCache(self.store, self.settings.task_dir)
+        self.job_keys = JobKeys(self.db, self.data, self.escrow)
         self.money = EscrowSteps(self.db, self.escrow, self.logs, gas_reserve_wei=self.settings.gas_reserve_wei,
                                  observer=self.observer)
 
@@ -111,28 +111,33 @@ class Coordinator:
             raise ConfigError("give exactly one of path= or data=")
         if path is not None:
             path = Path(path)
+            if path.is_dir():  # the CID `ipfs add -r` gives
+                return await self.data.add_directory(path, pin=pin)
             if not path.is_file():
-                raise ConfigError(f"no such file: {path}")
+                raise ConfigError(f"no such file or directory: {path}")
             return await self.store.add(path, pin=pin)
         assert data is not None
         return await self.store.add(data, pin=pin)
 
-    async def attach_dataset(self, training_id: str, source: str | Path, *, label_column: str | None = None) -> str:
-        """Load a dataset (validating it), store it as one content-addressed blob, link it to the training."""
-        declared = (await self.db.training(training_id)).spec.dataset_size
-        check_declared_size(declared, source)  # a file: by its size on disk, before it is read
-        data = await asyncio.to_thread(load_dataset, source, label_column=label_column)
-        return await self.attach_data(training_id, data)
-
-    async def attach_data(self, training_id: str, data: LabeledData) -> str:
+    async def attach_dataset(self, training_id: str, source: str | Path | LabeledData, *,
+                             label_column: str | None = None, progress: Callable[[int], None] | None = None) -> str:
+        """Import a dataset (a file, a directory, a bundled name or arrays) once and link it to the training."""
         record = await self.db.training(training_id)
-        (await self.tasks.bound(record.spec)).model_spec(data)  # fail now on an unknown task, not mid-run
-        blob = await asyncio.to_thread(encode_data, data)
-        check_declared_size(record.spec.dataset_size, "(in memory)", len(blob))
-        cid = await self.store.add(blob)
-        self.data.put(cid, data)
+        cid, manifest = await self.data.import_dataset(source, label_column=label_column, progress=progress,
+                                                       declared_size=record.spec.dataset_size,
+                                                       encrypt=record.spec.encrypt)
+        (await self.tasks.bound(record.spec)).model_spec(manifest_shape(manifest))  # an unknown task fails now
         await self.db.save_training(record.model_copy(update={"dataset_cid": cid}))
         return cid
+
+    async def attach_data(self, training_id: str, data: LabeledData) -> str:
+        return await self.attach_dataset(training_id, data)
+
+    async def use_dataset(self, training_id: str, dataset_cid: str) -> None:
+        """Link a dataset already in the store (by its manifest's CID) to the training."""
+        record = await self.db.training(training_id)
+        (await self.tasks.bound(record.spec)).model_spec(manifest_shape(await self.data.manifest(dataset_cid)))
+        await self.db.save_training(record.model_copy(update={"dataset_cid": dataset_cid}))
 
     async def manifest(self, training_id: str) -> ShardManifest:
         return await self._manifest_of(await self.db.training(training_id))
@@ -143,33 +148,20 @@ class Coordinator:
         return ShardManifest.model_validate_json(await self.store.cat(record.manifest_cid))
 
     async def create_shards(self, training_id: str, num_shards: int) -> list[Shard]:
-        """Split the training set into content-addressed shards; also store the test split and round-0 model."""
+        """Plan the shards and the test split as slices of the dataset's files; store the round-0 model."""
         record = await self.db.training(training_id)
         if record.manifest_cid is not None:
             return list((await self._manifest_of(record)).shards)
         if record.dataset_cid is None:
             raise ConfigError(f"training {training_id} has no dataset; upload one first")
-        spec = record.spec
-        data = await self.data.get(record.dataset_cid)
-        train, test, parts = plan_shards(spec, data, num_shards)
-        labels = train.labels.numpy()
-        shards = []
-        for i, indices in enumerate(parts):
-            blob = await asyncio.to_thread(encode_data, train.subset(np.sort(indices)))
-            cid = await self.store.add(blob)
-            shards.append(Shard(shard_id=f"{training_id}-shard-{i}", index=i, cid=cid, samples=len(indices),
-                                label_counts=label_counts(labels[indices], train.num_classes)))
-        test_cid = await self.store.add(await asyncio.to_thread(encode_data, test))
-        manifest = ShardManifest(dataset_cid=record.dataset_cid, test_cid=test_cid, partition=spec.partition,
-                                 seed=spec.seed, num_classes=data.num_classes, feature_shape=data.feature_shape,
-                                 shards=tuple(shards))
-        manifest_cid = await self.store.add(manifest.model_dump_json(indent=1).encode())
-        task = await self.tasks.bound(spec)
-        model_cid = await self.store.add(await asyncio.to_thread(task.initial_state, train, spec.seed))
-        self.data.put(test_cid, test)
-        await self.db.save_shards(training_id, shards)
+        published = await publish_shards(self.data, record, await self.data.manifest(record.dataset_cid), num_shards)
+        manifest_cid = await self.store.add(published.manifest.model_dump_json(indent=1).encode())
+        task = await self.tasks.bound(record.spec)
+        sample = await self.data.load(await self.data.add_shard(published.prepare_sample), published.prepare_sample)
+        model_cid = await self.store.add(await asyncio.to_thread(task.initial_state, sample, record.spec.seed))
+        await self.db.save_shards(training_id, published.shards)
         await self.db.save_training(record.model_copy(update={"manifest_cid": manifest_cid, "model_cid": model_cid}))
-        return shards
+        return published.shards
 
     # -- market ----------------------------------------------------------------------------
     async def discover(self, *, min_gpu: str | None = None, max_price_wei: int | None = None,
@@ -257,6 +249,7 @@ class Coordinator:
 
     async def publish_job(self, job: JobAssignment) -> None:
         await self.listener(job.training_id)  # subscribed before the job goes out, so no result is missed
+        job = await self.job_keys.attach(job)  # a sealed dataset's key, wrapped for this worker
         await self.db.save_job(job)
         await self.channel.publish(topics.jobs(job.worker_id), job)
 
@@ -266,7 +259,7 @@ class Coordinator:
 
     async def _model_spec_of(self, record: TrainingRecord) -> ModelSpec:
         manifest = await self._manifest_of(record)
-        return (await self.tasks.bound(record.spec)).model_spec(await self.data.get(manifest.test_cid))
+        return (await self.tasks.bound(record.spec)).model_spec(await self.data.load(manifest.test_cid))
 
     async def progress(self, job_id: str) -> Progress:
         progress = await self.db.progress(job_id)
@@ -361,7 +354,7 @@ class Coordinator:
                            *, stats: RoundStats | None = None, inputs: RoundInputs | None = None) -> RoundMetrics:
         """Evaluate the aggregated model on the held-out test split and close the round."""
         record = await self.db.training(training_id)  # fresh: the round moved its phase on
-        test = inputs.test if inputs is not None else await self.data.get((await self._manifest_of(record)).test_cid)
+        test = inputs.test if inputs is not None else await self.data.load((await self._manifest_of(record)).test_cid)
         state = decode_state(await self.store.cat(model_cid))
         task = inputs.task if inputs is not None else await self.tasks.bound(record.spec)
         result = await asyncio.to_thread(task.evaluate, test, state)

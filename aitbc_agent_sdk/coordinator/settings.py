@@ -20,6 +20,9 @@ class CoordinatorSettings(BaseModel):
     audit_dir: Path | None = Field(
         default=None, description="one hash-chained JSONL audit log per training under here; an Agent"
                                   " defaults it to $AITBC_HOME/trainings, a bare Coordinator keeps none")
+    data_dir: Path | None = Field(
+        default=None, description="datasets staged for import, and the splits the coordinator reads; an Agent "
+                                  "defaults it to $AITBC_HOME/datasets, a bare Coordinator uses a temporary directory")
     task_dir: Path | None = Field(
         default=None, description="user tasks' code, unpacked by CID, imported from here; an Agent defaults it "
                                   "to $AITBC_HOME/tasks, a bare Coordinator uses a temporary directory")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ..chain import (EscrowClient, EvidenceDomain, TransactionSender, consent_signer, result_hash, training_key,
+from ..chain import (EscrowClient, EvidenceDomain, TransactionSender, consent_digest, consent_signer, result_hash, training_key,
                      training_salt)
 from ..errors import ConfigError
 from ..models import CheckpointRef, EscrowSummary, Payment, WorkerContract
@@ -63,6 +63,11 @@ class EscrowAccount:
         if self._domain is None:
             self._domain = EvidenceDomain(await self.escrow.chain_id(), await self.escrow.registry())
         return self._domain
+
+    async def consent_digest(self, training_id: str, worker: str) -> bytes:
+        """What ``worker`` signed to consent to its slot in this training (its public key recovers from it)."""
+        domain = await self.evidence_domain()
+        return consent_digest(domain.chain_id, self.escrow.address, self.key(training_id), worker)
 
     async def consent_ok(self, training_id: str, worker: str, consent: str | None) -> bool:
         """Whether ``consent`` is the worker's canonical signature to a slot in this training."""

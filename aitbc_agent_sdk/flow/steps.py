@@ -7,8 +7,8 @@ the assistant; both call these, so a training started from chat is the one the C
 from __future__ import annotations
 
 import asyncio
+import csv
 import time
-import zipfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -73,25 +73,37 @@ async def create_training(agent: Agent, spec: TrainingSpec, wallet: str) -> Trai
 
 
 def dataset_source(data_path: str | Path) -> str | Path:
-    """'digits' (the bundled set) or an existing file; ConfigError otherwise."""
+    """'digits' (the bundled set), an existing file or a directory; ConfigError otherwise."""
     if str(data_path) == "digits":
         return "digits"
     path = Path(data_path).expanduser()
-    if not path.is_file():
-        raise ConfigError(f"dataset file not found: {path} (give a .npz, .pt or .csv file, or 'digits')")
+    if not path.exists():
+        raise ConfigError(f"dataset not found: {path} (give a .npz, .pt or .csv file, a directory of .txt files, "
+                          "of CLASS/ image folders or of your task's files, or 'digits')")
     return path
 
 
 def check_dataset(source: str | Path, label_column: str | None = None) -> None:
-    """Load the dataset once so a bad file fails here, with a reason, before anything connects."""
-    from ..training import load_dataset
+    """What can be checked without reading the data, before anything connects: its kind, a CSV's label column.
+    The rows themselves are checked as they stream into the store (a bad one stops the import, exit 2)."""
+    from ..training.dataset_dirs import dataset_kind
 
-    try:
-        load_dataset(source, label_column=label_column)
-    except UnicodeDecodeError as exc:
-        raise DatasetError(f"{source}: not UTF-8 text (byte {exc.start}); save the CSV as UTF-8") from exc
-    except (EOFError, zipfile.BadZipFile, OSError, KeyError) as exc:
-        raise DatasetError(f"{source}: cannot read it ({type(exc).__name__}: {exc or 'empty file'})") from exc
+    if source == "digits":
+        return
+    path = Path(source)
+    dataset_kind(path)
+    if path.is_file() and path.suffix.lower() == ".csv":
+        try:
+            with path.open(newline="") as fh:
+                header = [h.strip() for h in next(csv.reader(fh), [])]
+        except UnicodeDecodeError as exc:
+            raise DatasetError(f"{source}: not UTF-8 text (byte {exc.start}); save the CSV as UTF-8") from exc
+        except OSError as exc:
+            raise DatasetError(f"{source}: cannot read it ({type(exc).__name__}: {exc})") from exc
+        if label_column is None:
+            raise DatasetError(f"{path}: label_column is required for .csv files")
+        if label_column not in header:
+            raise DatasetError(f"{path}: no label column {label_column!r}; columns are {header}")
 
 
 async def upload_data(agent: Agent, training_id: str, source: str | Path, label_column: str | None = None) -> str:

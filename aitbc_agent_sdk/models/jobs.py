@@ -53,6 +53,8 @@ class JobAssignment(Record):
     config: JobConfig
     seed: int = Field(default=0, ge=0, description="shuffling seed for the worker's local epochs")
     task: TaskRef | None = Field(default=None, description="user code to run; None: the built-in named model.name")
+    data_key: str | None = Field(default=None, pattern=r"^[0-9a-f]{2,512}$", description=(
+        "a sealed dataset's key, wrapped for this worker's public key (chain.keywrap); None: plaintext"))
 
 
 JobStatus = Literal["assigned", "running", "complete", "failed", "cancelled"]

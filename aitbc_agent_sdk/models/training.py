@@ -142,6 +142,8 @@ class TrainingSpec(Record):
         "the most bytes the dataset may hold (100GB, 512MiB or bytes); a larger upload is refused"))
     aggregation: AggregationName = "fedavg"
     spare_workers: int = Field(default=0, ge=0, le=64, description="hired but unfunded, to replace failed workers")
+    encrypt: bool = Field(default=False, description=(
+        "store the dataset sealed (AES-256-GCM) under a key only the coordinator and hired providers hold"))
     faults: FaultPolicy = FaultPolicy()
     elastic: ElasticPolicy | None = None
 

@@ -26,7 +26,8 @@ from ..chain import WalletStore
 from ..config import AgentConfig, default_home
 from ..profile import Profile, load_profile
 from ..stack import open_bus, open_store
-from ..models import TaskPolicy
+from ..models import TaskPolicy, parse_size
+from .cache import DEFAULT_CACHE_BYTES
 from .node import ProviderAgent, ProviderConfig
 from .hardware import detect_hardware
 from .onchain import ProviderChain
@@ -69,9 +70,11 @@ async def serve_provider(home: Path, account: LocalAccount, *, price_wei: int, s
                          gpu: str = "auto", stake_wei: int | None = None, stop: asyncio.Event,
                          agent_factory: AgentFactory = ProviderAgent,
                          sandbox: TrainingSandbox | None = TrainingSandbox(), threads: int | None = None,
-                         tasks: TaskPolicy = TaskPolicy()) -> None:
+                         tasks: TaskPolicy = TaskPolicy(), cache_dir: Path | None = None,
+                         cache_bytes: int | None = None) -> None:
     """Serve until ``stop``; ``sandbox=None`` trains unconfined (``--no-sandbox``), and says so.
-    ``slots=None``: one per GPU (1 on a CPU host); ``threads=None``: the cores shared among the slots."""
+    ``slots=None``: one per GPU (1 on a CPU host); ``threads=None``: the cores shared among the slots;
+    ``cache_dir=None``: the content cache is under the provider's directory; ``cache_bytes=None``: 20 GiB."""
     profile = load_profile(home)
     work_dir = provider_dir(home, account.address)
     hardware = await asyncio.to_thread(detect_hardware)
@@ -84,9 +87,12 @@ async def serve_provider(home: Path, account: LocalAccount, *, price_wei: int, s
         store = await open_store(profile, AgentConfig(home=home), exits)
         if sandbox is None:
             logging.warning("--no-sandbox: jobs from strangers train unconfined, as this user")
+        elif cache_dir is not None:  # other trainings' shards: a job sees its own, linked into its in/
+            sandbox = sandbox.model_copy(update={"hidden_paths": (*sandbox.hidden_paths, cache_dir.resolve())})
         chain = await open_provider_chain(profile, exits)
         config = ProviderConfig(price_wei=price_wei, slots=slots, work_dir=work_dir, sandbox=sandbox,
-                                worker_threads=threads, tasks=tasks)
+                                worker_threads=threads, tasks=tasks, cache_dir=cache_dir,
+                                cache_bytes=DEFAULT_CACHE_BYTES if cache_bytes is None else cache_bytes)
         provider = agent_factory(account, bus, store, config,
                                  hardware=hardware, chain=chain)
         if stake_wei:
@@ -124,7 +130,8 @@ async def run_daemon(args: argparse.Namespace, agent_factory: Callable[..., Prov
     await serve_provider(args.home, account, price_wei=args.price_wei, slots=args.slots, gpu=args.gpu,
                          stake_wei=args.stake_wei, stop=stop, agent_factory=agent_factory,
                          sandbox=None if args.no_sandbox else TrainingSandbox(hidden_paths=(args.home,)),
-                         threads=args.threads, tasks=TaskPolicy(accepts=args.tasks, allowed=tuple(args.allow_task)))
+                         threads=args.threads, tasks=TaskPolicy(accepts=args.tasks, allowed=tuple(args.allow_task)),
+                         cache_dir=args.cache_dir, cache_bytes=args.cache_size)
 
 
 def build_parser(description: str = "aitbc provider daemon (reads the wallet password from stdin)"
@@ -140,6 +147,10 @@ def build_parser(description: str = "aitbc provider daemon (reads the wallet pas
     parser.add_argument("--allow-task", action="append", default=[], metavar="CID", help="a task CID to run")
     parser.add_argument("--gpu", choices=("auto", "none"), default="auto")
     parser.add_argument("--stake-wei", type=int, default=None, help="register with this bond if not registered")
+    parser.add_argument("--cache-dir", type=Path, default=None,
+                        help="where fetched shards and weights are kept (default: the provider's directory/cache)")
+    parser.add_argument("--cache-size", type=parse_size, default=None, metavar="SIZE",
+                        help="the most the cache keeps (default 20GiB; least recently used content goes first)")
     parser.add_argument("--no-sandbox", action="store_true",
                         help="train jobs without the bwrap sandbox (they can then read this user's files)")
     return parser

@@ -24,15 +24,17 @@ from ..errors import AitbcError
 from ..messaging import Bus, SignedChannel, Verified, topics
 from ..models import (
     ContractProposal, ContractReply, Hardware, Heartbeat, JobAssignment, JobCancel, JobResult, Offer, Ping, Pong,
-    Progress, ResendRequest, TaskPolicy, Wei, id_path,
+    ByteSize, Progress, ResendRequest, TaskPolicy, Wei, id_path,
 )
-from ..storage import ContentStore, fetch_timeout_s
+from ..storage import ContentStore
 from .book import ContractBook
+from .cache import DEFAULT_CACHE_BYTES, ContentCache
 from .hardware import detect_hardware
 from .intake import MAX_JOBS_PER_CONTRACT, MAX_JOBS_PER_SLOT, ContractVerdicts, proposal_refusal, queue_problem
 from .jobs import (
-    ActiveJob, EpochReporter, Server, TrainOutcome, epoch_fields, job_progress, remember, write_file, write_inputs,
+    ActiveJob, EpochReporter, Server, TrainOutcome, epoch_fields, job_progress, remember, write_file,
 )
+from .inputs import JobInputs
 from .onchain import ProviderChain
 from .process import CHECKPOINT_FILE, TrainingProcess
 from .sandbox import TrainingSandbox
@@ -62,6 +64,8 @@ class ProviderConfig(BaseModel):
     tasks: TaskPolicy = Field(default_factory=TaskPolicy, description="built-ins only, an allow-list, or any task")
     # The training process parses strangers' data: bwrap or refuse to start. None is --no-sandbox.
     sandbox: TrainingSandbox | None = TrainingSandbox()
+    cache_dir: Path | None = Field(default=None, description="fetched shards and weights; None: work_dir/cache")
+    cache_bytes: ByteSize = Field(default=DEFAULT_CACHE_BYTES, description="the cache's quota (LRU)")
 
 
 class ProviderAgent:
@@ -80,6 +84,8 @@ class ProviderAgent:
         self.training: TrainingSlots | None = None  # built once the hardware is known (__aenter__)
         self.tasks = ProviderTasks(config.tasks, store, config.work_dir / "task-state",
                                    lambda job: self._contracts[job.contract_id].coordinator)
+        self.inputs = JobInputs(store, ContentCache(config.cache_dir or config.work_dir / "cache", config.cache_bytes),
+                                self.tasks, bytes(account.key))  # the job directory goes; the cache keeps inputs
         self._job_process: dict[str, TrainingProcess] = {}  # running job -> the slot's process it holds
         self._contracts: MutableMapping[str, ContractProposal] = ContractBook(
             MAX_CONTRACTS, CONTRACT_IDLE_S, pinned=self._contract_in_use,
@@ -133,6 +139,7 @@ class ProviderAgent:
         if self.hardware is None:
             self.hardware = await asyncio.to_thread(detect_hardware)
         plans = plan_slots(self.slots, self.hardware, self.config.worker_threads)
+        await self.inputs.open()  # first: a cache dir the sandbox hides must exist when it starts
         self.training = TrainingSlots(self.config.work_dir, plans, self.config.sandbox)
         await self.training.start()
         servers = (Server("negotiations", topics.negotiate, ContractProposal, self._answer),
@@ -154,6 +161,7 @@ class ProviderAgent:
         for task in [*self._tasks, *self._job_tasks]:
             task.cancel()
         await asyncio.gather(*self._tasks, *self._job_tasks, return_exceptions=True)
+        await self.inputs.close()
         if self.training is not None:
             await self.training.stop()
 
@@ -238,6 +246,8 @@ class ProviderAgent:
             log.warning("job %s refused: %s", job.job_id, problem)
             self._track(asyncio.create_task(self._refuse(job, problem)))
             return
+        if self._busy >= self.slots:  # it waits for a slot: its inputs can download meanwhile
+            self.inputs.prefetch(job)
         task = asyncio.create_task(self._run_job(job))
         self._active_jobs[job.job_id] = ActiveJob(job, task)
         self._track(task)
@@ -330,7 +340,7 @@ class ProviderAgent:
         await self._advertise_now()
         try:
             await self._report(job, "running")
-            await self._fetch_inputs(job, job_dir)
+            await self.inputs.fetch(job, job_dir)
             speed: list[float] = []
 
             async def on_epoch(event: dict[str, Any]) -> None:
@@ -358,16 +368,7 @@ class ProviderAgent:
             self._busy -= 1
             await self._advertise_now()
             await asyncio.to_thread(shutil.rmtree, job_dir, True)
-
-    async def _fetch_inputs(self, job: JobAssignment, job_dir: Path) -> None:
-        # The signed job declares both sizes: a DAG that holds more (or is too deep, too wide or
-        # too slow) is a FetchLimitError after one block, not gigabytes in this key-holding daemon.
-        shard, weights = await asyncio.gather(
-            self.store.cat(job.shard_cid, max_bytes=job.shard_bytes, timeout_s=fetch_timeout_s(job.shard_bytes)),
-            self.store.cat(job.weights_cid, max_bytes=job.weights_bytes,
-                           timeout_s=fetch_timeout_s(job.weights_bytes)))
-        await asyncio.to_thread(write_inputs, job_dir, shard, weights)
-        await self.tasks.prepare(job, job_dir)
+            self.inputs.release(job)  # its cache entries are no longer linked: evictable again
 
     async def _publish_result(self, job: JobAssignment, checkpoint_cid: str, outcome: TrainOutcome) -> None:
         await self.channel.publish(topics.results(job.training_id), JobResult(

@@ -27,13 +27,14 @@ from typing import Any, BinaryIO
 from ..cluster.sandbox_plan import scrubbed_env
 from ..errors import AitbcError, TrainingError
 from ..models import JobConfig, ModelSpec, TaskRef
+from ..training.shard_files import SHARD_INFO
 from .sandbox import (
     MAX_JOBS_PER_PROCESS, SANDBOX_DIR, TrainingSandbox, clear_output, gpu_env, require_bwrap, sandbox_spec,
     stage_inputs, take_output, within_disk_limits, worker_command,
 )
 
 # The files a job directory holds: inputs written by the provider, output by the training process.
-SHARD_FILE = "shard.safetensors"
+SHARD_FILE = SHARD_INFO  # the shard's ShardData record; its slices are part-NNNNNN beside it
 WEIGHTS_FILE = "weights.safetensors"
 CHECKPOINT_FILE = "checkpoint.safetensors"
 TASK_FILE = "task.json"  # a user task's package, fetched by the provider from its CID
@@ -59,7 +60,8 @@ class _JobRequest:
     def input_files(self, job_dir: Path) -> tuple[str, ...]:
         user_code = self.task is not None and self.task.cid is not None
         kept = (STATE_FILE,) if (job_dir / STATE_FILE).is_file() else ()
-        return (SHARD_FILE, WEIGHTS_FILE, *((TASK_FILE,) if user_code else ()), *kept)
+        parts = tuple(sorted(p.name for p in job_dir.glob("part-*")))
+        return (SHARD_FILE, *parts, WEIGHTS_FILE, *((TASK_FILE,) if user_code else ()), *kept)
 
     def line(self, job_dir: Path, out_dir: Path, device: str) -> str:
         return json.dumps({

@@ -20,8 +20,9 @@ from typing import Any
 import torch
 
 from ..models import JobConfig, ModelSpec, TaskRef
-from ..training import EpochStats, LabeledData, decode_data, decode_state, encode_state
+from ..training import EpochStats, LabeledData, decode_state, encode_state
 from ..training.bound_task import bind_task, job_task_ref
+from ..training.shard_files import load_shard
 from ..training.task import TrainingTask
 from ..training.task_loop import train_task, training_device
 from ..training.task_package import decode_package, load_task
@@ -60,7 +61,7 @@ def run_job(request: dict[str, Any], loaded: LoadedTasks, emit: Emit) -> dict[st
             loaded[ref.cid] = load_task(package, out_dir / "tasks" / ref.cid)
         user_task = loaded[ref.cid]
     task = bind_task(ref, user_task)
-    data = decode_data((job_dir / SHARD_FILE).read_bytes())
+    data = load_shard(job_dir)  # shard.json and its parts, checked against each other
     model = task.build(spec, samples=len(data))
     model.load_state_dict(decode_state((job_dir / WEIGHTS_FILE).read_bytes()), strict=True)
 

@@ -79,7 +79,7 @@ class BoundTask:
     def rehearse(self, data: LabeledData, config: JobConfig, seed: int, samples: int = REHEARSAL_SAMPLES) -> None:
         """Every step of the task once, on a few samples, before anything is funded: a bug in the
         task's code is a usage error now, not a failed (and paid) round."""
-        small = data.subset(torch.arange(min(samples, len(data))))
+        small = data.subset(torch.arange(min(samples, len(data)))) if isinstance(data, LabeledData) else data
         try:
             state = decode_state(self.initial_state(small, seed))
             model = self.loaded(self.model_spec(small), state)

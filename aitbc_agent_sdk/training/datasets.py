@@ -43,6 +43,27 @@ class LabeledData:
         return LabeledData(self.features[idx], self.labels[idx], self.num_classes)
 
 
+def class_indices(raw: np.ndarray, source: str) -> tuple[np.ndarray, int]:
+    """Labels as 0..C-1 (integer labels keep their values, others map by sort), as datasets._make does."""
+    if raw.ndim != 1:
+        raise DatasetError(f"{source}: labels must be 1-D, got shape {raw.shape}")
+    if len(raw) == 0:
+        raise DatasetError(f"{source}: dataset is empty")
+    if np.issubdtype(raw.dtype, np.integer) and raw.min() >= 0:
+        if int(raw.max()) >= MAX_CLASSES:
+            raise DatasetError(f"{source}: label {int(raw.max())} would make {int(raw.max()) + 1} classes; "
+                               f"labels must be at most {MAX_CLASSES - 1}")
+        y, num_classes = raw.astype(np.int64), int(raw.max()) + 1
+    else:
+        classes, y = np.unique(raw, return_inverse=True)
+        num_classes = len(classes)
+        if num_classes > MAX_CLASSES:
+            raise DatasetError(f"{source}: {num_classes} distinct labels; at most {MAX_CLASSES} classes are supported")
+    if len(np.unique(y)) < 2:
+        raise DatasetError(f"{source}: need at least 2 classes, found {len(np.unique(y))}")
+    return y.astype(np.int64), num_classes
+
+
 def _make(features: object, labels: object, source: str) -> LabeledData:
     """Validate raw arrays and convert to the canonical dtypes."""
     try:
@@ -61,21 +82,7 @@ def _make(features: object, labels: object, source: str) -> LabeledData:
     if not torch.isfinite(x).all():
         raise DatasetError(f"{source}: features contain NaN or infinity")
 
-    if np.issubdtype(y_raw.dtype, np.integer) and y_raw.min() >= 0:
-        # Integer labels keep their values so class i means the same thing in every file.
-        if int(y_raw.max()) >= MAX_CLASSES:  # the head has one output per class up to the largest label
-            raise DatasetError(f"{source}: label {int(y_raw.max())} would make {int(y_raw.max()) + 1} classes; "
-                               f"labels must be at most {MAX_CLASSES - 1}")
-        y = y_raw.astype(np.int64)
-        num_classes = int(y.max()) + 1
-    else:
-        # Strings/floats/negatives: map sorted distinct values to 0..C-1.
-        classes, y = np.unique(y_raw, return_inverse=True)
-        num_classes = len(classes)
-        if num_classes > MAX_CLASSES:
-            raise DatasetError(f"{source}: {num_classes} distinct labels; at most {MAX_CLASSES} classes are supported")
-    if len(np.unique(y)) < 2:
-        raise DatasetError(f"{source}: need at least 2 classes, found {len(np.unique(y))}")
+    y, num_classes = class_indices(y_raw, source)
     return LabeledData(x.contiguous(), torch.as_tensor(y.astype(np.int64)), num_classes)
 
 

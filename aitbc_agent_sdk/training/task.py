@@ -25,6 +25,7 @@ and on each provider, in the sandboxed training process (``build_model``, ``batc
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -93,6 +94,11 @@ class TrainingTask:
         for start in range(0, len(data), batch_size):
             idx = order[start : start + batch_size]
             yield features[idx], labels[idx]
+
+    def steps_per_epoch(self, data: Any, params: TaskParams, batch_size: int) -> int:
+        """How many batches ``batches`` yields per epoch (the scheduler's horizon); a task that draws a fixed
+        number of windows from a token stream says so here."""
+        return math.ceil(len(data) / batch_size)
 
     def loss(self, model: nn.Module, batch: Batch, params: TaskParams) -> torch.Tensor:
         """Mean loss of one batch (the training step's objective, and the result check's)."""

@@ -50,7 +50,7 @@ def train_task(task: TrainingTask, model: nn.Module, data: LabeledData, params: 
     model.to(device)
     generator = torch.Generator().manual_seed(seed)  # own stream: results do not depend on the global RNG
     batch_size = min(config.batch_size, len(data))
-    steps = config.epochs * math.ceil(len(data) / batch_size)
+    steps = config.epochs * task.steps_per_epoch(data, params, batch_size)
     optimizer, scheduler = task.configure_optimizer(model, params, config, steps)
     resumed = task.keep_state and kept_state is not None
     if resumed:
@@ -114,7 +114,10 @@ def evaluate_task(task: TrainingTask, model: nn.Module, data: LabeledData, param
 
 @torch.no_grad()
 def task_loss(task: TrainingTask, model: nn.Module, data: LabeledData, params: TaskParams) -> float:
-    """The task's mean loss over ``data`` in eval mode: how the coordinator checks a result."""
+    """The task's mean loss over ``data`` in eval mode: how the coordinator checks a result (data the SDK
+    cannot batch, a token stream or files, by the task's own ``evaluate``)."""
+    if not isinstance(data, LabeledData):
+        return float(evaluate_task(task, model, data, params)["loss"])
     model.eval()
     device = next(model.parameters()).device
     inputs, targets = data.features.to(device), data.labels.to(device)

@@ -230,6 +230,8 @@ def confirm_spend(preview: SpendPreview, *, yes: bool, dry_run: bool) -> bool:
 
 # -- fault-tolerance and elastic-pool options, shared by `run` and `init` (aggregation: training_options) --
 SparesOption = Annotated[int, typer.Option(min=0, help="spare providers hired to replace failed workers")]
+EncryptOption = Annotated[bool, typer.Option("--encrypt", help=(
+    "store the dataset sealed (AES-256-GCM): IPFS holds ciphertext, hired providers get the key wrapped for them"))]
 HeartbeatOption = Annotated[float, typer.Option(min=0.1, help="seconds of silence before a worker is pinged")]
 TargetThroughputOption = Annotated[Optional[float], typer.Option(
     help="elastic pool: samples/s to keep, above 0 (hire below 70%, release above 130%)")]

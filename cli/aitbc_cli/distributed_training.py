@@ -21,7 +21,7 @@ from . import steps, training_views
 from .common import (
     ConfirmationRequired, DryRunOption, HeartbeatOption, HomeOption, JsonOption, MaxWorkersOption, MinWorkersOption,
     ScaleWindowOption, SparesOption, SpendPreview, TargetThroughputOption, YesOption, confirm_spend,
-    elastic_policy, eth_amount_option, print_json,
+    elastic_policy, eth_amount_option, print_json, EncryptOption,
 )
 from .plot import plot_report
 from .render import LiveTraining
@@ -47,7 +47,7 @@ training_views.register(app)
 @app.command()
 def run(
     dataset: Annotated[str, typer.Option(help="bundled dataset name (digits)")] = "digits",
-    data_path: Annotated[Optional[Path], typer.Option(help=".npz, .pt or .csv file; overrides --dataset")] = None,
+    data_path: Annotated[Optional[Path], typer.Option(help=".npz/.pt/.csv file or a directory (text corpus, CLASS/ image folders, your task's files); overrides --dataset")] = None,
     label_column: Annotated[Optional[str], typer.Option(help="label column of a CSV file")] = None,
     model_type: ModelTypeOption = ModelType.mlp,
     task: TaskOption = None,
@@ -62,6 +62,7 @@ def run(
                                                        "skewed (with --partition dirichlet)")] = 0.5,
     seed: SeedOption = 0,
     spares: SparesOption = 0,
+    encrypt: EncryptOption = False,
     aggregation: AggregationChoiceOption = "fedavg",
     heartbeat_timeout: HeartbeatOption = FAULTS["heartbeat_timeout_s"].default,
     ping_timeout: PingTimeoutOption = FAULTS["ping_timeout_s"].default,
@@ -107,7 +108,7 @@ def run(
     task_choice = flow.TaskChoice(task, flow.parse_task_params(task_param))
     spec = TrainingSpec(model_type=ModelType(model_type).value, target_workers=target_workers, rounds=rounds,
                         partition=getattr(partition, "value", partition), dirichlet_alpha=alpha, seed=seed,
-                        spare_workers=spares, aggregation=getattr(aggregation, "value", aggregation),
+                        spare_workers=spares, encrypt=encrypt, aggregation=getattr(aggregation, "value", aggregation),
                         faults=FaultPolicy(
                             heartbeat_timeout_s=heartbeat_timeout, ping_timeout_s=ping_timeout,
                             first_round_deadline_s=first_round_deadline, assumed_samples_per_s=assumed_samples_per_s,

@@ -16,10 +16,12 @@ from rich.console import Console
 from rich.table import Table
 
 from aitbc_agent_sdk.errors import ConfigError
-from aitbc_agent_sdk.models import TaskPolicy
+from aitbc_agent_sdk.models import TaskPolicy, parse_size
 from aitbc_agent_sdk.profile import load_profile
 
-from .common import HomeOption, JsonOption, eth_amount_option, print_json, resolve_home, unlock, wallet_store
+from .common import (
+    HomeOption, JsonOption, cli_parser, eth_amount_option, print_json, resolve_home, unlock, wallet_store,
+)
 from .params import format_eth
 
 app = typer.Typer(help="Run a provider daemon and see its jobs and earnings.", no_args_is_help=True)
@@ -67,6 +69,13 @@ def start(
                                             default_wei=0)] = 0,
     no_sandbox: Annotated[bool, typer.Option(
         "--no-sandbox", help="train jobs without the bwrap sandbox: they can then read this user's files")] = False,
+    cache_dir: Annotated[Optional[Path], typer.Option(
+        metavar="DIR", help="where fetched shards and weights are kept between jobs (default: the provider's "
+                            "directory under --home, providers/ADDRESS/cache)")] = None,
+    cache_size: Annotated[Optional[int], typer.Option(
+        metavar="SIZE", parser=cli_parser(parse_size),
+        help="the most the cache keeps: 20GiB, 500MB or bytes (default 20GiB); least recently used content goes "
+             "first, content a running job uses never")] = None,
     home: HomeOption = None,
 ) -> None:
     """Serve until interrupted: signed offer, heartbeats, jobs in a separate training process.
@@ -88,7 +97,8 @@ def start(
                                    f"(Ctrl-C stops)")
         await serve_provider(root, account, price_wei=price, slots=slots, gpu=gpu.value,
                              stake_wei=stake or None, stop=stop, threads=threads, tasks=policy,
-                             sandbox=None if no_sandbox else TrainingSandbox(hidden_paths=(root,)))
+                             sandbox=None if no_sandbox else TrainingSandbox(hidden_paths=(root,)),
+                             cache_dir=cache_dir, cache_bytes=cache_size)
 
     asyncio.run(serve())
 

@@ -20,7 +20,7 @@ from aitbc_agent_sdk.models import FaultPolicy, JobConfig, TrainingSpec, format_
 from .common import (
     DryRunOption, HeartbeatOption, HomeOption, JsonOption, MaxWorkersOption, MinWorkersOption, ScaleWindowOption,
     SparesOption, SpendPreview, TargetThroughputOption, YesOption, confirm_spend, elastic_policy,
-    eth_amount_option, print_json, resolve_home, unlock,
+    eth_amount_option, print_json, resolve_home, unlock, EncryptOption,
 )
 from .task_options import TaskOption, TaskParamOption
 from .training_options import (
@@ -63,6 +63,7 @@ def init(
     partition: PartitionOption = "iid",
     seed: SeedOption = 0,
     spares: SparesOption = 0,
+    encrypt: EncryptOption = False,
     aggregation: AggregationChoiceOption = "fedavg",
     heartbeat_timeout: HeartbeatOption = FAULTS["heartbeat_timeout_s"].default,
     ping_timeout: PingTimeoutOption = FAULTS["ping_timeout_s"].default,
@@ -88,6 +89,7 @@ def init(
     root = resolve_home(home)
     spec = TrainingSpec(model_type=ModelType(model_type).value, target_workers=target_workers, rounds=rounds,
                         dataset_size=dataset_size, partition=_value(partition), seed=seed, spare_workers=spares,
+                        encrypt=encrypt,
                         aggregation=_value(aggregation), faults=FaultPolicy(
                             heartbeat_timeout_s=heartbeat_timeout, ping_timeout_s=ping_timeout,
                             first_round_deadline_s=first_round_deadline, assumed_samples_per_s=assumed_samples_per_s,
@@ -129,7 +131,7 @@ def _value(choice: Any) -> Any:
 
 def upload_data(
     training_id: TrainingIdOption,
-    data_path: Annotated[Path, typer.Option(help=".npz, .pt or .csv file, or 'digits' (the bundled set)")],
+    data_path: Annotated[Path, typer.Option(help=".npz/.pt/.csv file, a directory (text corpus, CLASS/ image folders, your task's files), or 'digits'")],
     label_column: Annotated[Optional[str], typer.Option(help="label column of a CSV file")] = None,
     home: HomeOption = None,
     as_json: JsonOption = False,

@@ -17,9 +17,10 @@ from eth_account import Account
 
 from aitbc_agent_sdk.models import JobAssignment
 from aitbc_agent_sdk.provider.node import EpochReporter, ProviderAgent, TrainOutcome
-from aitbc_agent_sdk.provider.process import CHECKPOINT_FILE, SHARD_FILE, WEIGHTS_FILE
+from aitbc_agent_sdk.provider.process import CHECKPOINT_FILE, WEIGHTS_FILE
 from aitbc_agent_sdk.storage import compute_cid
-from aitbc_agent_sdk.training import decode_data, decode_state, encode_state
+from aitbc_agent_sdk.training import decode_state, encode_state
+from aitbc_agent_sdk.training.shard_files import load_shard
 
 State = dict[str, torch.Tensor]
 
@@ -83,7 +84,7 @@ class RandomProvider(ProviderAgent):
     def _fake_checkpoint(job_dir: Path) -> tuple[int, int]:
         sent = read_state(job_dir / WEIGHTS_FILE)
         write_state(job_dir / CHECKPOINT_FILE, map_floating(sent, lambda _, t: torch.randn_like(t)))
-        shard = decode_data((job_dir / SHARD_FILE).read_bytes())
+        shard = load_shard(job_dir)
         return len(shard), shard.num_classes
 
 

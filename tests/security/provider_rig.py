@@ -31,7 +31,8 @@ from aitbc_agent_sdk.provider.node import ProviderAgent, ProviderConfig
 from aitbc_agent_sdk.provider.daemon import provider_dir
 from aitbc_agent_sdk.provider.onchain import ProviderChain
 from aitbc_agent_sdk.storage.kubo import KuboClient, KuboContentStore
-from aitbc_agent_sdk.training import build_model, encode_data, encode_state, load_dataset, model_spec_for
+from aitbc_agent_sdk.training import build_model, encode_state, load_dataset, model_spec_for
+from aitbc_agent_sdk.coordinator.datasets import store_shard
 
 PRICE = 10**15
 HARDWARE = Hardware(cpu_model="test cpu", cpu_cores=1, ram_bytes=1 << 30)
@@ -103,11 +104,11 @@ class Rig:
         data = load_dataset("digits").subset(list(range(64)))
         spec = model or model_spec_for("mlp", data, hidden=16)
         weights = build_model(spec, seed=0).state_dict() if model is None else {}
-        shard, blob = encode_data(data), encode_state(weights) if weights else b"not used"
+        (shard_cid, shard_bytes), blob = await store_shard(self.store, data), encode_state(weights) if weights else b"not used"
         return JobAssignment.model_construct(
             job_id=job_id or new_id("job"), training_id=training_id, round=1, worker_id=self.provider.address,
-            contract_id=contract_id, shard_cid=await self.store.add(shard), weights_cid=await self.store.add(blob),
-            shard_bytes=len(shard), weights_bytes=len(blob),  # the sizes the provider fetches up to
+            contract_id=contract_id, shard_cid=shard_cid, weights_cid=await self.store.add(blob),
+            shard_bytes=shard_bytes, weights_bytes=len(blob),  # the sizes the provider fetches up to
             model=spec, config=JobConfig(epochs=epochs, batch_size=16), seed=1)
 
     async def watch(self, name: str, topic_filter: str, model: type[BaseModel], exits: AsyncExitStack) -> Feed:

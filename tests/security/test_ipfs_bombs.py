@@ -27,7 +27,8 @@ from aitbc_agent_sdk.models import JobAssignment, JobConfig, new_id
 from aitbc_agent_sdk.storage import DAG_PB, LocalContentStore, cid_from_str, cid_to_str, iter_blocks
 from aitbc_agent_sdk.storage.kubo import KuboClient, KuboContentStore
 from aitbc_agent_sdk.storage.unixfs import cid_bytes, encode_file_node
-from aitbc_agent_sdk.training import encode_data, encode_state
+from aitbc_agent_sdk.coordinator.datasets import store_shard
+from aitbc_agent_sdk.training import encode_state
 from test_provider_agent import TRAINING, open_market
 
 CHUNK = 256 * 1024
@@ -204,7 +205,7 @@ async def test_a_provider_handed_bombs_fails_those_jobs_and_keeps_serving(tmp_pa
         contract = await market.hire(provider)
         weights = encode_state(market.initial_weights())
         weights_cid = await market.store.add(weights)
-        shard_bytes = len(encode_data(market.data))
+        _, shard_bytes = await store_shard(market.store, market.data)
         for bomb, why in ((deep_bomb(), "deep"), (wide_bomb(), "links"), (lying_bomb(), "size")):
             assert await market.store.put_blocks(bomb.blocks) == len(bomb.blocks)
             job = JobAssignment(job_id=new_id("job"), training_id=TRAINING,

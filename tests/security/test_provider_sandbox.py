@@ -68,7 +68,7 @@ attempt("abstract_socket", lambda: unix("\0" + t["abstract"]))
 for name, d in t["outside"].items():
     attempt("write_" + name, lambda d=d: write(os.path.join(d, t["marker"])))
 attempt("write_out", lambda: write(os.path.join(req["out_dir"], "scratch")))
-attempt("write_inputs", lambda: write(os.path.join(req["job_dir"], "shard.safetensors")))
+attempt("write_inputs", lambda: write(os.path.join(req["job_dir"], "shard.json")))
 attempt("memory", lambda: len(bytearray(1 << 30)))
 def fork_bomb():
     r, w = os.pipe(); kids = []
@@ -137,7 +137,7 @@ def _targets(tmp_path: Path, home: Path, services: dict) -> dict:
 def _job_dir(work_dir: Path, name: str) -> Path:
     job_dir = work_dir / "jobs" / name
     job_dir.mkdir(parents=True)
-    for f in ("shard.safetensors", "weights.safetensors"):
+    for f in ("shard.json", "weights.safetensors"):
         (job_dir / f).write_bytes(b"inputs")
     return job_dir
 

@@ -1,0 +1,223 @@
+"""Datasets as directories of files: what a prepared dataset holds and which bytes a shard is.
+
+A dataset manifest and a shard's file slices come from the content store under CIDs a
+stranger may have chosen, so every path is a validated relative path (it names a file
+inside a job directory or a UnixFS directory, never anything outside), every count and
+size is bounded, and slices are checked against the file sizes they cut.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, Field, model_validator
+
+from .. import limits
+from .base import Cid, Record
+
+DATASET_FORMAT = "aitbc-dataset/1"
+MANIFEST_NAME = "aitbc-dataset.json"
+MAX_DATASET_FILES = 200_000  # a manifest of this many entries is ~20 MB of JSON: bounded, still readable
+MAX_SLICES = MAX_DATASET_FILES  # per shard or test split: an image shard lists its files
+MAX_DATASET_BYTES = 1 << 44  # 16 TiB
+_PART = r"[^/\\\x00-\x1f\x7f.][^/\\\x00-\x1f\x7f]{0,254}"  # no separators or control characters
+_PATH = re.compile(rf"^{_PART}(/{_PART}){{0,15}}$")
+
+DatasetKind = Literal["arrays", "images", "tokens", "files"]
+TokenDtype = Literal["uint16", "uint32"]
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+
+
+def _relative_path(value: str) -> str:
+    # No '..', no leading '/', no empty part, no hidden files: a name that stays where it is put. Names
+    # never become paths on a provider (parts are stored by index); they resolve inside the dataset's directory.
+    if not _PATH.fullmatch(value):
+        raise ValueError(f"{value!r} is not a dataset path: relative, <= 16 parts, no hidden or control characters")
+    return value
+
+
+RelPath = Annotated[str, AfterValidator(_relative_path)]
+
+
+class DatasetFile(Record):
+    path: RelPath
+    cid: Cid
+    size: int = Field(ge=0, le=MAX_DATASET_BYTES)
+    label: int | None = Field(default=None, ge=0, lt=limits.MAX_CLASSES, description="images: the class index")
+
+
+class ArrayLayout(Record):
+    """Labelled arrays as two flat files, rows sorted by class: any split is a few row ranges per class."""
+
+    features: RelPath = "x.f32"
+    labels: RelPath = "y.i64"
+    feature_shape: tuple[Annotated[int, Field(ge=1)], ...] = Field(min_length=1, max_length=limits.MAX_INPUT_RANK)
+    num_classes: int = Field(ge=2, le=limits.MAX_CLASSES)
+    class_rows: tuple[Annotated[int, Field(ge=0)], ...] = Field(max_length=limits.MAX_CLASSES,
+                                                                  description="rows of class 0, 1, ... in order")
+
+    @property
+    def rows(self) -> int:
+        return sum(self.class_rows)
+
+    @property
+    def row_bytes(self) -> int:
+        n = 4
+        for dim in self.feature_shape:
+            n *= dim
+        return n
+
+
+class TokenLayout(Record):
+    """A tokenized corpus: flat little-endian token files, documents separated by ``eot``."""
+
+    dtype: TokenDtype = "uint16"
+    vocab_size: int = Field(ge=2, le=1 << 32)
+    eot: int = Field(ge=0, description="the token between documents")
+    tokenizer: Literal["bytes", "bpe"] = "bytes"
+    tokenizer_file: RelPath | None = Field(default=None, description="the trained BPE's tokenizer.json")
+
+    @property
+    def itemsize(self) -> int:
+        return 2 if self.dtype == "uint16" else 4
+
+
+class SealedLayout(Record):
+    """The dataset's files are stored sealed (``storage.sealed``): a shard's slices are plaintext ranges, read by
+    fetching the sealed header and the chunks that cover them; ``DatasetFile.size`` stays the plaintext size."""
+
+    chunk_size: int = Field(ge=4096, le=1 << 26)
+    context: str = Field(default="aitbc-dataset/1", max_length=64, description="prefix of each file's sealing context")
+
+    def file_context(self, path: str) -> bytes:
+        return f"{self.context}\0{path}".encode()
+
+
+class ImageLayout(Record):
+    """Images are decoded by the task's loader: the built-ins resize to ``size`` with ``channels`` channels."""
+
+    size: tuple[Annotated[int, Field(ge=1, le=1024)], Annotated[int, Field(ge=1, le=1024)]] = (32, 32)
+    channels: Literal[1, 3] = 3
+
+
+class DatasetManifest(Record):
+    """The root of a dataset: the directory its files are in (a UnixFS CID, kubo's) and what they are."""
+
+    format: Literal["aitbc-dataset/1"] = DATASET_FORMAT
+    kind: DatasetKind
+    root: Cid = Field(description="the directory of the files, as `ipfs add -r` gives it")
+    files: tuple[DatasetFile, ...] = Field(min_length=1, max_length=MAX_DATASET_FILES)
+    classes: tuple[Annotated[str, Field(max_length=limits.NAME_MAX_LENGTH)], ...] = Field(
+        default=(), max_length=limits.MAX_CLASSES, description="images: the class names, index order")
+    arrays: ArrayLayout | None = None
+    tokens: TokenLayout | None = None
+    images: ImageLayout | None = None
+    sealed: SealedLayout | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DatasetManifest:
+        paths = [f.path for f in self.files]
+        if len(set(paths)) != len(paths):
+            raise ValueError("a dataset lists the same path twice")
+        if (self.kind == "arrays") != (self.arrays is not None) or (self.kind == "tokens") != (self.tokens is not None):
+            raise ValueError(f"a {self.kind} dataset needs exactly its own layout")
+        if self.kind == "images":
+            if self.images is None or len(self.classes) < 2 or any(f.label is None or f.label >= len(self.classes) for f in self.files):
+                raise ValueError("an image dataset needs >= 2 classes and a valid label on every file")
+        if self.arrays is not None:
+            sizes = {f.path: f.size for f in self.files}
+            a = self.arrays
+            if sizes.get(a.features) != a.rows * a.row_bytes or sizes.get(a.labels) != a.rows * 8:
+                raise ValueError("the array files' sizes do not match the rows the layout declares")
+            if len(a.class_rows) != a.num_classes:
+                raise ValueError("class_rows needs one count per class")
+        if self.tokens is not None and any(f.size % self.tokens.itemsize for f in self.files
+                                           if f.path != self.tokens.tokenizer_file):
+            raise ValueError("a token file's size is not a whole number of tokens")
+        return self
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def file(self, path: str) -> DatasetFile:
+        for f in self.files:
+            if f.path == path:
+                return f
+        raise KeyError(path)
+
+
+class FileSlice(Record):
+    """Bytes ``[offset, offset + length)`` of one file of the dataset."""
+
+    path: RelPath
+    cid: Cid
+    offset: int = Field(ge=0, le=MAX_DATASET_BYTES)
+    length: int = Field(ge=1, le=MAX_DATASET_BYTES)
+    file_size: int | None = Field(default=None, ge=1, le=MAX_DATASET_BYTES,
+                                  description="a sealed file's plaintext size: which of its chunks is the last")
+
+    @model_validator(mode="after")
+    def _inside(self) -> FileSlice:
+        if self.file_size is not None and self.offset + self.length > self.file_size:
+            raise ValueError("a slice ends past its file")
+        return self
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.length
+
+
+class DataSlices(Record):
+    """What one shard (or the test split) is: slices of the dataset's files, in order."""
+
+    slices: tuple[FileSlice, ...] = Field(min_length=1, max_length=MAX_SLICES)
+    samples: int = Field(ge=1, description="rows, images or tokens")
+
+    @property
+    def bytes(self) -> int:
+        return sum(s.length for s in self.slices)
+
+    def check_within(self, manifest: DatasetManifest) -> None:
+        """Every slice names a file of ``manifest`` by its CID and stays inside it."""
+        for s in self.slices:
+            try:
+                f = manifest.file(s.path)
+            except KeyError:
+                raise ValueError(f"slice of {s.path!r}, which the dataset does not hold") from None
+            if f.cid != s.cid or s.end > f.size:
+                raise ValueError(f"slice {s.path}[{s.offset}:{s.end}] does not fit the dataset's file")
+
+
+class ShardData(Record):
+    """A shard (or the test split) as a job carries it: the data's kind and layout, and its slices.
+
+    A provider writes slice ``i`` to ``part-{i:06d}`` in its job directory: the names on disk come
+    from the index, never from ``path``, which only tells a task which file a slice came from.
+    """
+
+    kind: DatasetKind
+    data: DataSlices
+    classes: tuple[Annotated[str, Field(max_length=limits.NAME_MAX_LENGTH)], ...] = Field(
+        default=(), max_length=limits.MAX_CLASSES)
+    labels: tuple[Annotated[int, Field(ge=0, lt=limits.MAX_CLASSES)], ...] = Field(
+        default=(), max_length=MAX_SLICES, description="images: each slice's class")
+    arrays: ArrayLayout | None = None
+    tokens: TokenLayout | None = None
+    images: ImageLayout | None = None
+    sealed: SealedLayout | None = None
+    dataset: Cid | None = Field(default=None, description="the dataset's directory: names its key when sealed")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ShardData:
+        if (self.kind == "arrays") != (self.arrays is not None) or (self.kind == "tokens") != (self.tokens is not None):
+            raise ValueError(f"a {self.kind} shard needs exactly its own layout")
+        if self.kind == "images" and (self.images is None or len(self.labels) != len(self.data.slices)
+                                      or any(label >= len(self.classes) for label in self.labels)):
+            raise ValueError("an image shard needs its layout and a valid label per slice")
+        if self.arrays is not None and len(self.data.slices) % 2:
+            raise ValueError("an array shard pairs feature and label slices")
+        if self.sealed is not None and (self.dataset is None or any(s.file_size is None for s in self.data.slices)):
+            raise ValueError("a sealed shard names its dataset and each slice's file size")
+        return self

@@ -1,0 +1,141 @@
+"""What a user brings, made into a dataset directory: which kind it is, what is staged, the manifest. Blocking.
+
+* a ``.npz``/``.pt``/``.csv`` file (or a directory holding just one), or a bundled name: labelled
+  arrays, rewritten once into ``x.f32``/``y.i64`` sorted by class (:mod:`.array_files`);
+* a directory of ``*.txt`` files: a text corpus, tokenized once into token files (:mod:`.corpus`);
+* a directory of ``CLASS/*.png|jpg``: an image folder, stored as it is (no copy, no re-encoding);
+* any other directory: files the user's own task reads, stored as they are.
+
+Staged output goes under ``staging`` and is removed by the caller once imported, so the store
+holds each dataset once. Hidden files are skipped everywhere, as ``ipfs add`` skips them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from aitbc_agent_sdk.errors import DatasetError
+from aitbc_agent_sdk.models.datasets import (
+    IMAGE_SUFFIXES,
+    ArrayLayout,
+    DatasetFile,
+    DatasetKind,
+    DatasetManifest,
+    ImageLayout,
+    SealedLayout,
+    TokenLayout,
+)
+from aitbc_agent_sdk.training.array_files import ARRAY_SUFFIXES, write_class_sorted, write_labeled
+from aitbc_agent_sdk.training.corpus import TEXT_SUFFIXES, tokenize_corpus
+from aitbc_agent_sdk.training.datasets import DATASET_NAMES, LabeledData, load_dataset
+
+
+class PreparedDataset(BaseModel):
+    """What to import and how to describe it; saved beside a staged directory, so a rerun reuses it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: DatasetKind
+    directory: Path  # what is imported into the store
+    staged: bool  # ``directory`` was written here (and is removed after the import)
+    arrays: ArrayLayout | None = None
+    tokens: TokenLayout | None = None
+    images: ImageLayout | None = None
+    classes: tuple[str, ...] = ()
+
+
+def visible_files(root: Path) -> list[Path]:
+    return sorted((p for p in root.rglob("*") if p.is_file()
+                   and not any(part.startswith(".") for part in p.relative_to(root).parts)),
+                  key=lambda p: p.relative_to(root).as_posix())
+
+
+def dataset_kind(source: Path) -> DatasetKind:
+    """The kind of dataset ``source`` is, by its files' names (nothing is read)."""
+    if source.is_file():
+        if source.suffix.lower() not in ARRAY_SUFFIXES:
+            raise DatasetError(f"{source}: unknown extension {source.suffix!r}; use .npz, .pt or .csv, or a directory")
+        return "arrays"
+    if not source.is_dir():
+        raise DatasetError(f"{source}: no such file or directory, and not a bundled dataset {list(DATASET_NAMES)}")
+    files = visible_files(source)
+    if not files:
+        raise DatasetError(f"{source}: the directory holds no (visible) files")
+    suffixes = {p.suffix.lower() for p in files}
+    if len(files) == 1 and files[0].suffix.lower() in ARRAY_SUFFIXES:
+        return "arrays"
+    if suffixes <= set(TEXT_SUFFIXES):
+        return "tokens"
+    depths = {len(p.relative_to(source).parts) for p in files}
+    if suffixes <= set(IMAGE_SUFFIXES) and depths == {2} and len(image_classes(source)) >= 2:
+        return "images"
+    return "files"
+
+
+def image_classes(root: Path) -> tuple[str, ...]:
+    return tuple(sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")))
+
+
+def prepare_dataset(source: str | Path | LabeledData, staging: Path, *, label_column: str | None = None,
+                    kind: DatasetKind | None = None, image_size: tuple[int, int] = (32, 32)) -> PreparedDataset:
+    """Stage (or point at) the directory to import for ``source``."""
+    if isinstance(source, LabeledData) or (isinstance(source, str) and source in DATASET_NAMES):
+        data = source if isinstance(source, LabeledData) else load_dataset(source)
+        layout = write_labeled(data.features.numpy(), data.labels.numpy(), staging)
+        return PreparedDataset(kind="arrays", directory=staging, staged=True, arrays=layout)
+    path = Path(source)
+    found = kind or dataset_kind(path)
+    if found == "arrays":
+        file = path if path.is_file() else visible_files(path)[0]
+        layout = write_class_sorted(file, staging, label_column=label_column)
+        return PreparedDataset(kind="arrays", directory=staging, staged=True, arrays=layout)
+    if not path.is_dir():
+        raise DatasetError(f"{path}: a {found} dataset is a directory")
+    if found == "tokens":
+        layout, _ = tokenize_corpus(path, staging)
+        return PreparedDataset(kind="tokens", directory=staging, staged=True, tokens=layout)
+    if found == "images":
+        return PreparedDataset(kind="images", directory=path, staged=False, images=ImageLayout(size=image_size),
+                               classes=image_classes(path))
+    return PreparedDataset(kind="files", directory=path, staged=False)
+
+
+def build_manifest(prepared: PreparedDataset, root: str, entries: list[tuple[str, str, int]], *,
+                   sealed: SealedLayout | None = None) -> DatasetManifest:
+    """The manifest of the imported directory ``root``, from its files as (path, CID, plaintext size)."""
+    label_of = {name: i for i, name in enumerate(prepared.classes)}
+    files = []
+    for path, cid, size in entries:
+        label = label_of.get(path.split("/", 1)[0]) if prepared.kind == "images" else None
+        files.append(DatasetFile(path=path, cid=cid, size=size, label=label))
+    try:
+        return DatasetManifest(kind=prepared.kind, root=root, files=tuple(files), classes=prepared.classes,
+                               arrays=prepared.arrays, tokens=prepared.tokens, images=prepared.images,
+                               sealed=sealed)
+    except ValueError as exc:
+        raise DatasetError(f"the dataset in {prepared.directory} cannot be described: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class DataShape:
+    """What a model is built for, known from the manifest before any data is read."""
+
+    feature_shape: tuple[int, ...]
+    num_classes: int
+    samples: int
+
+
+def manifest_shape(manifest: DatasetManifest) -> DataShape:
+    if manifest.arrays is not None:
+        a = manifest.arrays
+        return DataShape(tuple(a.feature_shape), a.num_classes, a.rows)
+    if manifest.images is not None:
+        size = manifest.images.size
+        return DataShape((manifest.images.channels, *size), len(manifest.classes), len(manifest.files))
+    if manifest.tokens is not None:
+        item = manifest.tokens.itemsize
+        return DataShape((1,), manifest.tokens.vocab_size, manifest.total_bytes // item)
+    return DataShape((1,), 2, len(manifest.files))

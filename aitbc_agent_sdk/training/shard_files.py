@@ -1,0 +1,165 @@
+"""A shard on disk: ``shard.json`` (its :class:`ShardData`) and one ``part-NNNNNN`` file per slice.
+
+The provider's job directory and the coordinator's test split share this layout, and
+:func:`load_shard` turns it into what a task trains on: :class:`LabeledData` for arrays and
+images (images decoded with Pillow at the layout's size), :class:`TokenData` (memory-mapped,
+nothing read until used) for a token corpus, :class:`DataFiles` for anything else, which the
+user's task reads itself. The bytes come from strangers: every part's size is checked against
+its slice, labels against the classes, features for NaN; image headers are bounded before decoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from aitbc_agent_sdk.errors import DatasetError
+from aitbc_agent_sdk.models.datasets import ShardData
+from aitbc_agent_sdk.training.datasets import LabeledData
+
+SHARD_INFO = "shard.json"
+MAX_IMAGE_PIXELS = 1 << 26  # 64 Mpx: a header that claims more is refused before decoding
+
+
+def part_name(index: int) -> str:
+    return f"part-{index:06d}"
+
+
+@dataclass(frozen=True)
+class TokenData:
+    """A token stream as memory maps of its parts (documents separated by ``eot``)."""
+
+    parts: tuple[np.ndarray, ...]
+    vocab_size: int
+    eot: int
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self.parts)
+
+    @property
+    def feature_shape(self) -> tuple[int, ...]:  # DataInfo: one token in, one of ``vocab_size`` out
+        return (1,)
+
+    @property
+    def num_classes(self) -> int:
+        return self.vocab_size
+
+
+@dataclass(frozen=True)
+class DataFiles:
+    """Files of a dataset the SDK does not interpret: local paths, and the dataset path each came from."""
+
+    paths: tuple[Path, ...]
+    names: tuple[str, ...]
+    feature_shape: tuple[int, ...] = (1,)
+    num_classes: int = 2
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+
+ShardContent = LabeledData | TokenData | DataFiles
+
+
+def first_samples(content: ShardContent, n: int) -> ShardContent:
+    """At most ``n`` samples of labelled data (what a result's validation loss is measured on); a
+    token stream or files whole: the task's ``evaluate`` bounds what it reads of them."""
+    if isinstance(content, LabeledData):
+        return content.subset(np.arange(min(n, len(content))))
+    return content
+
+
+def _parts(directory: Path, shard: ShardData) -> list[Path]:
+    paths = [directory / part_name(i) for i in range(len(shard.data.slices))]
+    for path, piece in zip(paths, shard.data.slices, strict=True):
+        if not path.is_file() or path.stat().st_size != piece.length:
+            raise DatasetError(f"{path.name}: expected {piece.length} bytes of {piece.path}")
+    return paths
+
+
+def _arrays(paths: list[Path], shard: ShardData) -> LabeledData:
+    layout = shard.arrays
+    assert layout is not None
+    half = len(paths) // 2
+    x = np.concatenate([np.fromfile(p, dtype="<f4") for p in paths[:half]]).reshape(-1, *layout.feature_shape)
+    y = np.concatenate([np.fromfile(p, dtype="<i8") for p in paths[half:]])
+    if len(x) != len(y) or len(y) != shard.data.samples:
+        raise DatasetError(f"shard holds {len(x)} rows and {len(y)} labels; it declares {shard.data.samples}")
+    if len(y) and (y.min() < 0 or y.max() >= layout.num_classes):
+        raise DatasetError(f"shard labels fall outside the {layout.num_classes} classes")
+    if not np.isfinite(x).all():
+        raise DatasetError("shard features contain NaN or infinity")
+    return LabeledData(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)), torch.from_numpy(y),
+                       layout.num_classes)
+
+
+def decode_image(path: Path, size: tuple[int, int], channels: int) -> np.ndarray:
+    """One image as float32 [channels, height, width] in [0, 1]."""
+    from PIL import Image, UnidentifiedImageError  # noqa: PLC0415 (only image datasets pay the import)
+
+    try:
+        with Image.open(path) as img:
+            if img.width * img.height > MAX_IMAGE_PIXELS:
+                raise DatasetError(f"{path.name}: {img.width}x{img.height} pixels is above the limit")
+            img.draft("RGB" if channels == 3 else "L", size)  # JPEG: decode at a reduced size
+            pixels = img.convert("RGB" if channels == 3 else "L").resize((size[1], size[0]))
+            arr = np.asarray(pixels, dtype=np.float32) / 255.0
+    except (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError) as exc:
+        raise DatasetError(f"{path.name}: not a readable image ({exc})") from exc
+    return arr.reshape(size[0], size[1], channels).transpose(2, 0, 1)
+
+
+def _images(paths: list[Path], shard: ShardData) -> LabeledData:
+    layout = shard.images
+    assert layout is not None
+    x = np.stack([decode_image(p, layout.size, layout.channels) for p in paths])
+    return LabeledData(torch.from_numpy(x), torch.tensor(shard.labels, dtype=torch.int64), len(shard.classes))
+
+
+def _tokens(paths: list[Path], shard: ShardData) -> TokenData:
+    layout = shard.tokens
+    assert layout is not None
+    dtype = "<u2" if layout.dtype == "uint16" else "<u4"
+    parts = tuple(np.memmap(p, dtype=dtype, mode="r") for p in paths if p.stat().st_size)
+    return TokenData(parts, layout.vocab_size, layout.eot)
+
+
+def load_shard(directory: Path, shard: ShardData | None = None) -> ShardContent:
+    """The shard in ``directory`` (its ``shard.json`` unless ``shard`` is given) as a task trains on it."""
+    if shard is None:
+        try:
+            shard = ShardData.model_validate_json((directory / SHARD_INFO).read_bytes())
+        except (OSError, ValueError) as exc:
+            raise DatasetError(f"{directory}: no valid {SHARD_INFO} ({exc})") from exc
+    return _LOADERS[shard.kind](_parts(directory, shard), shard)
+
+
+def _files(paths: list[Path], shard: ShardData) -> DataFiles:
+    return DataFiles(tuple(paths), tuple(s.path for s in shard.data.slices))
+
+
+_LOADERS = {"arrays": _arrays, "images": _images, "tokens": _tokens, "files": _files}
+
+
+def write_shard(directory: Path, data: LabeledData) -> ShardData:
+    """Labelled data already in memory written as an arrays shard in ``directory`` (a job directory's
+    layout): what a test or a benchmark hands a training process without a content store."""
+    from aitbc_agent_sdk.models.datasets import ArrayLayout, DataSlices, FileSlice  # noqa: PLC0415
+    from aitbc_agent_sdk.storage.unixfs import compute_cid  # noqa: PLC0415
+
+    x = np.ascontiguousarray(data.features.numpy(), dtype="<f4").tobytes()
+    y = np.ascontiguousarray(data.labels.numpy(), dtype="<i8").tobytes()
+    counts = np.bincount(data.labels.numpy(), minlength=data.num_classes)
+    layout = ArrayLayout(feature_shape=data.feature_shape, num_classes=data.num_classes,
+                         class_rows=tuple(int(c) for c in counts))
+    slices = (FileSlice(path=layout.features, cid=compute_cid(x), offset=0, length=len(x)),
+              FileSlice(path=layout.labels, cid=compute_cid(y), offset=0, length=len(y)))
+    shard = ShardData(kind="arrays", data=DataSlices(slices=slices, samples=len(data)), arrays=layout)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / part_name(0)).write_bytes(x)
+    (directory / part_name(1)).write_bytes(y)
+    (directory / SHARD_INFO).write_text(shard.model_dump_json())
+    return shard
