@@ -22,7 +22,7 @@ FULL = {
     "bench_task_path.py": [],
     "bench_flows.py": ["--pairs", "3"],
     "bench_encryption.py": ["--size-mib", "256", "--repeat", "5"],
-    "bench_datasets.py": ["--sizes-mib", "256,1024,4096", "--plot", "bench/datasets_rss.png"],
+    "bench_datasets.py": ["--sizes-mib", "256,1024,4096", "--plot", "docs/datasets_rss.png"],
     "bench_ipfs_fetch.py": ["--mib", "256", "--repeat", "3"],
 }
 

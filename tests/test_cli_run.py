@@ -51,17 +51,22 @@ def test_json_output_is_one_object_with_the_promised_keys(aitbc_cmd, cli_env, ai
                            env=cli_env, capture_output=True, text=True, timeout=120)
     assert audit.returncode == 0, audit.stderr
     log = json.loads(audit.stdout)
-    assert log["ok"] and [e["event"] for e in log["entries"]] == ["escrow_funded"] + ["payment"] * 3 + ["refund"]
+    money = [e["event"] for e in log["entries"] if e["event"] in ("escrow_funded", "payment", "refund")]
+    assert log["ok"] and money == ["escrow_funded"] + ["payment"] * 3 + ["refund"]  # (a busy machine may add a
+    # straggler_detected: with no spare it changes nothing, and it is rightly logged)
     paid = {e["fields"]["worker"]: int(e["fields"]["amount_wei"]) for e in log["entries"] if e["event"] == "payment"}
     assert paid == {w["address"]: int(w["paid_wei"]) for w in report["workers"]}
     # editing a line is detected
     path = aitbc_home / "trainings" / tid / "audit.jsonl"
     lines = path.read_text().splitlines(keepends=True)
-    lines[1] = lines[1].replace(str(report["workers"][0]["paid_wei"]), "1")
+    at = next(i for i, line in enumerate(lines) if '"payment"' in line)
+    edited = lines[at].replace(str(int(json.loads(lines[at])["fields"]["amount_wei"])), "1")
+    assert edited != lines[at]
+    lines[at] = edited
     path.write_text("".join(lines))
     tampered = subprocess.run([*aitbc_cmd, "distributed-training", "audit", "--training-id", tid],
                               env=cli_env, capture_output=True, text=True, timeout=120)
-    assert tampered.returncode == 1 and "chain broken at line 2" in tampered.stdout
+    assert tampered.returncode == 1 and f"chain broken at line {at + 1}" in tampered.stdout
 
 
 def test_a_csv_file_with_a_label_column_trains(aitbc_cmd, cli_env, aitbc_home, tmp_path):

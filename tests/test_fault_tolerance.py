@@ -172,6 +172,7 @@ async def test_a_checkpoint_that_cannot_be_fetched_is_asked_for_again_before_the
     async with Agent(AgentConfig(home=aitbc_home, providers=4)) as agent:
         lossy = await join_market(agent, LossyProvider)
         async with lossy:
+            await warm(lossy)  # cold, it would rightly be a round-1 straggler and lose its slot first
             report = await agent.run_distributed_training(spec(rounds=2))
         assert report.status == TrainingPhase.COMPLETE
         by_address = {w.address: w for w in report.workers}
