@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import json
 import os
-import random
 import shutil
 import tempfile
 import time
@@ -33,21 +32,11 @@ from pathlib import Path
 from aitbc_agent_sdk.storage.local import LocalContentStore
 from aitbc_agent_sdk.storage.sealed import StreamOpener, seal_file, seal_stream
 
+from bench_cid import write_random_file
 from quick import parse_args
 
-_PIECE = 16 * 1024 * 1024
 KEY = bytes(range(32))
 CONTEXT = b"bench/training/shard-0"
-
-
-def write_random_file(path: Path, size: int, seed: int = 1234) -> None:
-    rng = random.Random(seed)
-    with open(path, "wb") as f:
-        left = size
-        while left:
-            n = min(_PIECE, left)
-            f.write(rng.randbytes(n))
-            left -= n
 
 
 async def timed(fn: Callable[[], Awaitable[object]]) -> tuple[float, float]:
