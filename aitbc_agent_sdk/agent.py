@@ -22,13 +22,14 @@ from .coordinator import (
 from .coordinator.liveness import ping
 from .coordinator.lock import training_lock
 from .coordinator.run import Prepared
+from .coordinator.sampling import SampleRequest, sample_text
 from .errors import AitbcError, ConfigError, NotEnoughWorkersError
 from .market import ScoringStrategy, WeightedScore
 from .messaging import SignedChannel
 from .models import (
     AggregateResult, CheckpointRef, EscrowSummary, JobAssignment, JobConfig, Payment, Progress, RoundMetrics,
-    Settlement, Shard, TaskRef, TrainingPhase, TrainingRecord, TrainingReport, TrainingSpec, TrainingStatus, Worker,
-    WorkerContract,
+    SampleResult, Settlement, Shard, TaskRef, TrainingPhase, TrainingRecord, TrainingReport, TrainingSpec,
+    TrainingStatus, Worker, WorkerContract,
 )
 from .stack import Stack, build_stack
 from .training import FedAvg
@@ -252,3 +253,12 @@ class Agent:
     async def verify_checkpoint(self, checkpoint: CheckpointRef) -> bool:
         """Fetched intact by CID, signed by its worker, and shaped like the model with finite values."""
         return await self.coordinator.checkpoint_fits(checkpoint)
+
+    # -- the trained model -------------------------------------------------------------------
+    async def sample_text(self, training_id: str, prompt: str, *, tokens: int = 200, temperature: float = 0.8,
+                          top_k: int | None = 40, seed: int = 0) -> SampleResult:
+        """Text from the training's current language model after ``prompt`` (byte-level tokens, sampled on
+        the CPU; ``temperature`` 0 is greedy). A classifier, or a training with no model yet: NotSampleableError."""
+        c = self.coordinator
+        return await sample_text(c.store, c.data, c.tasks, await c.db.training(training_id),
+                                 SampleRequest(prompt, tokens, temperature, top_k, seed))

@@ -5,7 +5,7 @@
 #      distribute, monitor; escrow paid) with a provider daemon training the built-in mlp and
 #      examples/tasks/resnet_small.py, and the GPU memory its training process took;
 #   3. samples/s of the provider path against a plain PyTorch loop (bench/bench_task_path.py),
-#      bf16 autocast on and off;
+#      bf16 autocast on and off, and tokens/s of the built-in gpt task against nanoGPT's loop;
 #   4. the trusted cluster's BalancedStep under torchrun (NCCL on a GPU, gloo on a CPU) and a
 #      bf16 weights_digest, plus tests/test_cluster_gpu_paths.py.
 # Without a GPU (torch sees no CUDA device) the GPU-only rows say SKIP and everything else runs
@@ -150,8 +150,9 @@ result = json.load(open(sys.argv[1]))
 goal = 0.8 if result["device"] == "cuda" else 0.9
 for name, r in result["tasks"].items():
     pairs, met = r["steady_ratio_of_pairs"], "meets" if r["steady_ratio"] >= goal else "BELOW"
+    unit = r.get("unit", "samples")
     print(f"{r['steady_ratio']:.2f}x|{name} on {result['device']}, bf16 {'on' if r['bf16'] else 'off'}, sandboxed "
-          f"{result['sandboxed']}: provider {r['provider_samples_per_s']['median']:.0f} samples/s, plain loop "
+          f"{result['sandboxed']}: provider {r['provider_samples_per_s']['median']:.0f} {unit}/s, plain loop "
           f"{r['plain_samples_per_s']['median']:.0f} (medians of {result['repeats']}; pairs {pairs['min']:.2f}-"
           f"{pairs['max']:.2f}); first job {r['first_job_ratio']:.2f}x; {met} the goal of {goal:.0%}")
 EOF
@@ -225,12 +226,17 @@ else
 fi
 if ((quick)); then
   check "provider path / plain loop" bench --quick
+  check "gpt: provider / plain (tokens/s)" bench --quick --tasks gpt
 elif [[ $device == cuda ]]; then
   check "provider path / plain loop" bench --samples 16384 --side 32 --width 64 --batch-size 256 --epochs 2 --repeats 3
   check "bf16 off: provider / plain" bench --tasks resnet --no-bf16 --samples 16384 --side 32 --width 64 \
     --batch-size 256 --epochs 2 --repeats 3
+  check "gpt: provider / plain (tokens/s)" bench --tasks gpt --gpt-layers 6 --gpt-heads 6 --gpt-width 384 \
+    --gpt-context 256 --gpt-windows 12800 --batch-size 64 --epochs 2 --repeats 3
 else
   check "provider path / plain loop" bench --samples 1024 --epochs 1 --repeats 3
+  check "gpt: provider / plain (tokens/s)" bench --tasks gpt --gpt-layers 2 --gpt-width 64 --gpt-context 64 \
+    --gpt-windows 256 --epochs 1 --repeats 3
 fi
 [[ $device == cpu ]] && check "bf16 on and off" skip "no GPU: bf16 autocast is used on CUDA only"
 check "BalancedStep under torchrun" balanced_step

@@ -310,7 +310,7 @@ def test_a_task_that_is_neither_builtin_nor_code_is_a_usage_error_with_nothing_l
     done = subprocess.run([*aitbc_cmd, "distributed-training", "run", "--yes", "--task", "nosuch"], env=cli_env,
                           capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert done.returncode == 2, done.stdout + done.stderr
-    assert "--task 'nosuch' is neither a built-in task (mlp, cnn, transformer) nor a .py file" in done.stderr
+    assert "--task 'nosuch' is neither a built-in task (mlp, cnn, transformer, gpt) nor a .py file" in done.stderr
     assert list(tmp_path.iterdir()) == []  # no home (aitbc_home lies in tmp_path), nothing in the working directory
     # the same check, for the other shapes of --task
     (tmp_path / "data.csv").write_text("a,b\n1,2\n")

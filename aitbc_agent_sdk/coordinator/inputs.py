@@ -14,11 +14,13 @@ import torch
 
 from ..errors import NotFoundError
 from ..models import (
-    FaultPolicy, JobAssignment, JobConfig, ModelSpec, Shard, ShardManifest, TrainingRecord, WorkerContract, new_id,
+    FaultPolicy, JobAssignment, JobConfig, ModelSpec, Shard, ShardManifest, TaskRef, TrainingRecord, TrainingSpec,
+    WeightsDelta, WorkerContract, new_id,
 )
 from ..storage import ContentStore
 from ..training import LabeledData, decode_state
 from ..training.bound_task import BoundTask
+from ..training.models import MODEL_NAMES
 from ..training.shard_files import first_samples
 from .datasets import DatasetStore
 from .tasks import TaskCache
@@ -49,6 +51,7 @@ class RoundInputs:
     shards: Mapping[int, Shard]  # slot (shard index) -> the shard it trains this round
     sizes: Mapping[str, int]  # exact bytes of the round's model and shards: a provider fetches no more
     baseline: RoundBaseline
+    holders_of_base: frozenset[str] = frozenset()  # workers that trained last round: they hold its model
 
     @property
     def training_id(self) -> str:
@@ -86,13 +89,16 @@ async def load_round_inputs(db: TrainingStore, store: ContentStore, datasets: Da
     model = task.model_spec(test)
     contracts = tuple(await db.contracts(training_id, "worker"))
     shards = round_shards(manifest, await db.shards(training_id), contracts)
-    sizes = {cid: await store.size(cid) for cid in sorted({record.model_cid, *(s.cid for s in shards.values())})}
+    wanted = {record.model_cid, *(s.cid for s in shards.values()), *([record.model_delta_cid] if record.model_delta_cid
+                                                                     else [])}
+    sizes = {cid: await store.size(cid) for cid in sorted(wanted)}
     reference = decode_state(await store.cat(record.model_cid))
     validation = first_samples(test, record.spec.faults.val_samples)
     start_loss = await asyncio.to_thread(validation_loss, model, reference, validation, task)
     earlier = frozenset(c.cid for c in await db.checkpoints(training_id, None) if c.round <= record.round)
+    holders = frozenset(j.worker_id for j in await db.jobs(training_id, record.round)) if record.round else frozenset()
     return RoundInputs(record, manifest, test, model, task, contracts, shards, sizes,
-                       RoundBaseline(reference, validation, start_loss, earlier))
+                       RoundBaseline(reference, validation, start_loss, earlier), holders)
 
 
 def round_shards(manifest: ShardManifest, stored: Sequence[Shard],
@@ -109,12 +115,25 @@ def round_shards(manifest: ShardManifest, stored: Sequence[Shard],
 
 
 def new_job(record: TrainingRecord, contract: WorkerContract, shard: Shard, model: ModelSpec, config: JobConfig,
-            *, shard_bytes: int, weights_bytes: int) -> JobAssignment:
+            *, shard_bytes: int, weights_bytes: int, delta_bytes: int | None = None) -> JobAssignment:
     """The job for ``contract``'s worker to train ``shard`` from the record's current model (no I/O)."""
     assert record.model_cid is not None  # create_shards stores the round-0 model
     round_ = record.round + 1
+    delta = None
+    if record.model_delta_cid and record.model_base_cid and delta_bytes:
+        delta = WeightsDelta(base_cid=record.model_base_cid, delta_cid=record.model_delta_cid, delta_bytes=delta_bytes,
+                             encoding=record.spec.upload_encoding)
     return JobAssignment(job_id=new_id("job"), training_id=record.training_id, round=round_,
                          worker_id=contract.worker_id, contract_id=contract.contract_id, shard_cid=shard.cid,
                          shard_bytes=shard_bytes, weights_cid=record.model_cid, weights_bytes=weights_bytes,
-                         model=model, config=config, task=record.spec.task,
+                         model=model, config=config.model_copy(update={"rounds": record.spec.rounds}),
+                         task=job_task(record.spec), update_encoding=record.spec.upload_encoding, weights_delta=delta,
                          seed=(record.spec.seed * 7919 + round_ * 104729 + shard.index) % 2**31)
+
+
+def job_task(spec: TrainingSpec) -> TaskRef | None:
+    """The task a job names: the spec's; None for a registry classifier, which its model spec names
+    (with its width); a built-in of another kind (the gpt) by name."""
+    if spec.task is not None or spec.model_type in MODEL_NAMES:
+        return spec.task
+    return TaskRef(name=spec.model_type)

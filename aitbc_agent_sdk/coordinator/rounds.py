@@ -18,13 +18,14 @@ from dataclasses import dataclass, field
 from ..errors import AitbcError, InsufficientFundsError, NotEnoughWorkersError, TrainingError
 from ..messaging import topics
 from ..models import CheckpointRef, JobAssignment, Progress, ResendRequest, Shard, TrainingPhase, WorkerContract
-from ..training import decode_state, encode_state, strategy_for_round
+from ..training import strategy_for_round
 from .deadlines import job_deadline, job_work
 from .health import confirmed_stragglers
 from .inputs import RoundInputs, new_job
 from .liveness import LivenessWatch
 from .logbook import AuditSink
 from .reassign import Reassigner, new_replacement
+from .round_model import decoded, outer_step
 from .service import Coordinator
 from .stats import RoundStats
 from .verification import Inspection, inspect_result, judge_norms, round_median
@@ -78,6 +79,8 @@ class RoundRunner:
         self.median_norm: float | None = None
         self.resends: dict[str, tuple[float, CheckpointRef, Inspection]] = {}  # job -> (deadline, result, verdict)
         self.asked: set[str] = set()  # jobs already asked once to re-send
+        self.decode = decoded(inputs.record.spec.upload_encoding, inputs.baseline.reference)
+        self.bytes_sent = self.bytes_received = 0  # the model out to jobs, results in from workers
 
     # -- the round, top to bottom ----------------------------------------------------------
     async def run(self, timeout: float) -> RoundStats:
@@ -101,9 +104,14 @@ class RoundRunner:
     async def _dispatch(self, slot: ShardSlot, contract: WorkerContract) -> None:
         """Send ``contract``'s worker the slot's job: built from the round's inputs, no reads."""
         inputs = self.inputs
+        delta_cid = inputs.record.model_delta_cid
         job = new_job(inputs.record, contract, slot.shard, inputs.model, inputs.record.spec.job,
-                      shard_bytes=inputs.sizes[slot.shard.cid], weights_bytes=inputs.sizes[inputs.model_cid])
+                      shard_bytes=inputs.sizes[slot.shard.cid], weights_bytes=inputs.sizes[inputs.model_cid],
+                      delta_bytes=inputs.sizes.get(delta_cid) if delta_cid else None)
         await self.c.publish_job(job)
+        # What the worker fetches: the model's change when it holds last round's model, else the model.
+        held = job.weights_delta is not None and contract.worker_id in inputs.holders_of_base
+        self.bytes_sent += job.weights_delta.delta_bytes if held and job.weights_delta else job.weights_bytes
         slot.jobs[job.job_id] = job
         slot.sent_at[job.job_id] = time.monotonic()
 
@@ -155,9 +163,10 @@ class RoundRunner:
         except Exception as exc:  # a timeout, a missing block or a block that fails its hash: same verdict
             why = "not retrievable" if isinstance(exc, TimeoutError) else f"not intact ({exc})"
             return Inspection(ref.job_id, ref.worker_id, ref.cid, f"checkpoint {ref.cid} is {why}", fetched=False)
+        self.bytes_received += len(blob)
         try:
-            state = await asyncio.to_thread(decode_state, blob)
-        except TrainingError as exc:  # intact, but not a safetensors state: a bad result, never a crashed round
+            state = await asyncio.to_thread(self.decode, blob)
+        except TrainingError as exc:  # intact, but not what the job asked for: a bad result, never a crashed round
             return Inspection(ref.job_id, ref.worker_id, ref.cid, f"checkpoint {ref.cid} is malformed: {exc}")
         base = self.baseline
         same_round = {c.cid for c in await self.c.db.checkpoints(self.tid, None)
@@ -368,12 +377,13 @@ class RoundRunner:
             assert slot.winner_ref is not None
             # Weighted by the samples the coordinator put in the shard, not the worker's own claim.
             await self.c.fold(strategy, slot.winner_ref, float(slot.shard.samples),
-                              max_bytes=self.inputs.checkpoint_limit)
+                              max_bytes=self.inputs.checkpoint_limit, decode=self.decode)
             await self.c.db.save_checkpoint(slot.winner_ref, "accepted")
-        model = await asyncio.to_thread(lambda: encode_state(strategy.result()))
+        new = await outer_step(self.c.store, self.inputs.record, self.baseline.reference, strategy)
         seconds = time.monotonic() - self.started
         return RoundStats(
-            model_cid=await self.c.store.add(model), seconds=seconds, samples=sum(s.shard.samples for s in slots),
+            model_cid=new.model_cid, record_update=new.record_update(self.inputs.model_cid), bytes_sent=self.bytes_sent,
+            bytes_received=self.bytes_received, seconds=seconds, samples=sum(s.shard.samples for s in slots),
             slowest_s=max(s.winner_ref.train_seconds for s in slots if s.winner_ref),
             worker_seconds={s.holder: s.finished_s or 0.0 for s in slots},
             worker_samples={s.holder: s.shard.samples for s in slots})

@@ -25,6 +25,7 @@ from .pool import adapt_pool
 from .phases import is_terminal
 from .reassign import hire, reassigner_for
 from .rounds import RoundRunner
+from .tasks import spec_for_dataset
 from .service import Coordinator
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ async def prepare(coordinator: Coordinator, request: RunRequest) -> Prepared:
     dataset_cid, manifest = await coordinator.data.import_dataset(request.dataset, label_column=request.label_column,
                                                                   declared_size=spec.dataset_size,
                                                                   encrypt=spec.encrypt)
+    spec = spec_for_dataset(spec, manifest.kind)  # transformer on a corpus: the language model
     task = await coordinator.tasks.bound(spec)  # an unknown task or bad parameters: fail now
     task.model_spec(manifest_shape(manifest))
     sample = await coordinator.data.load_sample(manifest, spec, REHEARSAL_TOKENS if manifest.kind == "tokens"
@@ -219,7 +221,8 @@ async def _report(coordinator: Coordinator, tid: str, selected: list[Worker], re
     round_reports = tuple(
         RoundReport(round=r.round, accuracy=r.accuracy, loss=r.loss, model_cid=r.model_cid,
                     worker_losses={c.worker_id: c.loss for c in accepted if c.round == r.round},
-                    workers=r.workers, throughput=r.throughput, metrics=r.metrics)
+                    workers=r.workers, throughput=r.throughput, metrics=r.metrics,
+                    bytes_sent=r.bytes_sent, bytes_received=r.bytes_received)
         for r in rounds)
     assert record.model_cid is not None and record.manifest_cid is not None
     return TrainingReport(

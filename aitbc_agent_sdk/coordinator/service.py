@@ -14,43 +14,42 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
 from ..chain.registry import RegistryClient
-from ..errors import ConfigError, MessagingError, NotFoundError, TrainingError
+from ..errors import ConfigError, MessagingError, NotFoundError
 from ..market import (
     ScoringStrategy, collect_offers, meets_min_gpu, rank_workers, reputation_unit,
 )
 from ..market.scoring import rate_worker
 from ..messaging import SignedChannel, topics
 from ..models import (
-    AggregateResult, CheckpointRef, ContractProposal, ContractReply, JobAssignment, JobConfig, ModelSpec, Offer,
+    ContractProposal, ContractReply, JobAssignment, JobConfig, ModelSpec, Offer,
     Progress, RoundMetrics, Shard, ShardManifest, TaskRef, TrainingPhase, TrainingRecord, TrainingSpec,
     TrainingStatus, Worker, WorkerContract, new_id,
 )
-from ..storage import DEFAULT_MAX_BYTES, ContentStore
-from ..training import AggregationStrategy, FedAvg, LabeledData, decode_state, encode_state, sample_weights
+from ..storage import ContentStore
+from ..training import AggregationStrategy, FedAvg, LabeledData, decode_state
 from ..training.dataset_dirs import manifest_shape
 from .datasets import DatasetStore
 from .sealing import JobKeys
-from .inputs import CHECKPOINT_HEADER_SLACK, RoundInputs, load_round_inputs, new_job
+from .inputs import RoundInputs, load_round_inputs, new_job
 from .listener import Observer, TrainingListener
 from .logbook import AuditLogs, audit_path
 from .money import EscrowSteps
 from .phases import check_transition
+from .results import ResultChecks
 from .settings import CoordinatorSettings
 from .settlement import EscrowAccount
 from .sharding import publish_shards
-from .tasks import TaskCache
+from .tasks import TaskCache, spec_for_dataset
 from .stats import RoundStats
 from .store import TrainingStore
-from .verification import checkpoint_problem, result_signer
 
 __all__ = ["Coordinator", "CoordinatorSettings", "audit_path"]  # audit_path: where tests and tools read a log
 ROUND_TIMES_KEPT = 256  # per provider, loaded on start: its adaptive deadline needs recent rounds only
 
 
 @dataclass
-class Coordinator:
+class Coordinator(ResultChecks):
     channel: SignedChannel
     store: ContentStore
     db: TrainingStore
@@ -126,8 +125,9 @@ class Coordinator:
         cid, manifest = await self.data.import_dataset(source, label_column=label_column, progress=progress,
                                                        declared_size=record.spec.dataset_size,
                                                        encrypt=record.spec.encrypt)
-        (await self.tasks.bound(record.spec)).model_spec(manifest_shape(manifest))  # an unknown task fails now
-        await self.db.save_training(record.model_copy(update={"dataset_cid": cid}))
+        spec = spec_for_dataset(record.spec, manifest.kind)
+        (await self.tasks.bound(spec)).model_spec(manifest_shape(manifest))  # an unknown task fails now
+        await self.db.save_training(record.model_copy(update={"dataset_cid": cid, "spec": spec}))
         return cid
 
     async def attach_data(self, training_id: str, data: LabeledData) -> str:
@@ -136,8 +136,10 @@ class Coordinator:
     async def use_dataset(self, training_id: str, dataset_cid: str) -> None:
         """Link a dataset already in the store (by its manifest's CID) to the training."""
         record = await self.db.training(training_id)
-        (await self.tasks.bound(record.spec)).model_spec(manifest_shape(await self.data.manifest(dataset_cid)))
-        await self.db.save_training(record.model_copy(update={"dataset_cid": dataset_cid}))
+        manifest = await self.data.manifest(dataset_cid)
+        spec = spec_for_dataset(record.spec, manifest.kind)
+        (await self.tasks.bound(spec)).model_spec(manifest_shape(manifest))
+        await self.db.save_training(record.model_copy(update={"dataset_cid": dataset_cid, "spec": spec}))
 
     async def manifest(self, training_id: str) -> ShardManifest:
         return await self._manifest_of(await self.db.training(training_id))
@@ -269,87 +271,6 @@ class Coordinator:
         return Progress(job_id=job_id, training_id=job.training_id, worker_id=job.worker_id, round=job.round,
                         status="assigned", epoch=0, epochs=job.config.epochs, progress=0.0)
 
-    async def collect_checkpoint(self, worker_id: str, job_id: str) -> CheckpointRef:
-        """Fetch the job's checkpoint by CID (integrity-checked), check it fits the model, accept it."""
-        found = await self.db.checkpoint(job_id)
-        if found is None or found[0].worker_id != worker_id:
-            raise NotFoundError(f"no result from {worker_id} for job {job_id} yet")
-        ref, status = found
-        if status == "accepted":
-            return ref
-        record = await self.db.training(ref.training_id)
-        assert record.model_cid is not None
-        reference = decode_state(await self.store.cat(record.model_cid))
-        blob = await self.store.cat(ref.cid, max_bytes=await self.checkpoint_limit(ref.training_id))
-        problem = checkpoint_problem(decode_state(blob), reference)
-        if problem is None and await self._signer(ref) != worker_id:
-            problem = "result is not signed by the worker"
-        if problem is not None:
-            await self.db.save_checkpoint(ref, "rejected")
-            await self.logs.note(ref.training_id, "result_rejected", worker=worker_id, job_id=job_id, cid=ref.cid,
-                                 round=ref.round, reason=problem)
-            raise TrainingError(f"checkpoint {ref.cid} from {worker_id} rejected: {problem}")
-        await self.db.save_checkpoint(ref, "accepted")
-        return ref
-
-    async def checkpoint_fits(self, ref: CheckpointRef) -> bool:
-        """True when ``ref`` is fetched intact, signed by its worker and fits the current model."""
-        record = await self.db.training(ref.training_id)
-        assert record.model_cid is not None
-        try:
-            limit = await self.checkpoint_limit(ref.training_id)
-            state = decode_state(await self.store.cat(ref.cid, max_bytes=limit))
-        except Exception:  # missing, corrupt, or not a checkpoint at all
-            return False
-        reference = decode_state(await self.store.cat(record.model_cid))
-        return (checkpoint_problem(state, reference) is None
-                and await self._signer(ref) == ref.worker_id)
-
-    async def _signer(self, ref: CheckpointRef) -> str | None:
-        """Who signed the result's evidence (canonically, for this chain, registry, training and round)."""
-        return result_signer(await self.escrow.evidence_domain(), self.escrow.key(ref.training_id), ref.round,
-                             ref.cid, ref.signature)
-
-    async def checkpoint_limit(self, training_id: str) -> int:
-        """The most a result's checkpoint may hold: it has the current model's tensors, so its size
-        (exact: the coordinator stored that model) plus room for a different safetensors header."""
-        try:
-            model_cid = (await self.db.training(training_id)).model_cid
-        except NotFoundError:  # refs folded outside a stored training (the seed's federated_average)
-            model_cid = None
-        if model_cid is None:
-            return DEFAULT_MAX_BYTES
-        return await self.store.size(model_cid) + CHECKPOINT_HEADER_SLACK
-
-    # -- aggregation -----------------------------------------------------------------------
-    async def federated_average(self, checkpoints: Sequence[CheckpointRef],
-                                weights: Sequence[float] | None = None) -> AggregateResult:
-        """Fold checkpoints one at a time (about two models in memory), store the average."""
-        if not checkpoints:
-            raise ConfigError("no checkpoints to aggregate")
-        weights = list(weights) if weights is not None else sample_weights([c.samples for c in checkpoints])
-        if len(weights) != len(checkpoints):
-            raise ConfigError(f"{len(weights)} weights for {len(checkpoints)} checkpoints")
-        strategy = self.aggregation()
-        strategy.begin()
-        for ref, weight in zip(checkpoints, weights, strict=True):
-            await self.fold(strategy, ref, weight)
-        model = await asyncio.to_thread(lambda: encode_state(strategy.result()))
-        cid = await self.store.add(model)  # the seed uploads ``model`` again: same bytes, same CID
-        total = sum(weights)
-        loss = sum(w * c.loss for c, w in zip(checkpoints, weights, strict=True)) / total if total else None
-        return AggregateResult(model_id=cid, model=model, round=max(c.round for c in checkpoints),
-                               samples=sum(c.samples for c in checkpoints), loss=loss,
-                               contributors=tuple(c.worker_id for c in checkpoints))
-
-    async def fold(self, strategy: AggregationStrategy, ref: CheckpointRef, weight: float, *,
-                   max_bytes: int | None = None) -> None:
-        """Fetch one checkpoint and fold it into ``strategy``; only this one is decoded at a time.
-        ``max_bytes`` defaults to :meth:`checkpoint_limit` (the round loop knows it already)."""
-        limit = max_bytes if max_bytes is not None else await self.checkpoint_limit(ref.training_id)
-        blob = await self.store.cat(ref.cid, max_bytes=limit)
-        await asyncio.to_thread(lambda: strategy.accumulate(decode_state(blob), weight))
-
     async def save_results(self, training_id: str, model_cid: str, metrics: dict[str, object] | None = None,
                            *, stats: RoundStats | None = None, inputs: RoundInputs | None = None) -> RoundMetrics:
         """Evaluate the aggregated model on the held-out test split and close the round."""
@@ -365,9 +286,12 @@ class Coordinator:
             round=round_, accuracy=min(max(result.get("accuracy", 0.0), 0.0), 1.0), loss=result["loss"],
             metrics=result, model_cid=model_cid,
             workers=len(stats.worker_samples) if stats else max(len({j.worker_id for j in jobs}), 1),
-            throughput=stats.throughput if stats else None, round_seconds=stats.seconds if stats else None)
+            throughput=stats.throughput if stats else None, round_seconds=stats.seconds if stats else None,
+            bytes_sent=stats.bytes_sent if stats else None, bytes_received=stats.bytes_received if stats else None)
         await self.db.save_round(training_id, round_metrics)
-        await self.db.save_training(record.model_copy(update={"round": round_, "model_cid": model_cid}))
+        # The model, the outer optimizer's state and the model's change move on together.
+        update: dict[str, object] = {"round": round_, **(stats.record_update if stats else {}), "model_cid": model_cid}
+        await self.db.save_training(record.model_copy(update=update))
         if metrics:
             await self.store.add(json.dumps({"training_id": training_id, "round": round_, **metrics},
                                             sort_keys=True, default=str).encode())

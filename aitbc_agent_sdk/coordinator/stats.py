@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -13,6 +13,9 @@ class RoundStats:
     slowest_s: float  # the slowest winning worker's own training time: the round's compute
     worker_seconds: dict[str, float]  # each final holder's winning job time
     worker_samples: dict[str, int]
+    record_update: dict[str, str | None] = field(default_factory=dict)  # record fields moving with the model
+    bytes_sent: int = 0  # model bytes sent to the round's jobs
+    bytes_received: int = 0  # result bytes fetched from workers
 
     @property
     def throughput(self) -> float:

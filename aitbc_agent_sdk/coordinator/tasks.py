@@ -17,6 +17,17 @@ from ..training.task import TrainingTask
 from ..training.task_package import decode_package, encode_package, load_task, pack_task
 
 
+LANGUAGE_MODEL = "gpt"  # what the seed's --model-type transformer trains on a text corpus
+
+
+def spec_for_dataset(spec: TrainingSpec, kind: str) -> TrainingSpec:
+    """The spec as the data decides it: ``transformer`` on a token corpus is a language model (the gpt
+    task), not the sequence classifier it is on labelled arrays; any other spec is left as it is."""
+    if spec.task is None and spec.model_type == "transformer" and kind == "tokens":
+        return spec.model_copy(update={"task": TaskRef(name=LANGUAGE_MODEL)})
+    return spec
+
+
 class TaskCache:
     def __init__(self, store: ContentStore, root: Path | None) -> None:
         self._store = store

@@ -9,7 +9,7 @@ from pydantic import Field
 from .. import limits
 from .base import Address, Cid, Finite, Id, Record, Text, Wei
 from .tasks import TaskRef
-from .training import JobConfig, ModelSpec, SampleRange
+from .training import JobConfig, ModelSpec, SampleRange, UpdateEncoding
 
 
 class WorkerContract(Record):
@@ -38,6 +38,15 @@ MAX_SHARD_BYTES = 1 << 34  # 16 GiB: the most one job may ask a provider to fetc
 MAX_WEIGHTS_BYTES = 8 * limits.MAX_PARAMETERS + (1 << 20)  # float64 at most, plus the safetensors header
 
 
+class WeightsDelta(Record):
+    """The job's weights as a change from the last round's model, for a provider that holds that model."""
+
+    base_cid: Cid
+    delta_cid: Cid
+    delta_bytes: int = Field(ge=1, le=MAX_WEIGHTS_BYTES)
+    encoding: UpdateEncoding
+
+
 class JobAssignment(Record):
     job_id: Id
     training_id: Id
@@ -55,6 +64,10 @@ class JobAssignment(Record):
     task: TaskRef | None = Field(default=None, description="user code to run; None: the built-in named model.name")
     data_key: str | None = Field(default=None, pattern=r"^[0-9a-f]{2,512}$", description=(
         "a sealed dataset's key, wrapped for this worker's public key (chain.keywrap); None: plaintext"))
+    weights_delta: WeightsDelta | None = Field(default=None, description=(
+        "weights_cid as an encoded change from the last round's model: the rebuilt bytes must hash to weights_cid"))
+    update_encoding: UpdateEncoding = Field(default="weights", description=(
+        "what the result's checkpoint holds: the trained weights, or their change from weights_cid encoded so"))
 
 
 JobStatus = Literal["assigned", "running", "complete", "failed", "cancelled"]

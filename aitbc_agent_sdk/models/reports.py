@@ -31,6 +31,8 @@ class RoundMetrics(Record):
     round_seconds: float | None = Field(default=None, ge=0.0)
     metrics: dict[Annotated[str, Field(max_length=64)], Finite] = Field(
         default_factory=dict, max_length=32, description="every metric the task's evaluate() returned")
+    bytes_sent: int | None = Field(default=None, ge=0, description="model bytes the coordinator sent the round's jobs")
+    bytes_received: int | None = Field(default=None, ge=0, description="result bytes it fetched from workers")
 
 
 class Payment(Record):
@@ -88,6 +90,8 @@ class RoundReport(Record):
     workers: int | None = None
     throughput: float | None = None
     metrics: dict[str, float] = Field(default_factory=dict, description="every metric the task's evaluate() returned")
+    bytes_sent: int | None = None
+    bytes_received: int | None = None
 
 
 class TrainingReport(Record):

@@ -52,9 +52,13 @@ class JobConfig(Record):
     batch_size: int = Field(default=32, ge=1, le=65536)
     learning_rate: float = Field(default=1e-2, gt=0.0, le=10.0)
     epochs: int = Field(default=2, ge=1, le=1000)
+    rounds: int = Field(default=1, ge=1, le=10_000, description=(
+        "rounds a worker's kept optimizer state spans: a keep_state task's schedule runs over rounds x its steps"))
 
 
 Partition = Literal["iid", "dirichlet"]
+OuterName = Literal["fedavg", "diloco"]
+UpdateEncoding = Literal["weights", "float32", "bf16", "int8"]
 AggregationName = Literal["fedavg", "median", "trimmed-mean", "krum", "multi-krum", "norm-clip"]
 
 
@@ -141,11 +145,26 @@ class TrainingSpec(Record):
     dataset_size: ByteSize | None = Field(default=None, description=(
         "the most bytes the dataset may hold (100GB, 512MiB or bytes); a larger upload is refused"))
     aggregation: AggregationName = "fedavg"
+    outer: OuterName = Field(default="fedavg", description=(
+        "fedavg: the new model is the aggregate of the workers'; diloco: the aggregate's change is a "
+        "pseudo-gradient for SGD with Nesterov momentum on the coordinator"))
+    outer_lr: float = Field(default=0.7, gt=0.0, le=10.0, description="diloco: the outer learning rate")
+    outer_momentum: float = Field(default=0.9, ge=0.0, lt=1.0, description="diloco: the outer Nesterov momentum")
+    update_encoding: UpdateEncoding | None = Field(default=None, description=(
+        "what workers upload: their weights, or their change over the round as float32, bf16 or blockwise int8 "
+        "(with error feedback); None: weights under fedavg, float32 under diloco"))
     spare_workers: int = Field(default=0, ge=0, le=64, description="hired but unfunded, to replace failed workers")
     encrypt: bool = Field(default=False, description=(
         "store the dataset sealed (AES-256-GCM) under a key only the coordinator and hired providers hold"))
     faults: FaultPolicy = FaultPolicy()
     elastic: ElasticPolicy | None = None
+
+    @property
+    def upload_encoding(self) -> UpdateEncoding:
+        """What a job's result holds: the spec's choice, else the outer optimizer's natural one."""
+        if self.update_encoding is not None:
+            return self.update_encoding
+        return "float32" if self.outer == "diloco" else "weights"
 
 
 class TrainingRecord(Record):
@@ -158,6 +177,12 @@ class TrainingRecord(Record):
     dataset_cid: Cid | None = None
     manifest_cid: Cid | None = None
     model_cid: Cid | None = None
+    outer_state_cid: Cid | None = Field(default=None, description="diloco: the outer momentum after the last round")
+    model_base_cid: Cid | None = Field(default=None, description="the model before the last round")
+    model_delta_cid: Cid | None = Field(default=None, description=(
+        "model_cid as an encoded change from model_base_cid: what a worker that holds the base fetches instead"))
+    broadcast_residual_cid: Cid | None = Field(default=None, description=(
+        "what encoding the model's change lost so far (the coordinator's error feedback)"))
     escrow_id: str | None = None
     created_at: float = Field(default_factory=time.time)
 

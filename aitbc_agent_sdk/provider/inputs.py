@@ -29,6 +29,7 @@ from ..training.shard_files import part_name
 from .cache import CacheLease, ContentCache
 from .process import SHARD_FILE, WEIGHTS_FILE
 from .tasks import ProviderTasks
+from .weights_delta import rebuilt_weights
 
 __all__ = ["JobInputs", "link_inputs", "read_shard_record"]
 
@@ -115,6 +116,9 @@ class JobInputs:
         not gigabytes in this key-holding daemon.
         """
         leases = self._leases.setdefault(job.job_id, [])
+        rebuilt = await rebuilt_weights(self.cache, self.store, job)  # last round's model + its change
+        if rebuilt is not None:  # in the cache as if fetched: the next round's base
+            leases.append(await self.cache.acquire(rebuilt, job.weights_cid, size=job.weights_bytes))  # type: ignore[arg-type]
         record, weights = await self._acquire_all(
             leases, [(job.shard_cid, 0, None, job.shard_bytes), (job.weights_cid, 0, None, job.weights_bytes)])
         shard = await asyncio.to_thread(read_shard_record, record)
@@ -150,7 +154,9 @@ class JobInputs:
         task.add_done_callback(self._prefetching.discard)
 
     async def _prefetch(self, job: JobAssignment) -> None:
-        self._prefetch_pieces([(job.weights_cid, 0, None, job.weights_bytes)])
+        delta = job.weights_delta
+        if delta is None or self.cache.cached(delta.base_cid) is None:  # else the fetch rebuilds it from the base
+            self._prefetch_pieces([(job.weights_cid, 0, None, job.weights_bytes)])
         try:  # the record says which slices to fetch: it comes first
             with await self.cache.acquire(self.store, job.shard_cid, size=job.shard_bytes) as record:
                 shard = await asyncio.to_thread(read_shard_record, record)

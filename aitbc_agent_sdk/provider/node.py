@@ -383,7 +383,8 @@ class ProviderAgent:
         """Train in the training process on the inputs in ``job_dir``; the checkpoint lands there too."""
         process = self._job_process.get(job.job_id) or self.process
         done = await process.train(job_dir, job_id=job.job_id, model=job.model, config=job.config, seed=job.seed,
-                                   on_epoch=on_epoch, owner=job.training_id, task=job.task)
+                                   on_epoch=on_epoch, owner=job.training_id, task=job.task,
+                                   update_encoding=job.update_encoding)
         return TrainOutcome(checkpoint=job_dir / CHECKPOINT_FILE, samples=int(done["samples"]),
                             loss=float(done["loss"]), seconds=float(done["seconds"]),
                             task_state=done.get("task_state"))

@@ -39,6 +39,8 @@ WEIGHTS_FILE = "weights.safetensors"
 CHECKPOINT_FILE = "checkpoint.safetensors"
 TASK_FILE = "task.json"  # a user task's package, fetched by the provider from its CID
 STATE_FILE = "task_state.safetensors"  # a keep_state task's optimizer state: in from the last round, out for the next
+RESIDUAL_FILE = "residual.safetensors"  # a lossy update encoding's error feedback: kept like the task state
+KEPT_FILES = (STATE_FILE, RESIDUAL_FILE)  # what a worker carries from one round of a training to its next
 
 
 WORKER_LOG = "worker.log"  # what training processes print, in the provider's work directory
@@ -56,10 +58,11 @@ class _JobRequest:
     config: JobConfig
     seed: int
     task: TaskRef | None
+    update_encoding: str = "weights"
 
     def input_files(self, job_dir: Path) -> tuple[str, ...]:
         user_code = self.task is not None and self.task.cid is not None
-        kept = (STATE_FILE,) if (job_dir / STATE_FILE).is_file() else ()
+        kept = tuple(name for name in KEPT_FILES if (job_dir / name).is_file())
         parts = tuple(sorted(p.name for p in job_dir.glob("part-*")))
         return (SHARD_FILE, *parts, WEIGHTS_FILE, *((TASK_FILE,) if user_code else ()), *kept)
 
@@ -67,7 +70,7 @@ class _JobRequest:
         return json.dumps({
             "op": "train", "job_dir": str(job_dir), "out_dir": str(out_dir), "job_id": self.job_id, "seed": self.seed,
             "device": device, "model": self.model.model_dump(mode="json"),
-            "config": self.config.model_dump(mode="json"),
+            "config": self.config.model_dump(mode="json"), "update_encoding": self.update_encoding,
             "task": self.task.model_dump(mode="json") if self.task is not None else None})
 
 
@@ -177,11 +180,11 @@ class TrainingProcess:
 
     async def train(self, job_dir: Path, *, job_id: str, model: ModelSpec, config: JobConfig, seed: int,
                     on_epoch: EpochCallback | None = None, owner: str | None = None,
-                    task: TaskRef | None = None) -> dict[str, Any]:
+                    task: TaskRef | None = None, update_encoding: str = "weights") -> dict[str, Any]:
         """Run one job. ``owner`` (the training id) lets a sandboxed process serve that training's
         next job too; ``None`` gives every job a fresh process. A user ``task``'s package is
         ``job_dir/TASK_FILE``."""
-        request = _JobRequest(job_id, model, config, seed, task)
+        request = _JobRequest(job_id, model, config, seed, task, update_encoding)
         async with self._lock:
             try:
                 if self._sandbox is None:
@@ -217,7 +220,7 @@ class TrainingProcess:
                 await self._await_ready()
                 assert self._box is not None
                 box = self._box
-                for name in (CHECKPOINT_FILE, STATE_FILE):
+                for name in (CHECKPOINT_FILE, *KEPT_FILES):
                     await asyncio.to_thread(clear_output, box / "out", name)
                 await asyncio.to_thread(stage_inputs, job_dir, box / "in", request.input_files(job_dir))
                 done = await within_disk_limits(
@@ -225,9 +228,10 @@ class TrainingProcess:
                     self._sandbox, box / "out", request.job_id)
             await asyncio.to_thread(take_output, box / "out" / CHECKPOINT_FILE, job_dir / CHECKPOINT_FILE,
                                     max_bytes=self._sandbox.file_size_bytes)
-            if done.get("task_state") is not None:
-                await asyncio.to_thread(take_output, box / "out" / STATE_FILE, job_dir / STATE_FILE,
-                                        max_bytes=self._sandbox.file_size_bytes)
+            for name, produced in ((STATE_FILE, done.get("task_state")), (RESIDUAL_FILE, done.get("residual"))):
+                if produced:
+                    await asyncio.to_thread(take_output, box / "out" / name, job_dir / name,
+                                            max_bytes=self._sandbox.file_size_bytes)
         except TimeoutError as exc:
             await self._replace()
             raise TrainingError(f"job {request.job_id} ran past {self._sandbox.job_timeout_s:.0f}s and was killed") from exc

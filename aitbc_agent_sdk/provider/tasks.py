@@ -22,7 +22,7 @@ from ..models import MAX_TASK_BYTES, JobAssignment, TaskPackage, TaskPolicy, Tas
 from ..storage import ContentStore, fetch_timeout_s
 from ..training.task_package import decode_package, missing_requirements
 from .jobs import write_file
-from .process import STATE_FILE, TASK_FILE
+from .process import KEPT_FILES, TASK_FILE
 
 PACKAGES_KEPT = 16  # fetched task packages kept in memory, by CID
 SWEEP_READ_S = 10.0  # one chain read of the sweep
@@ -56,19 +56,22 @@ class ProviderTasks:
         if job.task is not None and job.task.cid is not None:
             blob = await self._fetch(job.task.cid)
             await asyncio.to_thread(write_file, job_dir / TASK_FILE, blob)
-        kept = self._state_path(job)
-        if kept.is_file():
-            await asyncio.to_thread(shutil.copyfile, kept, job_dir / STATE_FILE)
+        for name in KEPT_FILES:
+            kept = self._state_path(job, name)
+            if kept.is_file():
+                await asyncio.to_thread(shutil.copyfile, kept, job_dir / name)
 
     async def keep(self, job: JobAssignment, job_dir: Path) -> None:
-        """Keep the state the job left (a keep_state task's optimizer) for this worker's next round."""
-        produced = job_dir / STATE_FILE
-        if not produced.is_file() or produced.is_symlink():
-            return
-        target = self._state_path(job)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        await asyncio.to_thread(os.replace, produced, target)
-        self._coordinators[job.training_id] = self._coordinator_of(job)
+        """Keep the state the job left (a keep_state task's optimizer, an encoding's error feedback) for this
+        worker's next round."""
+        for name in KEPT_FILES:
+            produced = job_dir / name
+            if not produced.is_file() or produced.is_symlink():
+                continue
+            target = self._state_path(job, name)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            await asyncio.to_thread(os.replace, produced, target)
+            self._coordinators[job.training_id] = self._coordinator_of(job)
 
     async def sweep(self, closed: Callable[[str, str], Awaitable[bool]]) -> None:
         """Drop the kept state of every training the chain shows closed (``closed(training, coordinator)``)."""
@@ -80,8 +83,8 @@ class ProviderTasks:
                     del self._coordinators[training_id]
                     await asyncio.to_thread(shutil.rmtree, id_path(self._states, training_id), True)
 
-    def _state_path(self, job: JobAssignment) -> Path:
-        return id_path(id_path(self._states, job.training_id), job.contract_id) / STATE_FILE
+    def _state_path(self, job: JobAssignment, name: str) -> Path:
+        return id_path(id_path(self._states, job.training_id), job.contract_id) / name
 
     async def _fetch(self, cid: str) -> bytes:
         if cid not in self._packages:

@@ -26,8 +26,9 @@ from ..training.shard_files import load_shard
 from ..training.task import TrainingTask
 from ..training.task_loop import train_task, training_device
 from ..training.task_package import decode_package, load_task
+from ..training.update_codec import decode_residual, encode_residual, encode_update
 
-from .process import CHECKPOINT_FILE, SHARD_FILE, STATE_FILE, TASK_FILE, WEIGHTS_FILE
+from .process import CHECKPOINT_FILE, RESIDUAL_FILE, SHARD_FILE, STATE_FILE, TASK_FILE, WEIGHTS_FILE
 
 LoadedTasks = dict[str, TrainingTask]  # task CID -> the imported task: a process serves one training
 
@@ -63,7 +64,8 @@ def run_job(request: dict[str, Any], loaded: LoadedTasks, emit: Emit) -> dict[st
     task = bind_task(ref, user_task)
     data = load_shard(job_dir)  # shard.json and its parts, checked against each other
     model = task.build(spec, samples=len(data))
-    model.load_state_dict(decode_state((job_dir / WEIGHTS_FILE).read_bytes()), strict=True)
+    reference = decode_state((job_dir / WEIGHTS_FILE).read_bytes())  # the round's start: what an update is from
+    model.load_state_dict(reference, strict=True)
 
     device = training_device(str(request.get("device", "auto")))
 
@@ -77,10 +79,26 @@ def run_job(request: dict[str, Any], loaded: LoadedTasks, emit: Emit) -> dict[st
     if result.task_state is not None:
         (out_dir / STATE_FILE).write_bytes(result.task_state)
     state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
-    (out_dir / CHECKPOINT_FILE).write_bytes(encode_state(state, {"job_id": str(request.get("job_id", ""))}))
+    residual = write_checkpoint(state, reference, job_dir, out_dir, request)
     kept_as = None if result.task_state is None else ("resumed" if result.resumed else "fresh")
     return {"event": "done", "samples": result.samples, "loss": result.loss, "seconds": result.seconds,
-            "task_state": kept_as}
+            "task_state": kept_as, "residual": residual}
+
+
+def write_checkpoint(state: dict[str, torch.Tensor], reference: dict[str, torch.Tensor], job_dir: Path,
+                     out_dir: Path, request: dict[str, Any]) -> bool:
+    """The result as the job asked for it: the weights, or their change encoded, with the error the
+    last round's lossy encoding left folded in. True when an error is kept for the next round."""
+    encoding = str(request.get("update_encoding", "weights"))
+    kept = job_dir / RESIDUAL_FILE
+    residual = decode_residual(kept.read_bytes(), reference) if kept.is_file() else None
+    blob, left = encode_update(state, reference, encoding, residual=residual,  # type: ignore[arg-type]
+                               metadata={"job_id": str(request.get("job_id", ""))})
+    (out_dir / CHECKPOINT_FILE).write_bytes(blob)
+    if left is None:
+        return False
+    (out_dir / RESIDUAL_FILE).write_bytes(encode_residual(left))
+    return True
 
 
 def gpu_figures(device: torch.device) -> dict[str, Any]:

@@ -7,7 +7,7 @@ initialises, scores and checks a model, so a built-in and a user's task take the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from pydantic import ValidationError
@@ -16,10 +16,10 @@ from torch import nn
 from aitbc_agent_sdk import limits
 from aitbc_agent_sdk.errors import ConfigError, TrainingError, UnknownModelError
 from aitbc_agent_sdk.models import JobConfig, ModelSpec, TaskRef, TrainingSpec
-from aitbc_agent_sdk.training.builtin_tasks import BUILTIN_TASKS, ClassifierParams
+from aitbc_agent_sdk.training.builtin_tasks import BUILTIN_TASKS, ClassifierParams, RegistryClassifier
 from aitbc_agent_sdk.training.checkpoint import decode_state, encode_state
 from aitbc_agent_sdk.training.datasets import LabeledData
-from aitbc_agent_sdk.training.models import MODEL_NAMES, model_spec_for
+from aitbc_agent_sdk.training.models import model_spec_for
 from aitbc_agent_sdk.training.task import DataInfo, TaskParams, TrainingTask
 from aitbc_agent_sdk.training.task_loop import evaluate_task, task_loss, train_task
 
@@ -34,8 +34,9 @@ class BoundTask:
     params: TaskParams
 
     def model_spec(self, data: LabeledData) -> ModelSpec:
-        """The data's shape as jobs carry it (and, for a built-in, its registry model)."""
-        if self.ref.builtin:
+        """The data's shape as jobs carry it (and, for a registry classifier, its model); another task
+        (a user's, or the built-in gpt) builds its own model, so its spec carries only the shape."""
+        if isinstance(self.task, RegistryClassifier):
             assert isinstance(self.params, ClassifierParams)
             return model_spec_for(self.ref.name, data, hidden=self.params.hidden)
         try:
@@ -80,13 +81,14 @@ class BoundTask:
         """Every step of the task once, on a few samples, before anything is funded: a bug in the
         task's code is a usage error now, not a failed (and paid) round."""
         small = data.subset(torch.arange(min(samples, len(data)))) if isinstance(data, LabeledData) else data
+        trial = replace(self, params=self.task.rehearsal_params(self.params))  # e.g. a stream task draws fewer windows
         try:
-            state = decode_state(self.initial_state(small, seed))
-            model = self.loaded(self.model_spec(small), state)
-            train_task(self.task, model, small, self.params, config.model_copy(update={"epochs": 1}), seed=seed,
+            state = decode_state(trial.initial_state(small, seed))
+            model = trial.loaded(trial.model_spec(small), state)
+            train_task(self.task, model, small, trial.params, config.model_copy(update={"epochs": 1}), seed=seed,
                        device=torch.device("cpu"))
-            self.validation_loss(self.model_spec(small), model.state_dict(), small)
-            evaluate_task(self.task, model, small, self.params)
+            trial.validation_loss(trial.model_spec(small), model.state_dict(), small)
+            evaluate_task(self.task, model, small, trial.params)
         except Exception as exc:  # the user's code: any failure is theirs to fix, with its message
             raise ConfigError(f"task {self.ref.name!r} failed a dry run on {len(small)} samples: "
                               f"{type(exc).__name__}: {exc}") from exc
@@ -97,7 +99,7 @@ def task_ref_of(spec: TrainingSpec) -> TaskRef:
     if spec.task is not None:
         return spec.task
     if spec.model_type not in BUILTIN_TASKS:
-        raise UnknownModelError(f"unknown model {spec.model_type!r}; valid models are {list(MODEL_NAMES)}")
+        raise UnknownModelError(f"unknown model {spec.model_type!r}; valid models are {list(BUILTIN_TASKS)}")
     return TaskRef(name=spec.model_type)
 
 
@@ -110,7 +112,7 @@ def bind_task(ref: TaskRef, user_task: TrainingTask | None = None) -> BoundTask:
     """``ref`` with its parameters validated; a user task's code must be loaded already (``user_task``)."""
     if ref.builtin:
         if ref.name not in BUILTIN_TASKS:
-            raise UnknownModelError(f"unknown task {ref.name!r}; built-in tasks are {list(MODEL_NAMES)}")
+            raise UnknownModelError(f"unknown task {ref.name!r}; built-in tasks are {list(BUILTIN_TASKS)}")
         task: TrainingTask = BUILTIN_TASKS[ref.name]
     elif user_task is None:
         raise TrainingError(f"task {ref.name!r} ({ref.cid}) is not loaded")

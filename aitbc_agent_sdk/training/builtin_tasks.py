@@ -1,6 +1,7 @@
-"""The built-in tasks: the registry's classifiers (``mlp``, ``cnn``, ``transformer``) on the task interface.
+"""The built-in tasks: the registry's classifiers (``mlp``, ``cnn``, ``transformer``) on the task interface,
+and the ``gpt`` language model (:mod:`~aitbc_agent_sdk.training.gpt_task`) for token datasets.
 
-They train exactly as before the interface existed: Adam at the job's learning rate,
+The classifiers train exactly as before the interface existed: Adam at the job's learning rate,
 cross-entropy on integer labels, the seeded shuffle, input normalisation fitted to the training
 split on the coordinator. ``--model-type`` and ``--task NAME`` pick among them.
 """
@@ -13,6 +14,7 @@ from torch import nn
 from aitbc_agent_sdk import limits
 from aitbc_agent_sdk.models import ModelSpec
 from aitbc_agent_sdk.training.datasets import LabeledData
+from aitbc_agent_sdk.training.gpt_task import GptTask
 from aitbc_agent_sdk.training.models import MODEL_NAMES, build_model, fit_normalization
 from aitbc_agent_sdk.training.task import DataInfo, TaskParams, TrainingTask
 
@@ -42,4 +44,5 @@ class RegistryClassifier(TrainingTask):
         fit_normalization(model, train)
 
 
-BUILTIN_TASKS: dict[str, RegistryClassifier] = {name: RegistryClassifier(name) for name in MODEL_NAMES}
+BUILTIN_TASKS: dict[str, TrainingTask] = {**{name: RegistryClassifier(name) for name in MODEL_NAMES},
+                                          GptTask.name: GptTask()}

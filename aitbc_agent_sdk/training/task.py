@@ -80,6 +80,11 @@ class TrainingTask:
         """``raw`` (from the spec or the wire) validated against ``Params``."""
         return self.Params.model_validate(raw or {})
 
+    def rehearsal_params(self, params: TaskParams) -> TaskParams:
+        """The parameters of the dry run before funding (every step once, on the coordinator's CPU): a task
+        whose epoch is a fixed number of draws from a stream shrinks them here. The default: ``params``."""
+        return params
+
     def build_model(self, info: DataInfo, params: TaskParams) -> nn.Module:
         raise NotImplementedError(f"{type(self).__name__} must define build_model(info, params)")
 

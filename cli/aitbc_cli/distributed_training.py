@@ -17,7 +17,7 @@ from aitbc_agent_sdk.config import AgentConfig
 from aitbc_agent_sdk.errors import ConfigError
 from aitbc_agent_sdk.models import FaultPolicy, JobConfig, TrainingReport, TrainingSpec
 
-from . import steps, training_views
+from . import sample, steps, training_views
 from .common import (
     ConfirmationRequired, DryRunOption, HeartbeatOption, HomeOption, JsonOption, MaxWorkersOption, MinWorkersOption,
     ScaleWindowOption, SparesOption, SpendPreview, TargetThroughputOption, YesOption, confirm_spend,
@@ -28,7 +28,8 @@ from .render import LiveTraining
 from .report_view import report_tables
 from .task_options import TaskOption, TaskParamOption
 from .training_options import (
-    FAULTS, JOB, AggregationChoiceOption, AssumedSpeedOption, BatchSizeOption, EpochsOption, FetchTimeoutOption,
+    FAULTS, JOB, SPEC, AggregationChoiceOption, AssumedSpeedOption, OuterLrOption, OuterMomentumOption, OuterOption,
+    UpdateEncodingOption, BatchSizeOption, EpochsOption, FetchTimeoutOption,
     FirstRoundDeadlineOption, LrOption, MinDeadlineOption, MinGpuOption, MinRoundTimeoutOption, ModelType,
     ModelTypeOption, PartitionOption, PingTimeoutOption, PlotOption, ResendTimeoutOption, RoundsOption,
     RoundTimeoutOption, SeedOption, TargetWorkersOption,
@@ -42,6 +43,7 @@ app = typer.Typer(help="Coordinate federated training across GPU providers: `run
                        "list, logs, monitor, stop and resume manage what runs.", no_args_is_help=True)
 steps.register(app)
 training_views.register(app)
+sample.register(app)
 
 
 @app.command()
@@ -64,6 +66,10 @@ def run(
     spares: SparesOption = 0,
     encrypt: EncryptOption = False,
     aggregation: AggregationChoiceOption = "fedavg",
+    outer: OuterOption = "fedavg",
+    outer_lr: OuterLrOption = SPEC["outer_lr"].default,
+    outer_momentum: OuterMomentumOption = SPEC["outer_momentum"].default,
+    update_encoding: UpdateEncodingOption = None,
     heartbeat_timeout: HeartbeatOption = FAULTS["heartbeat_timeout_s"].default,
     ping_timeout: PingTimeoutOption = FAULTS["ping_timeout_s"].default,
     first_round_deadline: FirstRoundDeadlineOption = FAULTS["first_round_deadline_s"].default,
@@ -95,8 +101,8 @@ def run(
     Example: aitbc distributed-training run --dataset digits --target-workers 4 --rounds 5 --yes --plot curves.png
     """
     # Long because: typer declares every option in the signature; the body is some 40 lines.
-    if data_path is not None and not data_path.is_file():
-        raise ConfigError(f"dataset file not found: {data_path}")
+    if data_path is not None and not data_path.exists():
+        raise ConfigError(f"dataset not found: {data_path}")
     if plot is not None:
         check_writable_png(plot)  # before anything is paid, not after
     if not (yes or dry_run) and not sys.stdin.isatty():
@@ -108,7 +114,9 @@ def run(
     task_choice = flow.TaskChoice(task, flow.parse_task_params(task_param))
     spec = TrainingSpec(model_type=ModelType(model_type).value, target_workers=target_workers, rounds=rounds,
                         partition=getattr(partition, "value", partition), dirichlet_alpha=alpha, seed=seed,
-                        spare_workers=spares, encrypt=encrypt, aggregation=getattr(aggregation, "value", aggregation),
+                        spare_workers=spares, encrypt=encrypt, outer=getattr(outer, "value", outer), outer_lr=outer_lr, outer_momentum=outer_momentum,
+                        update_encoding=getattr(update_encoding, "value", update_encoding),
+                        aggregation=getattr(aggregation, "value", aggregation),
                         faults=FaultPolicy(
                             heartbeat_timeout_s=heartbeat_timeout, ping_timeout_s=ping_timeout,
                             first_round_deadline_s=first_round_deadline, assumed_samples_per_s=assumed_samples_per_s,

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
+from typing import Any
 
 from aitbc_agent_sdk import TrainingReport
 from aitbc_agent_sdk.errors import ConfigError
+
+from .report_view import is_classifier, metric_text, task_metric_names
+
+BYTE_UNITS = (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("bytes", 1))
 
 
 class PlotPathError(ConfigError):
@@ -39,39 +45,80 @@ def plot_report(report: TrainingReport, path: Path) -> None:
 
 
 def _plot(report: TrainingReport, path: Path) -> None:
-    # Long because: one figure, its two or three panels laid out in order.
     import matplotlib
 
     matplotlib.use("Agg")  # no display here, and none needed
     import matplotlib.pyplot as plt
 
-    rounds = [r.round for r in report.rounds]
-    elastic = len({r.workers for r in report.rounds}) > 1
-    fig, axes = plt.subplots(1, 3 if elastic else 2, figsize=(16 if elastic else 11, 4.2))
-    acc_ax, loss_ax = axes[0], axes[1]
-    acc_ax.plot(rounds, [r.accuracy for r in report.rounds], marker="o", color="tab:green")
-    acc_ax.set(title="Test accuracy of the global model", xlabel="round", ylabel="accuracy")
-    acc_ax.grid(alpha=0.3)
-    loss_ax.plot(rounds, [r.loss for r in report.rounds], marker="o", color="black", linewidth=2, label="global (test)")
-    for worker in report.workers:
-        losses = [r.worker_losses.get(worker.address) for r in report.rounds]
-        loss_ax.plot(rounds, losses, marker=".", linestyle="--", alpha=0.7,
-                     label=f"worker {worker.address[:8]} (train)")
-    loss_ax.set(title="Loss per round", xlabel="round", ylabel="cross-entropy")
-    loss_ax.grid(alpha=0.3)
-    loss_ax.legend(fontsize=7)
-    if elastic:  # the pool changed size: show why (throughput) and what (pool size)
-        pool_ax = axes[2]
-        pool_ax.plot(rounds, [r.throughput or 0 for r in report.rounds], marker="o", color="tab:blue")
-        pool_ax.set(title="Throughput and pool size", xlabel="round", ylabel="samples/s")
-        size_ax = pool_ax.twinx()
-        size_ax.step(rounds, [r.workers or 0 for r in report.rounds], where="mid", color="tab:orange")
-        size_ax.set_ylabel("workers", color="tab:orange")
-        pool_ax.grid(alpha=0.3)
-    for ax in axes:
+    rounds = list(report.rounds)
+    panels = [_score_panel, _loss_panel]
+    if any(r.bytes_sent is not None or r.bytes_received is not None for r in rounds):
+        panels.append(_bytes_panel)
+    if len({r.workers for r in rounds}) > 1:  # the pool changed size: show why (throughput) and what (pool size)
+        panels.append(_pool_panel)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
+    for panel, ax in zip(panels, axes[0], strict=True):
+        panel(ax, report)
         ax.xaxis.get_major_locator().set_params(integer=True)
-    fig.suptitle(f"{report.training_id}: final accuracy {report.final_accuracy:.4f}")
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"{report.training_id}: {_final_text(report)}")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _final_text(report: TrainingReport) -> str:
+    if is_classifier(report.rounds):
+        return f"final accuracy {report.final_accuracy:.4f}"
+    last = report.rounds[-1]
+    metrics = "".join(f", {n} {metric_text(last.metrics[n])}" for n in task_metric_names(report.rounds)[:1]
+                      if n in last.metrics)
+    return f"final validation loss {last.loss:.4f}{metrics}"
+
+
+def _score_panel(ax: Any, report: TrainingReport) -> None:
+    """A classifier's test accuracy; a task without one (a language model): its own metric."""
+    rounds = [r.round for r in report.rounds]
+    names = task_metric_names(report.rounds)
+    if is_classifier(report.rounds) or not names:
+        ax.plot(rounds, [r.accuracy for r in report.rounds], marker="o", color="tab:green")
+        ax.set(title="Test accuracy of the global model", xlabel="round", ylabel="accuracy")
+        return
+    name = names[0]
+    ax.plot(rounds, [r.metrics.get(name, math.nan) for r in report.rounds], marker="o", color="tab:green")
+    ax.set(title=f"Validation {name} of the global model", xlabel="round", ylabel=name)
+
+
+def _loss_panel(ax: Any, report: TrainingReport) -> None:
+    rounds = [r.round for r in report.rounds]
+    ax.plot(rounds, [r.loss for r in report.rounds], marker="o", color="black", linewidth=2,
+            label="global (validation)")
+    for worker in report.workers:
+        losses = [r.worker_losses.get(worker.address) for r in report.rounds]
+        ax.plot(rounds, losses, marker=".", linestyle="--", alpha=0.7, label=f"worker {worker.address[:8]} (train)")
+    ax.set(title="Loss per round", xlabel="round", ylabel="cross-entropy")
+    ax.legend(fontsize=7)
+
+
+def _bytes_panel(ax: Any, report: TrainingReport) -> None:
+    """Model bytes the coordinator sent the round's jobs and fetched back from the workers."""
+    rounds = [r.round for r in report.rounds]
+    biggest = max(max(r.bytes_sent or 0, r.bytes_received or 0) for r in report.rounds)
+    unit, factor = next(((u, f) for u, f in BYTE_UNITS if biggest >= f), BYTE_UNITS[-1])
+    width = 0.4
+    ax.bar([x - width / 2 for x in rounds], [(r.bytes_sent or 0) / factor for r in report.rounds], width,
+           label="sent", color="tab:blue")
+    ax.bar([x + width / 2 for x in rounds], [(r.bytes_received or 0) / factor for r in report.rounds], width,
+           label="received", color="tab:orange")
+    ax.set(title="Model bytes per round", xlabel="round", ylabel=unit)
+    ax.legend(fontsize=7)
+
+
+def _pool_panel(ax: Any, report: TrainingReport) -> None:
+    rounds = [r.round for r in report.rounds]
+    ax.plot(rounds, [r.throughput or 0 for r in report.rounds], marker="o", color="tab:blue")
+    ax.set(title="Throughput and pool size", xlabel="round", ylabel="samples/s")
+    size_ax = ax.twinx()
+    size_ax.step(rounds, [r.workers or 0 for r in report.rounds], where="mid", color="tab:orange")
+    size_ax.set_ylabel("workers", color="tab:orange")

@@ -8,6 +8,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from aitbc_agent_sdk import Payment, RoundMetrics, TrainingPhase, TrainingSpec
 from aitbc_agent_sdk.models import Progress as JobProgress
 
+from .report_view import bytes_text, is_classifier, metric_text, task_metric_names
+
 WEI_PER_ETH = 10**18
 
 
@@ -17,6 +19,16 @@ def eth(wei: int) -> str:
 
 def short(address: str) -> str:
     return f"{address[:8]}…{address[-4:]}"
+
+
+def round_detail(event: RoundMetrics) -> str:
+    """A finished round in a line: accuracy (a classifier's) or the task's metrics, loss, bytes each way."""
+    parts = [f"accuracy {event.accuracy:.4f}"] if is_classifier([event]) else [
+        f"{name} {metric_text(event.metrics[name])}" for name in task_metric_names([event])]
+    parts.append(f"val loss {event.loss:.4f}")
+    if event.bytes_sent is not None or event.bytes_received is not None:
+        parts.append(f"sent {bytes_text(event.bytes_sent)} received {bytes_text(event.bytes_received)}")
+    return "  ".join(parts)
 
 
 class LiveTraining:
@@ -41,8 +53,7 @@ class LiveTraining:
         if isinstance(event, JobProgress):
             self._worker(event)
         elif isinstance(event, RoundMetrics):
-            self.progress.update(self.rounds, completed=event.round,
-                                 detail=f"accuracy {event.accuracy:.4f}  loss {event.loss:.4f}")
+            self.progress.update(self.rounds, completed=event.round, detail=round_detail(event))
         elif isinstance(event, TrainingPhase):
             self.progress.update(self.rounds, detail=event.value)
         elif isinstance(event, Payment):

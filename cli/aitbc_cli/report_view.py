@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rich import box
@@ -36,11 +37,60 @@ def narrow_table(title: str, *columns: str, right: tuple[str, ...] = ()) -> Tabl
     return table
 
 
+def bytes_text(size: int | None) -> str:
+    """Bytes in binary units (512 B, 3.2 KiB, 41.0 MiB); '-' when not known."""
+    if size is None:
+        return "-"
+    for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= factor:
+            return f"{size / factor:.1f} {unit}"
+    return f"{size} B"
+
+
+def metric_text(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.4f}" if abs(value) < 100 else f"{value:,.1f}"
+
+
+def is_classifier(rounds: Sequence[Any]) -> bool:
+    """Whether the rounds' accuracy means something: the task reported it (rounds saved before tasks
+    reported their metrics have none, and were all classifiers)."""
+    return any("accuracy" in r.metrics for r in rounds) or not any(r.metrics for r in rounds)
+
+
+def task_metric_names(rounds: Sequence[Any], at_most: int = 1) -> list[str]:
+    """The task's own metrics (perplexity, bits per byte ...), in the order it reported them; the first is
+    its headline one (the built-ins and the examples report it first), and one fits an 80-column table."""
+    names: list[str] = []
+    for r in rounds:
+        names += [n for n in r.metrics if n not in ("loss", "accuracy") and n not in names]
+    return names[:at_most]
+
+
+RoundColumn = tuple[str, Callable[[Any], str]]
+
+
+def round_columns(rounds: Sequence[Any]) -> list[RoundColumn]:
+    """What a round shows (a RoundMetrics or a RoundReport): accuracy for a classifier only, the validation
+    loss, the task's own metrics, and the model bytes sent and received once the coordinator counted them."""
+    columns: list[RoundColumn] = []
+    if is_classifier(rounds):
+        columns.append(("accuracy", lambda r: f"{r.accuracy:.4f}"))
+    columns.append(("val loss", lambda r: f"{r.loss:.4f}"))
+    columns += [(name, lambda r, n=name: metric_text(r.metrics.get(n))) for name in task_metric_names(rounds)]
+    if any(r.bytes_sent is not None or r.bytes_received is not None for r in rounds):
+        columns += [("sent", lambda r: bytes_text(r.bytes_sent)), ("received", lambda r: bytes_text(r.bytes_received))]
+    return columns
+
+
 def report_tables(report: TrainingReport) -> list[Any]:
-    rounds = narrow_table(f"Training {report.training_id}", "round", "accuracy", "loss", "workers", "model CID",
-                          right=("round", "accuracy", "loss", "workers"))
+    measures = round_columns(report.rounds)
+    names = [name for name, _ in measures]
+    rounds = narrow_table(f"Training {report.training_id}", "round", *names, "workers", "model CID",
+                          right=("round", *names, "workers"))
     for r in report.rounds:
-        rounds.add_row(str(r.round), f"{r.accuracy:.4f}", f"{r.loss:.4f}", str(r.workers or "-"),
+        rounds.add_row(str(r.round), *(cell(r) for _, cell in measures), str(r.workers or "-"),
                        short(r.model_cid, 8, 6))
 
     workers = narrow_table("Workers", "worker", "hardware", "samples", "rounds", "ETH/round", "paid ETH", "paid in",

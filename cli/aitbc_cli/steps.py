@@ -24,7 +24,8 @@ from .common import (
 )
 from .task_options import TaskOption, TaskParamOption
 from .training_options import (
-    FAULTS, JOB, AggregationChoiceOption, AssumedSpeedOption, BatchSizeOption, EpochsOption, FetchTimeoutOption,
+    FAULTS, JOB, SPEC, AggregationChoiceOption, AssumedSpeedOption, OuterLrOption, OuterMomentumOption, OuterOption,
+    UpdateEncodingOption, BatchSizeOption, EpochsOption, FetchTimeoutOption,
     FirstRoundDeadlineOption, LrOption, MinDeadlineOption, MinGpuOption, MinRoundTimeoutOption, ModelType,
     ModelTypeOption, PartitionOption, PingTimeoutOption, ResendTimeoutOption, RoundsOption, RoundTimeoutOption,
     SeedOption, Strategy, TrainingIdArgument, TrainingIdOption,
@@ -65,6 +66,10 @@ def init(
     spares: SparesOption = 0,
     encrypt: EncryptOption = False,
     aggregation: AggregationChoiceOption = "fedavg",
+    outer: OuterOption = "fedavg",
+    outer_lr: OuterLrOption = SPEC["outer_lr"].default,
+    outer_momentum: OuterMomentumOption = SPEC["outer_momentum"].default,
+    update_encoding: UpdateEncodingOption = None,
     heartbeat_timeout: HeartbeatOption = FAULTS["heartbeat_timeout_s"].default,
     ping_timeout: PingTimeoutOption = FAULTS["ping_timeout_s"].default,
     first_round_deadline: FirstRoundDeadlineOption = FAULTS["first_round_deadline_s"].default,
@@ -90,6 +95,8 @@ def init(
     spec = TrainingSpec(model_type=ModelType(model_type).value, target_workers=target_workers, rounds=rounds,
                         dataset_size=dataset_size, partition=_value(partition), seed=seed, spare_workers=spares,
                         encrypt=encrypt,
+                        outer=getattr(outer, "value", outer), outer_lr=outer_lr, outer_momentum=outer_momentum,
+                        update_encoding=getattr(update_encoding, "value", update_encoding),
                         aggregation=_value(aggregation), faults=FaultPolicy(
                             heartbeat_timeout_s=heartbeat_timeout, ping_timeout_s=ping_timeout,
                             first_round_deadline_s=first_round_deadline, assumed_samples_per_s=assumed_samples_per_s,

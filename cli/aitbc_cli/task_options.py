@@ -8,7 +8,7 @@ import typer
 
 TaskOption = Annotated[Optional[str], typer.Option(
     "--task", metavar="NAME|FILE.py|DIR",
-    help="the training task: a built-in (mlp, cnn, transformer; the same as --model-type) or your own "
+    help="the training task: a built-in (mlp, cnn, transformer, or gpt: a language model for a text corpus) or your own "
          "TrainingTask code, packed into the store and run sandboxed by providers that accept it")]
 TaskParamOption = Annotated[Optional[list[str]], typer.Option(
     "--task-param", metavar="KEY=VALUE",

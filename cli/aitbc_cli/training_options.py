@@ -9,7 +9,7 @@ from typing import Annotated, Optional, get_args
 
 import typer
 
-from aitbc_agent_sdk.models import AggregationName, FaultPolicy, JobConfig, Partition
+from aitbc_agent_sdk.models import AggregationName, FaultPolicy, JobConfig, OuterName, Partition, TrainingSpec, UpdateEncoding
 
 JOB = JobConfig.model_fields  # the tuned defaults: one place, shared with the assistant
 
@@ -23,6 +23,8 @@ class ModelType(str, Enum):
 
 
 PartitionChoice = Enum("PartitionChoice", {v: v for v in get_args(Partition)}, type=str)  # type: ignore[misc]
+OuterChoice = Enum("OuterChoice", {v: v for v in get_args(OuterName)}, type=str)  # type: ignore[misc]
+EncodingChoice = Enum("EncodingChoice", {v: v for v in get_args(UpdateEncoding)}, type=str)  # type: ignore[misc]
 AggregationChoice = Enum("AggregationChoice", {v: v for v in get_args(AggregationName)}, type=str)  # type: ignore[misc]
 
 
@@ -54,6 +56,18 @@ SeedOption = Annotated[int, typer.Option("--seed", help="seed of the data split 
 AggregationChoiceOption = Annotated[AggregationChoice, typer.Option(  # type: ignore[valid-type]
     "--aggregation", help="how updates are combined; median, trimmed-mean, krum, multi-krum and norm-clip "
                           "resist dishonest workers")]
+SPEC = TrainingSpec.model_fields
+OuterOption = Annotated[OuterChoice, typer.Option(  # type: ignore[valid-type]
+    "--outer", help="the outer optimizer: fedavg (the model is the workers' average) or diloco (the average change "
+                    "is a pseudo-gradient for Nesterov SGD; workers keep their inner optimizer across rounds)")]
+OuterLrOption = Annotated[float, typer.Option(
+    "--outer-lr", min=0.001, max=10.0, help="diloco's outer learning rate")]
+OuterMomentumOption = Annotated[float, typer.Option(
+    "--outer-momentum", min=0.0, max=0.999, help="diloco's outer Nesterov momentum")]
+UpdateEncodingOption = Annotated[Optional[EncodingChoice], typer.Option(  # type: ignore[valid-type]
+    "--update-encoding", help="what workers upload: weights, or their change as float32, bf16 or blockwise int8 "
+                              "(error feedback kept on the provider) [default: weights under fedavg, float32 "
+                              "under diloco]")]
 TrainingIdOption = Annotated[str, typer.Option("--training-id", metavar="ID", help="the training (training_...)")]
 TrainingIdArgument = Annotated[str, typer.Argument(metavar="TRAINING_ID", help="the training (training_...)")]
 MinGpuOption = Annotated[Optional[str], typer.Option(

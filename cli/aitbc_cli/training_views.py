@@ -19,7 +19,7 @@ from aitbc_agent_sdk.errors import ConfigError
 from aitbc_agent_sdk.profile import training_dir
 
 from .common import ExitCode, HomeOption, JsonOption, print_json, resolve_home
-from .report_view import narrow_table, short
+from .report_view import narrow_table, round_columns, short
 from .training_options import TrainingIdArgument, TrainingIdOption
 
 
@@ -74,7 +74,9 @@ def monitor(
     home: HomeOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Each worker's progress, epoch, loss, throughput and status, and each round's accuracy.
+    """Each worker's progress, epoch, loss, throughput and status; each round's validation loss and model bytes.
+
+    A round shows the task's own metrics with its validation loss (accuracy for a classifier, perplexity for a language model) and the model bytes the coordinator sent to its jobs and received back.
 
     Example: aitbc distributed-training monitor --training-id training_... --follow
     """
@@ -180,11 +182,13 @@ def render_snapshot(snap: Snapshot) -> Group:
                         f"{w.progress:.0f}%", f"{w.loss:.4f}" if w.loss is not None else "-",
                         f"{w.samples_per_s:,.0f}" if w.samples_per_s else "-", flow.eth_text(w.paid_wei))
     target = f", target {snap.target_throughput:,.0f} samples/s" if snap.target_throughput else ""
-    rounds = narrow_table(f"per round{target}", "round", "accuracy", "loss", "pool", "throughput", "vs target",
-                          right=("round", "accuracy", "loss", "pool", "throughput", "vs target"))
+    measures = round_columns(snap.round_metrics)
+    names = [name for name, _ in measures]
+    rounds = narrow_table(f"per round{target}", "round", *names, "pool", "throughput", "vs target",
+                          right=("round", *names, "pool", "throughput", "vs target"))
     for r in snap.round_metrics:
         ratio = f"{r.throughput / snap.target_throughput:.0%}" if r.throughput and snap.target_throughput else "-"
-        rounds.add_row(str(r.round), f"{r.accuracy:.4f}", f"{r.loss:.4f}", str(r.workers),
+        rounds.add_row(str(r.round), *(cell(r) for _, cell in measures), str(r.workers),
                        f"{r.throughput:,.0f}/s" if r.throughput else "-", ratio)
     parts: list[Any] = [workers, rounds]
     if snap.events:

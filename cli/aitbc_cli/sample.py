@@ -1,0 +1,62 @@
+"""``aitbc distributed-training sample``: text from a training's language model."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from aitbc_agent_sdk.models import MAX_SAMPLE_TOKENS, SampleResult
+
+from .common import HomeOption, JsonOption, print_json, resolve_home
+from .training_options import TrainingIdOption
+
+
+def sample(
+    training_id: TrainingIdOption,
+    prompt: Annotated[str, typer.Option("--prompt", help="the text the model continues (byte-level tokens; "
+                                                         "empty: start a new document)")],
+    tokens: Annotated[int, typer.Option("--tokens", min=1, max=MAX_SAMPLE_TOKENS,
+                                        help="how many tokens (bytes of text) to generate")] = 200,
+    temperature: Annotated[float, typer.Option("--temperature", min=0.0, max=10.0,
+                                               help="sampling temperature; 0 always takes the likeliest token")] = 0.8,
+    top_k: Annotated[int, typer.Option("--top-k", min=0,
+                                       help="sample among the k likeliest tokens; 0: among all of them")] = 40,
+    seed: Annotated[int, typer.Option("--seed", help="seed of the sampling: the same seed gives the same text")] = 0,
+    home: HomeOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Print text from a training's language model: its current global model continues the prompt.
+
+    The training must be a language model (the gpt task on a text corpus) with at least one round done; the model is fetched from the home's content store and sampled on this machine's CPU.
+
+    Example: aitbc distributed-training sample --training-id training_... --prompt "def main(" --tokens 120
+    """
+    from aitbc_agent_sdk.flow.sampling import sample_training
+
+    result = asyncio.run(sample_training(resolve_home(home), training_id, prompt, tokens=tokens,
+                                         temperature=temperature, top_k=top_k or None, seed=seed))
+    if as_json:
+        print_json(result.model_dump(mode="json"))
+        return
+    Console().print(sample_text(result))
+
+
+def printable(text: str) -> str:
+    """Control characters other than newline and tab shown as escapes: a model's bytes never drive the terminal."""
+    return "".join(ch if ch in "\n\t" or ch.isprintable() else ch.encode("unicode_escape").decode() for ch in text)
+
+
+def sample_text(result: SampleResult) -> Text:
+    """The prompt dimmed, the model's continuation, and where it came from."""
+    text = Text(printable(result.prompt), style="dim")
+    text.append(printable(result.text))
+    text.append(f"\n\n{result.tokens} tokens from {result.model_cid} after round {result.round}", style="dim italic")
+    return text
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(sample)
