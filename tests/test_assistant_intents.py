@@ -206,6 +206,17 @@ CASES: list[tuple[str, list[str], dict[str, dict[str, object]]]] = [
     ("what's left in wallet dev", ["wallet_balance"], {"wallet_balance": {"wallet": "dev"}}),
     ("set up a new mlp training with 2 workers", ["training_init"],
      {"training_init": {"model_type": "mlp", "target_workers": 2}}),
+    # language models (issue 17): a GPT on a text corpus, not an mlp on an upload the loader rejects
+    ("train a GPT on my text corpus ./wiki", MARKET_TRAIN,
+     {"training_init": {"task": "gpt", "outer": "diloco"}, "upload_data": {"data_path": "./wiki", "text_corpus": True}}),
+    ("rent 4 workers to train a language model on ./books with int8 updates", MARKET_TRAIN,
+     {"training_init": {"task": "gpt", "update_encoding": "int8", "target_workers": 4},
+      "upload_data": {"data_path": "./books"}}),
+    ("set up a new GPT training with 2 workers", ["training_init"],
+     {"training_init": {"task": "gpt", "target_workers": 2}}),
+    ("upload my text corpus ./wiki to training_3f9a0c2b7d1e4a55", ["upload_data"],
+     {"upload_data": {"data_path": "./wiki", "text_corpus": True, "training_id": TID}}),
+    ("how is my GPT doing?", ["monitor"], {}),
 ]
 
 NOT_UNDERSTOOD = ["tell me a joke", "what's the weather in Paris?", "hello there", "", "asdf qwerty",

@@ -10,8 +10,11 @@ from pathlib import Path
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
 from aitbc_agent_sdk.assistant.audit import assistant_log_path
+from aitbc_agent_sdk.assistant.market_tools import InitArgs, training_spec
+from aitbc_agent_sdk.assistant.planner import plan_request
 from aitbc_agent_sdk.assistant.tools import REGISTRY
 from aitbc_agent_sdk.audit import read_log, verify_log
+from aitbc_agent_sdk.models import TaskRef
 
 TID = "training_0123456789abcdef"
 
@@ -19,6 +22,11 @@ TID = "training_0123456789abcdef"
 def server(home: Path) -> StdioServerParameters:
     return StdioServerParameters(command=sys.executable, args=["-m", "aitbc_cli.app", "mcp", "serve"],
                                  env={"AITBC_HOME": str(home)})
+
+
+def choices(prop: dict) -> set[str]:  # type: ignore[type-arg]
+    """The enum of an optional Literal argument's JSON schema."""
+    return {v for option in prop.get("anyOf", [prop]) for v in option.get("enum", [])}
 
 
 async def test_mcp_round_trip(tmp_path: Path) -> None:
@@ -57,6 +65,24 @@ async def test_mcp_round_trip(tmp_path: Path) -> None:
 
         bad = await session.call_tool("cluster_balance", {"global_batch": -1})
         assert bad.is_error and bad.structured_content["status"] == "invalid"
+
+        # a language model: the choices are in the schema, and a call builds what the chat plans
+        init = listed["training_init"].input_schema["properties"]
+        assert {"gpt", "mlp"} <= choices(init["task"]) and choices(init["outer"]) == {"fedavg", "diloco"}
+        assert choices(init["update_encoding"]) == {"weights", "float32", "bf16", "int8"}
+        assert init["task_params"]["type"] == "object"
+        assert "text_corpus" in listed["upload_data"].input_schema["properties"]
+        gpt = await session.call_tool("training_init", {"task": "gpt", "task_params": {"layers": 2}, "outer": "diloco",
+                                                        "update_encoding": "int8", "dry_run": True})
+        assert not gpt.is_error and gpt.structured_content["status"] == "dry-run"
+        spec = training_spec(InitArgs.model_validate(gpt.structured_content["arguments"]))
+        planned = plan_request("train a 2-layer GPT on my text corpus ./wiki with int8 updates").steps[0]
+        assert spec == training_spec(InitArgs.model_validate(planned.arguments))
+        assert spec.task == TaskRef(name="gpt", params={"layers": 2}) and spec.upload_encoding == "int8"
+        missing = await session.call_tool("upload_data", {"data_path": str(tmp_path / "wiki"), "text_corpus": True,
+                                                          "dry_run": True})
+        assert missing.is_error and missing.structured_content["status"] == "invalid"
+        assert "wiki: no such directory" in missing.structured_content["error"]
 
     # what ran is in the audit trail with the request that caused it; the dry run left nothing
     log = read_log(assistant_log_path(home))

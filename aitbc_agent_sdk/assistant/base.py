@@ -84,6 +84,9 @@ class Tool:
     effect: Effect
     handler: Handler
     example: str  # one plain-words request that leads here, for "what can you do"
+    # A quick local check of the arguments (reads local files, changes nothing), run with the validation
+    # before any step of a plan, so a plan that cannot work stops before it creates or spends anything.
+    preflight: Callable[[Any], None] | None = None
 
     @property
     def gated(self) -> bool:

@@ -1,8 +1,8 @@
 """Running plans and single tool calls: validation, the confirmation gate, dry runs, the audit trail.
 
-Order for a plan: every step is validated before anything runs; a dry run stops there;
-if any step is gated (spends money, changes hosts, stops work) the person confirms the
-whole plan once, and "no" runs nothing, not even the ungated steps; then the steps run
+Order for a plan: every step is validated (and its tool's preflight run) before anything runs;
+a dry run stops there; if any step is gated (spends money, changes hosts, stops work) the
+person confirms the whole plan once, and "no" runs nothing, not even the ungated steps; then the steps run
 in order and the first failure skips the rest. ``trace`` lists every handler actually
 invoked, so tests and callers can see what ran without mocking the SDK.
 """
@@ -114,8 +114,13 @@ class Executor:
         tool = self.registry.get(name)
         try:
             args = tool.validate(arguments)
+            if tool.preflight is not None:
+                tool.preflight(args)
         except ToolArgumentError as exc:
             return StepOutcome(name, dict(arguments), "invalid", tool.effect, error=str(exc))
+        except AitbcError as exc:  # the preflight's answer: what is wrong with the arguments, in plain words
+            return StepOutcome(name, args.model_dump(mode="json"), "invalid", tool.effect,
+                               error=self.secrets.text(str(exc)))
         return StepOutcome(name, args.model_dump(mode="json"), "skipped", tool.effect)
 
     # -- internals ---------------------------------------------------------------------------

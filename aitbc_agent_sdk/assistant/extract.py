@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 from decimal import Decimal
 
+from .lm_request import LmRequest, read_language_model
 from .text import raw_words
 
 TRAINING_ID = re.compile(r"\btraining_[A-Za-z0-9]+\b")
@@ -88,6 +89,7 @@ class Entities:
     cluster: str | None = None
     wallet: str | None = None
     dataset: str | None = None
+    lm: LmRequest = field(default_factory=LmRequest)  # lm.task is set when a language model is asked for
 
     @property
     def source(self) -> str | None:
@@ -136,10 +138,11 @@ def extract(text: str) -> Entities:
     masked = _sub(NFS_SOURCE, "znfs", masked, nfs)
     masked = _sub(LOCAL_PATH, "zpath", masked, paths, 1)
     masked = _sub(DATA_FILE, "zpath", masked, paths)
+    lm, masked = read_language_model(masked)
     ent = Entities(masked="", training_id=ids[0] if ids else None, s3=s3[0] if s3 else None,
                    script_args=script_args, ipfs=cids[0] if cids else None,
                    checkpoint_dir=checkpoint.group(1).rstrip(".,;:") if checkpoint else None,
-                   nfs=nfs[0] if nfs else None, paths=[p for p in paths if p not in ("", "/")])
+                   nfs=nfs[0] if nfs else None, paths=[p for p in paths if p not in ("", "/")], lm=lm)
     gpu = GPU_MODEL.search(masked)
     if gpu:
         ent.gpu_model = gpu_name(gpu)

@@ -1,7 +1,8 @@
 """From understood intents to a plan: tool steps with the arguments the request gave (pure).
 
 Only what the request said goes into the arguments; everything else is the tool's
-default, shown by the tool itself. A step that works on "the" training and names none
+default, shown by the tool itself (one exception: a language model gets DiLoCo unless the
+request asks for FedAvg, and the reply says so). A step that works on "the" training and names none
 works on the training an earlier step of the same plan created (or, alone, the newest).
 """
 
@@ -63,6 +64,24 @@ def _datasets(e: Entities) -> list[str] | None:
     return found or None
 
 
+def _init(e: Entities) -> dict[str, Any]:
+    """training_init's arguments: the classifier named, or the language model asked for and its settings
+    (DiLoCo unless FedAvg was asked for: a language model over rented links is what it is for)."""
+    common = _given(target_workers=e.worker_count, rounds=e.rounds, epochs=e.epochs, wallet=e.wallet)
+    lm = e.lm
+    if lm.task is None:
+        return {**_given(model_type=e.model_type), **common}
+    return {**_given(task=lm.task, task_params=lm.params or None, outer=lm.outer or "diloco", outer_lr=lm.outer_lr,
+                     outer_momentum=lm.outer_momentum, update_encoding=lm.update_encoding), **common}
+
+
+def _upload(e: Entities, default: str | None) -> dict[str, Any]:
+    """upload_data's arguments; a language model's data must be a text corpus, and none named is no default."""
+    if e.lm.task is None:
+        return _given(data_path=_data(e) or default)
+    return _given(data_path=next(iter(e.paths), None) or e.lm.corpus, text_corpus=True)
+
+
 def cluster_train(e: Entities) -> list[Step]:
     return [Step("cluster_train", _given(hosts=e.host_count, cluster=e.cluster, script=_script(e),
                                          script_args=e.script_args or None, datasets=_datasets(e),
@@ -71,9 +90,8 @@ def cluster_train(e: Entities) -> list[Step]:
 
 def market_train(e: Entities) -> list[Step]:
     count = e.worker_count
-    return [Step("training_init", _given(model_type=e.model_type, target_workers=count, rounds=e.rounds,
-                                         epochs=e.epochs, wallet=e.wallet)),
-            Step("upload_data", {"data_path": _data(e) or "digits"}),
+    return [Step("training_init", _init(e)),
+            Step("upload_data", _upload(e, "digits")),
             Step("discover_workers", _given(required_workers=count, min_gpu=e.gpu_model, max_price=_price(e))),
             Step("distribute", {})]
 
@@ -93,9 +111,8 @@ PLANNERS: dict[str, Callable[[Entities], list[Step]]] = {
         training_id=e.training_id, required_workers=e.worker_count, min_gpu=e.gpu_model, max_price=_price(e)))],
     "distribute": lambda e: [Step("distribute", _given(training_id=e.training_id))],
     "resume": lambda e: [Step("resume", _given(training_id=e.training_id))],
-    "training_init": lambda e: [Step("training_init", _given(
-        model_type=e.model_type, target_workers=e.worker_count, rounds=e.rounds, epochs=e.epochs, wallet=e.wallet))],
-    "upload_data": lambda e: [Step("upload_data", _given(training_id=e.training_id, data_path=_data(e)))],
+    "training_init": lambda e: [Step("training_init", _init(e))],
+    "upload_data": lambda e: [Step("upload_data", {**_given(training_id=e.training_id), **_upload(e, None)})],
     "training_status": lambda e: [Step("monitor", _given(training_id=e.training_id))],
     "pay_workers": lambda e: [Step("pay_workers", _given(training_id=e.training_id))],
     "payments": lambda e: [Step("payments", _given(training_id=e.training_id))],

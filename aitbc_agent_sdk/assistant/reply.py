@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pydantic import ValidationError
+
 from .base import EFFECT_WORDS
 from .executor import StepOutcome
+from .market_tools import InitArgs, describe_training
 from .tools import Registry
 
 
@@ -25,8 +28,30 @@ def plan_lines(outcomes: Sequence[StepOutcome]) -> list[str]:
     return lines
 
 
+def what_it_trains(outcomes: Sequence[StepOutcome]) -> str | None:
+    """For a plan that names a task (a GPT, say): what it trains, on which data, with which settings."""
+    init = next((o for o in outcomes if o.tool == "training_init" and o.arguments.get("task")), None)
+    if init is None:
+        return None
+    upload = next((o for o in outcomes if o.tool == "upload_data"), None)
+    data = upload.arguments.get("data_path") if upload is not None else None
+    try:
+        args = InitArgs.model_validate(init.arguments)
+    except ValidationError:
+        return None  # the step's own error says what is wrong
+    stopped = any(o.status in ("invalid", "declined") for o in outcomes)
+    return (f"{'You asked for' if stopped else 'What this trains'}: "
+            f"{describe_training(args, data if data != 'digits' else None)}.")
+
+
 def answer(outcomes: Sequence[StepOutcome]) -> str:
-    """What happened, step by step, in plain words."""
+    """What happened, step by step, in plain words, after what the plan trains when it names a task."""
+    steps = _steps_answer(outcomes)
+    intro = what_it_trains(outcomes)
+    return f"{intro}\n{steps}" if intro else steps
+
+
+def _steps_answer(outcomes: Sequence[StepOutcome]) -> str:
     if outcomes and all(o.status == "declined" for o in outcomes):
         return "Nothing was done: the plan was not confirmed."
     if outcomes and all(o.status == "dry-run" for o in outcomes):

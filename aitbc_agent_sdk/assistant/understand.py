@@ -48,8 +48,10 @@ RULES: tuple[IntentRule, ...] = (
     IntentRule("resume", (("RESUME", "RECOVER", "CRASH"), ("training_id", "COORD")), {
         "RESUME": 2.5, "COORD": 2, "training_id": 2, "TRAIN": 0.5, "RECOVER": 1,
         "NODE": -1.5, "host_name": -2, "PAY_ACT": -3}),
-    IntentRule("market_train", (("TRAIN",), ("MARKET", "price", "gpu_model", "worker_count")), {
+    IntentRule("market_train", (("TRAIN", "language_model"),
+                                ("MARKET", "price", "gpu_model", "worker_count", "language_model")), {
         "TRAIN": 2, "MARKET": 1.5, "price": 1.5, "gpu_model": 1, "worker_count": 1, "HIRE": 1, "model_type": 1,
+        "language_model": 1.5,
         "path": 0.5, "NODE": -1.5, "host_count": -2, "training_id": -3, "STATUS": -1.5, "PAY_ACT": -2,
         "PAYMENT_REC": -1, "MOUNT": -2, "CRASH": -2, "INIT": -2, "WALLET": -0.5}),
     IntentRule("market_offers", (("MARKET", "price", "gpu_model"), ("DETECT", "HIRE", "price", "SHOWISH")), {
@@ -62,15 +64,15 @@ RULES: tuple[IntentRule, ...] = (
     IntentRule("distribute", (("training_id",), ("FUND",)), {
         "training_id": 2, "FUND": 2, "DISTRIBUTE": 1,
         "NODE": -1.5, "host_count": -2, "STATUS": -1, "PAY_ACT": -2, "HIRE": -0.5, "UPLOAD": -1}),
-    IntentRule("training_init", (("INIT",), ("TRAIN", "model_type")), {
-        "INIT": 2, "TRAIN": 1, "model_type": 1, "worker_count": 0.5, "rounds": 0.5,
+    IntentRule("training_init", (("INIT",), ("TRAIN", "model_type", "language_model")), {
+        "INIT": 2, "TRAIN": 1, "model_type": 1, "language_model": 1, "worker_count": 0.5, "rounds": 0.5,
         "price": -1, "training_id": -2, "NODE": -1.5, "host_count": -2, "MOUNT": -2, "BALANCE": -2,
         "PAY_ACT": -2, "STATUS": -1}),
     IntentRule("upload_data", (("UPLOAD",), ("DATA", "path", "dataset")), {
         "UPLOAD": 2.5, "DATA": 1, "path": 1, "training_id": 1,
         "MOUNT": -2, "NODE": -1, "PAY_ACT": -2, "source": -3}),
-    IntentRule("training_status", (("STATUS",), ("TRAIN", "training_id")), {
-        "STATUS": 2, "training_id": 2, "TRAIN": 1,
+    IntentRule("training_status", (("STATUS",), ("TRAIN", "training_id", "language_model")), {
+        "STATUS": 2, "training_id": 2, "TRAIN": 1, "language_model": 1,
         "PAY_ACT": -2, "WALLET": -2, "price": -2, "CRASH": -1, "NODE": -1, "GPU": -1, "MOUNT": -2,
         "PAYMENT_REC": -1}),
     IntentRule("pay_workers", (("PAY_ACT",),), {
@@ -119,6 +121,8 @@ def features_of(ent: Entities, toks: list[str]) -> set[str]:
             found.add(name)
     if ent.paths:
         found.add("path")
+    if ent.lm.task:
+        found.add("language_model")
     if ent.gpu_model:
         found.add("GPU")
     return found
