@@ -37,7 +37,7 @@ LONGEST_FIRST = (
     "test_benchmarks.py", "test_cli_training_admin.py", "test_assistant_chat.py", "test_devnet_flow.py",
     "test_elastic.py", "test_auto_resume.py", "test_scenario_elastic_devnet.py", "test_cli_run.py",
     "test_hostile_tasks.py", "test_user_tasks.py", "test_cli_habits.py", "test_cli_wallet.py",
-    "test_scenario_fault_tolerant.py",
+    "test_scenario_fault_tolerant.py", "test_language_model.py",
 )
 
 
