@@ -95,3 +95,18 @@ def test_a_gpt_trains_below_the_unigram_entropy_with_diloco_and_int8(aitbc_cmd, 
         assert sample["model_cid"] == rounds[-1]["model_cid"] and sample["round"] == 3, sample
     finally:
         subprocess.run([*aitbc_cmd, "devnet", "down"], env=cli_env, capture_output=True, timeout=120)
+
+
+def test_run_takes_a_corpus_directory_and_transformer_on_it_is_the_gpt(aitbc_cmd, cli_env, aitbc_home, tmp_path):
+    stdlib_corpus(tmp_path / "corpus", 100_000)
+    done = subprocess.run([*aitbc_cmd, "distributed-training", "run", "--model-type", "transformer", "--data-path",
+                           str(tmp_path / "corpus"), "--outer", "diloco", "--update-encoding", "bf16",
+                           "--target-workers", "2", "--providers", "2", "--dry-run", "--json"],
+                          env=cli_env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-3000:]
+    plan = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (plan["task"], plan["outer"], plan["update_encoding"]) == ("gpt", "diloco", "bf16")
+    missing = subprocess.run([*aitbc_cmd, "distributed-training", "run", "--task", "gpt", "--data-path",
+                              str(tmp_path / "nowhere"), "--dry-run"], env=cli_env, capture_output=True, text=True,
+                             timeout=120, stdin=subprocess.DEVNULL)
+    assert missing.returncode == 2 and "not found" in missing.stderr, missing.stderr

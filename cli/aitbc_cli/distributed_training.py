@@ -188,17 +188,24 @@ async def _cost(agent: Agent, spec: TrainingSpec, source: str | Path, label_colu
 
 async def _plan(config: AgentConfig, spec: TrainingSpec, task: flow.TaskChoice, source: str | Path,
                 label_column: str | None, min_gpu: str | None, console: Console) -> dict[str, Any]:
+    from aitbc_agent_sdk.coordinator.tasks import spec_for_dataset  # torch: only when a plan is made
+    from aitbc_agent_sdk.training.bound_task import task_ref_of
+
     agent = await _start(config, console)
     try:
         spec = await flow.attach_task(agent, spec, task.source, task.params)
-        cost, (_, selected, spares) = await _cost(agent, spec, source, label_column, min_gpu)
+        cost, (dataset_cid, selected, spares) = await _cost(agent, spec, source, label_column, min_gpu)
+        # What will train: the data decides it (transformer on a corpus is the gpt language model).
+        planned = spec_for_dataset(spec, (await agent.coordinator.data.manifest(dataset_cid)).kind)
     finally:
         await agent.stop()
     spend = SpendPreview("fund the escrow of a new training", tuple(cost.items()))
     confirm_spend(spend, yes=False, dry_run=True)
+    console.print(f"task: {task_ref_of(planned).name}, outer: {planned.outer}, uploads: {planned.upload_encoding}")
     workers = [{"worker_id": w.worker_id, "role": role, "gpu": w.gpu_type, "price_wei": w.price}
                for role, group in (("worker", selected), ("spare", spares)) for w in group]
-    return {"cost": cost.as_json(), "workers": workers, **spend.as_json()}
+    return {"cost": cost.as_json(), "workers": workers, "task": task_ref_of(planned).name, "outer": planned.outer,
+            "update_encoding": planned.upload_encoding, **spend.as_json()}
 
 
 async def _run(config: AgentConfig, spec: TrainingSpec, task: flow.TaskChoice, source: str | Path,
