@@ -14,6 +14,8 @@ from aitbc_agent_sdk.provider.worker_process import run_job
 from aitbc_agent_sdk.storage import compute_cid
 from aitbc_agent_sdk.training import decode_state, encode_state
 from aitbc_agent_sdk.training.shard_files import write_shard
+from aitbc_agent_sdk.training.update_codec import decode_update
+from aitbc_agent_sdk.coordinator.verification import checkpoint_problem
 from aitbc_agent_sdk.models.datasets import ShardData
 from scripts.chaos.byzantine import (
     BEHAVIOURS, SCALE, CidMismatchProvider, ForgedProvider, NanProvider, RandomProvider, ScaledProvider,
@@ -64,6 +66,17 @@ async def test_nan_provider_announces_a_checkpoint_full_of_nan(tmp_path):
     assert set(state) == set(market.initial_weights())
     assert all(t.isnan().all() for t in state.values() if t.is_floating_point())
     assert signer_of(market, result) == provider.address  # a signed bad result: slashable
+
+
+@pytest.mark.parametrize("encoding", ["int8", "float32"])
+async def test_nan_provider_poisons_an_encoded_update_into_weights_the_verification_slashes(tmp_path, encoding):
+    async with open_market(tmp_path) as market:
+        provider, job, result = await run_one_job(market, NanProvider, update_encoding=encoding)
+        blob = await market.store.cat(result.checkpoint_cid)
+    start = market.initial_weights()
+    state = decode_update(blob, start, encoding)  # well-formed in its encoding: not a format error
+    assert "non-finite values" in (checkpoint_problem(state, start) or "")  # the slashable rule of inspect_result
+    assert signer_of(market, result) == provider.address  # signed and provably bad: slashable
 
 
 async def test_scaled_provider_boosts_its_update_a_hundredfold(tmp_path):

@@ -117,13 +117,13 @@ class Market:
 
     async def assign(self, provider: ProviderAgent, contract_id: str, *, round: int = 1,
                      config: JobConfig = JobConfig(epochs=1), weights: dict[str, torch.Tensor] | None = None,
-                     seed: int = 7) -> JobAssignment:
+                     seed: int = 7, update_encoding: str = "weights") -> JobAssignment:
         weights = self.initial_weights() if weights is None else weights
         (shard_cid, shard_bytes), blob = await store_shard(self.store, self.data), encode_state(weights)
         job = JobAssignment(job_id=new_id("job"), training_id=TRAINING, round=round, worker_id=provider.address,
                             contract_id=contract_id, shard_cid=shard_cid, shard_bytes=shard_bytes,
                             weights_cid=await self.store.add(blob), weights_bytes=len(blob), model=self.spec,
-                            config=config, seed=seed)
+                            config=config, seed=seed, update_encoding=update_encoding)
         await self.coordinator.publish(topics.jobs(provider.address), job)
         return job
 

@@ -21,6 +21,7 @@ from aitbc_agent_sdk.provider.process import CHECKPOINT_FILE, WEIGHTS_FILE
 from aitbc_agent_sdk.storage import compute_cid
 from aitbc_agent_sdk.training import decode_state, encode_state
 from aitbc_agent_sdk.training.shard_files import load_shard
+from aitbc_agent_sdk.training.update_codec import decode_update, encode_update
 
 State = dict[str, torch.Tensor]
 
@@ -36,6 +37,18 @@ def write_state(path: Path, state: State) -> None:
     path.write_bytes(encode_state(state))
 
 
+def read_trained(job_dir: Path, job: JobAssignment) -> State:
+    """The weights the job's checkpoint stands for, whatever update encoding the job asked for."""
+    sent = read_state(job_dir / WEIGHTS_FILE)
+    return decode_update((job_dir / CHECKPOINT_FILE).read_bytes(), sent, job.update_encoding)
+
+
+def write_trained(job_dir: Path, job: JobAssignment, state: State) -> None:
+    """``state`` as the job's checkpoint, in the job's update encoding (a cheat the coordinator can decode)."""
+    blob, _ = encode_update(state, read_state(job_dir / WEIGHTS_FILE), job.update_encoding)
+    (job_dir / CHECKPOINT_FILE).write_bytes(blob)
+
+
 def map_floating(state: State, change: Callable[[str, torch.Tensor], torch.Tensor]) -> State:
     """Apply ``change`` to every floating tensor; integer and bool buffers are kept as they are."""
     return {name: change(name, t) if t.is_floating_point() else t for name, t in state.items()}
@@ -46,13 +59,13 @@ class NanProvider(ProviderAgent):
 
     async def train_job(self, job: JobAssignment, job_dir: Path, on_epoch: EpochReporter) -> TrainOutcome:
         outcome = await super().train_job(job, job_dir, on_epoch)
-        await asyncio.to_thread(self._poison, outcome.checkpoint)
+        await asyncio.to_thread(self._poison, job_dir, job)
         return outcome
 
     @staticmethod
-    def _poison(checkpoint: Path) -> None:
-        state = read_state(checkpoint)
-        write_state(checkpoint, map_floating(state, lambda _, t: torch.full_like(t, math.nan)))
+    def _poison(job_dir: Path, job: JobAssignment) -> None:
+        state = read_trained(job_dir, job)
+        write_trained(job_dir, job, map_floating(state, lambda _, t: torch.full_like(t, math.nan)))
 
 
 class ScaledProvider(ProviderAgent):
@@ -60,14 +73,13 @@ class ScaledProvider(ProviderAgent):
 
     async def train_job(self, job: JobAssignment, job_dir: Path, on_epoch: EpochReporter) -> TrainOutcome:
         outcome = await super().train_job(job, job_dir, on_epoch)
-        await asyncio.to_thread(self._boost, job_dir / WEIGHTS_FILE, outcome.checkpoint)
+        await asyncio.to_thread(self._boost, job_dir, job)
         return outcome
 
     @staticmethod
-    def _boost(weights: Path, checkpoint: Path) -> None:
-        sent = read_state(weights)
-        trained = read_state(checkpoint)
-        write_state(checkpoint, map_floating(trained, lambda name, w: sent[name] + SCALE * (w - sent[name])))
+    def _boost(job_dir: Path, job: JobAssignment) -> None:
+        sent, trained = read_state(job_dir / WEIGHTS_FILE), read_trained(job_dir, job)
+        write_trained(job_dir, job, map_floating(trained, lambda name, w: sent[name] + SCALE * (w - sent[name])))
 
 
 class RandomProvider(ProviderAgent):
@@ -75,15 +87,15 @@ class RandomProvider(ProviderAgent):
 
     async def train_job(self, job: JobAssignment, job_dir: Path, on_epoch: EpochReporter) -> TrainOutcome:
         started = time.perf_counter()
-        samples, num_classes = await asyncio.to_thread(self._fake_checkpoint, job_dir)
+        samples, num_classes = await asyncio.to_thread(self._fake_checkpoint, job_dir, job)
         # Report what an honest first epoch might: the loss of a uniform guess.
         return TrainOutcome(checkpoint=job_dir / CHECKPOINT_FILE, samples=samples, loss=math.log(num_classes),
                             seconds=time.perf_counter() - started)
 
     @staticmethod
-    def _fake_checkpoint(job_dir: Path) -> tuple[int, int]:
+    def _fake_checkpoint(job_dir: Path, job: JobAssignment) -> tuple[int, int]:
         sent = read_state(job_dir / WEIGHTS_FILE)
-        write_state(job_dir / CHECKPOINT_FILE, map_floating(sent, lambda _, t: torch.randn_like(t)))
+        write_trained(job_dir, job, map_floating(sent, lambda _, t: torch.randn_like(t)))
         shard = load_shard(job_dir)
         return len(shard), shard.num_classes
 
