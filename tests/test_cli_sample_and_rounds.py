@@ -35,7 +35,7 @@ from aitbc_agent_sdk.training.task import DataInfo
 from aitbc_cli.app import main
 from aitbc_cli.plot import plot_report
 from aitbc_cli.render import round_detail
-from aitbc_cli.report_view import bytes_text, report_tables, round_columns
+from aitbc_cli.report_view import bytes_text, final_text, report_tables, round_columns
 from aitbc_cli.sample import printable
 from aitbc_cli.training_views import render_snapshot
 
@@ -224,3 +224,10 @@ def test_the_report_and_its_plot_carry_bytes_per_round(tmp_path: Path) -> None:
     plot_report(counted, tmp_path / "counted.png")
     plot_report(uncounted, tmp_path / "uncounted.png")
     assert png_width(tmp_path / "counted.png") > 1.4 * png_width(tmp_path / "uncounted.png")
+
+
+def test_the_final_line_names_a_language_models_loss_and_metric_not_a_zero_accuracy() -> None:
+    text = final_text(lm_report([lm_round(1), lm_round(2)]))
+    assert text == "final validation loss 2.3000, perplexity 12.1800", text
+    classifier = lm_report([classifier_round(1)]).model_copy(update={"final_accuracy": 0.91})
+    assert final_text(classifier) == "final accuracy 0.9100"

@@ -25,7 +25,7 @@ from .common import (
 )
 from .plot import plot_report
 from .render import LiveTraining
-from .report_view import report_tables
+from .report_view import final_text, report_tables
 from .task_options import TaskOption, TaskParamOption
 from .training_options import (
     FAULTS, JOB, SPEC, AggregationChoiceOption, AssumedSpeedOption, OuterLrOption, OuterMomentumOption, OuterOption,
@@ -148,7 +148,7 @@ def run(
     out = Console()
     for table in report_tables(report):
         out.print(table)
-    out.print(f"[bold green]complete[/]: final accuracy {report.final_accuracy:.4f}, model {report.model_cid}")
+    out.print(f"[bold green]complete[/]: {final_text(report)}, model {report.model_cid}")
     if plot is not None:
         out.print(f"plot written to {plot}")
 

@@ -10,7 +10,7 @@ from typing import Any
 from aitbc_agent_sdk import TrainingReport
 from aitbc_agent_sdk.errors import ConfigError
 
-from .report_view import is_classifier, metric_text, task_metric_names
+from .report_view import final_text, is_classifier, task_metric_names
 
 BYTE_UNITS = (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("bytes", 1))
 
@@ -61,20 +61,11 @@ def _plot(report: TrainingReport, path: Path) -> None:
         panel(ax, report)
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.grid(alpha=0.3)
-    fig.suptitle(f"{report.training_id}: {_final_text(report)}")
+    fig.suptitle(f"{report.training_id}: {final_text(report)}")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def _final_text(report: TrainingReport) -> str:
-    if is_classifier(report.rounds):
-        return f"final accuracy {report.final_accuracy:.4f}"
-    last = report.rounds[-1]
-    metrics = "".join(f", {n} {metric_text(last.metrics[n])}" for n in task_metric_names(report.rounds)[:1]
-                      if n in last.metrics)
-    return f"final validation loss {last.loss:.4f}{metrics}"
 
 
 def _score_panel(ax: Any, report: TrainingReport) -> None:

@@ -59,6 +59,16 @@ def is_classifier(rounds: Sequence[Any]) -> bool:
     return any("accuracy" in r.metrics for r in rounds) or not any(r.metrics for r in rounds)
 
 
+def final_text(report: TrainingReport) -> str:
+    """The one-line result: a classifier's accuracy, else the validation loss and the task's own metric."""
+    if is_classifier(report.rounds):
+        return f"final accuracy {report.final_accuracy:.4f}"
+    last = report.rounds[-1]
+    metrics = "".join(f", {n} {metric_text(last.metrics[n])}" for n in task_metric_names(report.rounds)[:1]
+                      if n in last.metrics)
+    return f"final validation loss {last.loss:.4f}{metrics}"
+
+
 def task_metric_names(rounds: Sequence[Any], at_most: int = 1) -> list[str]:
     """The task's own metrics (perplexity, bits per byte ...), in the order it reported them; the first is
     its headline one (the built-ins and the examples report it first), and one fits an 80-column table."""
