@@ -29,7 +29,7 @@ from ..training.shard_files import part_name
 from .cache import CacheLease, ContentCache
 from .process import SHARD_FILE, WEIGHTS_FILE
 from .tasks import ProviderTasks
-from .weights_delta import rebuilt_weights
+from .weights_delta import holds_base, rebuilt_weights
 
 __all__ = ["JobInputs", "link_inputs", "read_shard_record"]
 
@@ -154,8 +154,7 @@ class JobInputs:
         task.add_done_callback(self._prefetching.discard)
 
     async def _prefetch(self, job: JobAssignment) -> None:
-        delta = job.weights_delta
-        if delta is None or self.cache.cached(delta.base_cid) is None:  # else the fetch rebuilds it from the base
+        if not holds_base(self.cache, job):  # else the fetch rebuilds the model from the base
             self._prefetch_pieces([(job.weights_cid, 0, None, job.weights_bytes)])
         try:  # the record says which slices to fetch: it comes first
             with await self.cache.acquire(self.store, job.shard_cid, size=job.shard_bytes) as record:

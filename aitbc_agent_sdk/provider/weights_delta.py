@@ -44,10 +44,15 @@ def rebuild(base: bytes, change: bytes, encoding: str) -> bytes:
     return encode_state(decode_update(change, reference, encoding))  # type: ignore[arg-type]
 
 
+def holds_base(cache: ContentCache, job: JobAssignment) -> bool:
+    """Whether the job offers its model as a change from a model this cache holds (then nothing else is fetched)."""
+    return job.weights_delta is not None and cache.cached(job.weights_delta.base_cid) is not None
+
+
 async def rebuilt_weights(cache: ContentCache, store: ContentStore, job: JobAssignment) -> RebuiltWeights | None:
     """The job's weights rebuilt from a cached base, or None (no change offered, no base held, no match)."""
     delta = job.weights_delta
-    if delta is None or cache.cached(job.weights_cid) is not None or cache.cached(delta.base_cid) is None:
+    if delta is None or not holds_base(cache, job) or cache.cached(job.weights_cid) is not None:
         return None
     try:
         with await cache.acquire(store, delta.base_cid, size=MAX_WEIGHTS_BYTES) as base, \
