@@ -71,3 +71,21 @@ def pong(coordinator: str, nonce: str) -> str:
 
 def resend(provider: str) -> str:
     return f"{PREFIX}/resend/{level(provider)}"
+
+
+def challenge(provider: str) -> str:
+    """Spot checks: open segments of a committed trajectory."""
+    return f"{PREFIX}/challenge/{level(provider)}"
+
+
+def openings(training_id: str) -> str:
+    return f"{PREFIX}/openings/{level(training_id)}"
+
+
+def hardware_check(provider: str) -> str:
+    """The timed hardware challenge at hiring."""
+    return f"{PREFIX}/hwcheck/{level(provider)}"
+
+
+def hardware_answer(coordinator: str, nonce: str) -> str:
+    return f"{PREFIX}/hwcheck-reply/{level(coordinator)}/{level(nonce)}"

@@ -54,6 +54,9 @@ class JobConfig(Record):
     epochs: int = Field(default=2, ge=1, le=1000)
     rounds: int = Field(default=1, ge=1, le=10_000, description=(
         "rounds a worker's kept optimizer state spans: a keep_state task's schedule runs over rounds x its steps"))
+    segments: int = Field(default=64, ge=1, le=1024, description=(
+        "a job's steps are committed in this many segments (fewer when it has fewer steps): the unit a spot "
+        "check re-executes"))
 
 
 Partition = Literal["iid", "dirichlet"]
@@ -99,6 +102,17 @@ class FaultPolicy(Record):
     resend_timeout_s: float = Field(default=10.0, gt=0.0,
                                     description="how long a worker has to re-send a missing or corrupt checkpoint")
     max_replacements: int = Field(default=8, ge=0, description="per training, before it fails")
+    min_update_ratio: float = Field(default=0.1, ge=0.0, le=1.0, description=(
+        "an update whose norm per committed step is below this times the round's median is missing work"))
+    near_copy_distance: float = Field(default=1e-3, ge=0.0, description=(
+        "two updates of one round closer than this (relative) are held for a spot check as possible copies"))
+    spot_checks: int = Field(default=5, ge=0, le=16, description=(
+        "committed segments re-executed per result (0: no spot checks)"))
+    opening_timeout_s: float = Field(default=30.0, gt=0.0, description=(
+        "seconds a worker has to open the segments a spot check asks for"))
+    reexec_tolerance: float = Field(default=0.05, ge=0.0, description=(
+        "a re-executed segment may end this far (relative to the segment's own change) from the committed end "
+        "state when the two devices differ; on equal CPUs the states must be equal bit for bit"))
 
 
 class ElasticPolicy(Record):
