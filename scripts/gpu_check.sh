@@ -7,7 +7,9 @@
 #   3. samples/s of the provider path against a plain PyTorch loop (bench/bench_task_path.py),
 #      bf16 autocast on and off, and tokens/s of the built-in gpt task against nanoGPT's loop;
 #   4. the trusted cluster's BalancedStep under torchrun (NCCL on a GPU, gloo on a CPU) and a
-#      bf16 weights_digest, plus tests/test_cluster_gpu_paths.py.
+#      bf16 weights_digest, plus tests/test_cluster_gpu_paths.py;
+#   5. (issue #18) how far re-executed committed segments land from the committed end state, on the
+#      GPU and on the CPU, honest against skipped (scripts/spot_check_tolerance.py).
 # Without a GPU (torch sees no CUDA device) the GPU-only rows say SKIP and everything else runs
 # on the CPU, so the script itself is checked on any machine. --quick: smaller benchmark, no
 # market flow. Prints a markdown table (also to $OUT/gpu_check.md when $OUT is set); exits 1
@@ -215,6 +217,12 @@ unit_tests() {
 
 skip() { echo "SKIP|$1"; }
 
+# Issue #18: how far honest re-executions of committed segments land (same device, and the CPU a
+# coordinator has) against segments a worker skipped: the room FaultPolicy.reexec_tolerance has.
+spot_check_tolerance() {
+  "$PY" scripts/spot_check_tolerance.py --device "$device" | grep '|'
+}
+
 check "NVML inventory" inventory
 if ((quick)); then
   row "market flow" "SKIP" "--quick"
@@ -242,6 +250,7 @@ fi
 check "BalancedStep under torchrun" balanced_step
 [[ $device == cpu ]] && row "BalancedStep with NCCL" "SKIP" "no GPU: ran over gloo above"
 check "cluster GPU paths (unit)" unit_tests
+check "spot-check re-execution distance" spot_check_tolerance
 
 mode="on $gpus GPU(s)"
 ((gpus == 0)) && mode="with no GPU: CPU-only parts"

@@ -44,3 +44,14 @@ LONGEST_FIRST = (
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Tiny models on a shared machine: one thread is faster than contending for the cores (and a CPU's
+    sums, so a committed trajectory's bits, depend on the thread count)."""
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -98,6 +98,18 @@ def test_coordinator_kill(clean, chaos_root):
     assert result.events.get("payment") == CONFIG.workers
 
 
+@pytest.mark.slow
+def test_fake_gpu(clean, chaos_root):
+    """A provider claiming an H100 on a CPU host, and the cheapest offer: flagged at hiring, never hired."""
+    reference = _reference(clean)
+    result = run("fake-gpu", chaos_root, reference)
+    _common(result, reference)
+    assert result.all_paid  # the hired workers are honest: every one paid in full
+    assert result.events.get("hardware_flagged", 0) >= 1
+    assert result.events.get("payment") == CONFIG.workers
+    assert not {"worker_failed", "result_rejected", "worker_replaced", "training_failed"} & set(result.events)
+
+
 # -- the checks themselves, without a devnet: each must be able to fail -------------------------
 
 class _State:
@@ -149,3 +161,30 @@ def test_checks_catch_a_missing_audit_event(tmp_path):
                      replaced=[("0xB", "0xE")], events=[], accuracy=0.95)
     assert any("no 'worker_replaced' event" in f for f in result.failures)
     assert not result.event_seen
+
+
+def _judged_impostor(tmp_path: Path, *, hired_impostor: bool, flagged_event: bool) -> ScenarioResult:
+    run_ = harness.ScenarioRun("fake-gpu", CONFIG, tmp_path)
+    run_.tid, run_.flagged = "training_x", "0xF"
+    run_.hired = [{"worker_id": w, "role": "worker", "price_wei": 10} for w in ("0xA", "0xB", "0xC", "0xD")]
+    run_.hired.append({"worker_id": "0xF" if hired_impostor else "0xE", "role": "spare", "price_wei": 20})
+    released = {w: 30 for w in ("0xA", "0xB", "0xC", "0xD")}
+    events = [{"event": "escrow_funded", "fields": {"deposit_wei": 120}, "ts": 1.0}]
+    if flagged_event:
+        events.append({"event": "hardware_flagged", "fields": {"worker": "0xF", "reason": "late"}, "ts": 0.5})
+    result = ScenarioResult(scenario="fake-gpu")
+    harness.judge(run_, result,
+                  {"phase": "complete", "round_metrics": [{"round": r, "accuracy": 0.95} for r in (1, 2, 3)]},
+                  {"ok": True, "entries": events},
+                  {"payments": [{"worker_id": w, "amount_wei": a} for w, a in released.items()]},
+                  {"state": _State(120, 120, 0), "released": released, "replaced": [], "refunded": 0}, 0.95)
+    return result
+
+
+def test_checks_pass_a_flagged_impostor_and_catch_a_hired_or_unflagged_one(tmp_path):
+    good = _judged_impostor(tmp_path / "good", hired_impostor=False, flagged_event=True)
+    assert not good.failures and good.event_seen and good.all_paid, good.failures
+    hired = _judged_impostor(tmp_path / "hired", hired_impostor=True, flagged_event=True)
+    assert any("impostor 0xF was hired" in f for f in hired.failures)
+    unflagged = _judged_impostor(tmp_path / "unflagged", hired_impostor=False, flagged_event=False)
+    assert any("no 'hardware_flagged' event for 0xF" in f for f in unflagged.failures)

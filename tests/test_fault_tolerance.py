@@ -80,6 +80,11 @@ EXPECTED = {
     "stale": ("replay", False),
     "forged": ("not signed by the worker", False),
     "cid-mismatch": ("checkpoint .* is not .*and not re-sent|checkpoint .* is not", False),
+    # issue #18: missing work is unpaid; a trajectory or a checkpoint that the signature contradicts is slashed
+    "free-rider": ("missing work: update norm", False),
+    "lazy": ("spot check: segment", True),
+    "lazy-honest": ("missing work: committed", False),
+    "copycat": ("a copy", True),
 }
 
 
@@ -218,3 +223,23 @@ async def test_a_second_straggler_gets_a_copy_when_the_only_spare_is_taken(aitbc
         released = [e for e in await agent.stack.escrow.events(training_key(agent.stack.account.address, report.training_id))
                     if e.name == "Released"]
         assert stalled.address not in {e.args["worker"] for e in released}
+
+
+async def test_honest_workers_on_label_skewed_shards_are_paid_in_full_and_never_slashed(aitbc_home):
+    """Dirichlet(0.1) shards: each worker sees a few classes, so its global validation loss can rise; it is
+    judged on its own shard instead, spot-checked like everyone, and paid in full (issue #18, item 5)."""
+    skewed = spec(rounds=2, spares=0).model_copy(update={"partition": "dirichlet", "dirichlet_alpha": 0.1})
+    async with Agent(AgentConfig(home=aitbc_home, providers=4)) as agent:
+        report = await agent.run_distributed_training(skewed)
+        key = training_key(agent.stack.account.address, report.training_id)
+        chain_events = await agent.stack.escrow.events(key)
+        log = events(agent, report.training_id)
+    assert report.status == TrainingPhase.COMPLETE
+    assert not [e for e in log if e["event"] in ("result_rejected", "slashed", "worker_replaced")]
+    checks = [e for e in log if e["event"] == "spot_check"]
+    assert len(checks) == 8 and all(e["passed"] for e in checks)  # 4 workers x 2 rounds, every one checked
+    paid = {}
+    for e in chain_events:
+        if e.name == "Released":
+            paid[e.args["worker"]] = paid.get(e.args["worker"], 0) + int(e.args["amount"])
+    assert paid == {w.address: w.price_wei * 2 for w in report.workers if w.role == "worker"}

@@ -28,13 +28,7 @@ SMALL = {"layers": 2, "heads": 2, "width": 64, "context": 32, "windows_per_epoch
          "warmup_steps": 5}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models on a shared machine: one thread is faster than contending for the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def byte_tokens(*names: str) -> TokenData:

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..errors import NotFoundError
 from ..messaging import SignedChannel, Verified, topics
-from ..models import CheckpointRef, JobResult, Progress
+from ..models import CheckpointRef, JobResult, Progress, TrajectoryOpening
 from .store import TrainingStore
 
 log = logging.getLogger(__name__)
@@ -32,10 +32,12 @@ class TrainingListener:
         self.last_heard: dict[str, float] = {}  # worker -> monotonic time of its latest message here
         self._tasks: list[asyncio.Task[None]] = []
         self.dropped: Counter[str] = Counter()  # messages that failed while handled, by "stream: error"
+        self._openings: dict[str, asyncio.Future[TrajectoryOpening]] = {}  # job id -> a spot check waiting
 
     async def start(self) -> None:
-        ready = [asyncio.Event(), asyncio.Event()]
-        self._tasks = [asyncio.create_task(self._progress(ready[0])), asyncio.create_task(self._results(ready[1]))]
+        ready = [asyncio.Event(), asyncio.Event(), asyncio.Event()]
+        self._tasks = [asyncio.create_task(self._progress(ready[0])), asyncio.create_task(self._results(ready[1])),
+                       asyncio.create_task(self._opened(ready[2]))]
         await asyncio.gather(*(e.wait() for e in ready))
 
     async def stop(self) -> None:
@@ -47,7 +49,19 @@ class TrainingListener:
         if self._observer is not None:
             self._observer(event)
 
-    async def _sender_owns_job(self, sender: str, message: Progress | JobResult) -> bool:
+    def expect_opening(self, job_id: str) -> asyncio.Future[TrajectoryOpening]:
+        """A future for the job's next trajectory opening (made before the challenge goes out)."""
+        self.forget_opening(job_id)
+        waiting: asyncio.Future[TrajectoryOpening] = asyncio.get_running_loop().create_future()
+        self._openings[job_id] = waiting
+        return waiting
+
+    def forget_opening(self, job_id: str) -> None:
+        waiting = self._openings.pop(job_id, None)
+        if waiting is not None and not waiting.done():
+            waiting.cancel()
+
+    async def _sender_owns_job(self, sender: str, message: Progress | JobResult | TrajectoryOpening) -> bool:
         try:
             job = await self._db.job(message.job_id)
         except NotFoundError:
@@ -87,6 +101,23 @@ class TrainingListener:
             ready.set()
             async for verified in stream:
                 await self._each("results", self._on_result, verified)
+
+    async def _opened(self, ready: asyncio.Event) -> None:
+        async with self._channel.subscribe(topics.openings(self.training_id), TrajectoryOpening) as stream:
+            ready.set()
+            async for verified in stream:
+                await self._each("openings", self._on_opening, verified)
+
+    async def _on_opening(self, verified: Verified[TrajectoryOpening]) -> None:
+        """Only an opening a spot check waits for, from the job's own worker, is handed on."""
+        opening = verified.message
+        waiting = self._openings.get(opening.job_id)
+        if waiting is None or waiting.done() or not await self._sender_owns_job(verified.sender, opening):
+            log.warning("trajectory opening for %s from %s ignored", opening.job_id, verified.sender)
+            return
+        self.last_heard[opening.worker_id] = time.monotonic()
+        del self._openings[opening.job_id]
+        waiting.set_result(opening)
 
     async def _on_result(self, verified: Verified[JobResult]) -> None:
         result = verified.message

@@ -31,7 +31,13 @@ log = logging.getLogger(__name__)
 
 async def hire(coordinator: Coordinator, training_id: str, workers: Sequence[Worker],
                spares: Sequence[Worker] = ()) -> list[WorkerContract]:
-    """Contract ``workers`` (one shard each, in order) and ``spares`` (unfunded until they replace someone)."""
+    """Contract ``workers`` (one shard each, in order) and ``spares`` (unfunded until they replace someone).
+
+    The offers the latest discovery flagged (the hardware challenge) go into the training's audit log
+    first, with whether one was hired anyway (nothing else was there)."""
+    audit, hiring = coordinator.logs.of(training_id), {w.worker_id for w in (*workers, *spares)}
+    for worker_id, reason in coordinator.hardware_flags.items():
+        await audit.append("hardware_flagged", worker=worker_id, reason=reason, hired=worker_id in hiring)
     contracts = []
     for index, worker in enumerate(workers):
         contracts.append(await coordinator.negotiate(worker.worker_id, training_id, worker.price,

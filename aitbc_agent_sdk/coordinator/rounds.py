@@ -2,7 +2,7 @@
 
 Each shard has a slot: the worker holding its escrow slot, the jobs running on the shard
 (the holder's, and a spare's speculative duplicate) and, once one arrives, the winning
-result. The loop below reads results and failures as they come, checks liveness and
+result, which is verified alone, then against the round (its norm), then by a spot check. The loop below reads results and failures as they come, checks liveness and
 stragglers between them, and ends when every shard has a verified result. A failed or
 rejected holder is replaced (``reassign``); the replacement retrains the same shard with the
 same seed, so a recovered round computes what a clean one would have.
@@ -13,11 +13,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
 
-from ..errors import AitbcError, InsufficientFundsError, NotEnoughWorkersError, TrainingError
-from ..messaging import topics
-from ..models import CheckpointRef, JobAssignment, Progress, ResendRequest, Shard, TrainingPhase, WorkerContract
+from ..errors import InsufficientFundsError, NotEnoughWorkersError, TrainingError
+from ..models import CheckpointRef, JobAssignment, Progress, TrainingPhase, WorkerContract
 from ..training import strategy_for_round
 from .deadlines import job_deadline, job_work
 from .health import confirmed_stragglers
@@ -26,38 +24,19 @@ from .liveness import LivenessWatch
 from .logbook import AuditSink
 from .reassign import Reassigner, new_replacement
 from .round_model import decoded, outer_step
+from .round_slots import Resends, ShardSlot
+from .round_work import RoundWork
 from .service import Coordinator
 from .stats import RoundStats
 from .verification import Inspection, inspect_result, judge_norms, round_median
+from .work_checks import no_improvement
 
 log = logging.getLogger(__name__)
 P = TrainingPhase
 TICK_S = 0.25
 
 
-@dataclass
-class ShardSlot:
-    shard: Shard
-    contract: WorkerContract  # the holder's: the worker whose escrow slot pays for this shard
-    jobs: dict[str, JobAssignment] = field(default_factory=dict)  # live jobs on the shard
-    sent_at: dict[str, float] = field(default_factory=dict)
-    winner: Inspection | None = None
-    winner_ref: CheckpointRef | None = None
-    finished_s: float | None = None  # how long the winning job took
-    judged: bool = False  # the winner also passed the round's norm check
-    straggling: bool = False  # a spare runs a speculative copy of the holder's job
-    reported: bool = False  # the holder was reported as a straggler
-    market_tried: bool = False  # a spare for its copy was looked for on the market
-
-    @property
-    def holder(self) -> str:
-        return self.contract.worker_id
-
-    def job_of(self, worker: str) -> JobAssignment | None:
-        return next((j for j in self.jobs.values() if j.worker_id == worker), None)
-
-
-class RoundRunner:
+class RoundRunner(Resends):
     """One round, from its inputs (read once by the caller) to its aggregated model and stats.
 
     Reassignment and the audit log are handed in; the coordinator serves the store, the
@@ -88,17 +67,22 @@ class RoundRunner:
             assert contract.shard_index is not None
             self.slots[contract.shard_index] = ShardSlot(self.inputs.shards[contract.shard_index], contract)
         self.listener = await self.c.listener(self.tid)
+        self.work = await asyncio.to_thread(RoundWork, self.c, self.inputs, self.audit)
         self.started = time.monotonic()
         for slot in self.slots.values():
             await self._dispatch(slot, slot.contract)
         await self.c.update_phase(self.tid, P.TRAINING)
-        async with asyncio.timeout(timeout):
-            while not all(s.judged for s in self.slots.values()):
-                await self._next_events()
-                await self._check_resends()
-                await self._check_liveness()
-                await self._check_stragglers()
-                await self._judge_norms()
+        try:
+            async with asyncio.timeout(timeout):
+                while not all(s.judged for s in self.slots.values()):
+                    await self._next_events()
+                    await self._check_resends()
+                    await self._check_liveness()
+                    await self._check_stragglers()
+                    await self._judge_norms()
+                    await self._collect_spot_checks()
+        finally:
+            await self.work.close()
         return await self._aggregate()
 
     async def _dispatch(self, slot: ShardSlot, contract: WorkerContract) -> None:
@@ -172,13 +156,26 @@ class RoundRunner:
         same_round = {c.cid for c in await self.c.db.checkpoints(self.tid, None)
                       if c.round == self.round and c.job_id not in slot.jobs}
         domain, key = await self.c.escrow.evidence_domain(), self.c.escrow.key(self.tid)
-        return await asyncio.to_thread(
+        own = self.inputs.record.spec.partition == "dirichlet"  # judged on its own shard, not the global split
+        validation, start_loss = await self.work.own_shard(slot.shard) if own else (base.validation, base.start_loss)
+        found = await asyncio.to_thread(
             lambda: inspect_result(
                 job_id=ref.job_id, worker_id=ref.worker_id, domain=domain, key=key, round=ref.round, cid=ref.cid,
                 signature=ref.signature, state=state, reference=base.reference,
-                seen_before=ref.cid in base.earlier_cids or ref.cid in same_round, spec=self.inputs.model,
-                validation=base.validation, start_loss=base.start_loss, policy=self.policy,
-                task=self.inputs.task))
+                seen_before=ref.cid in base.earlier_cids, spec=self.inputs.model,
+                validation=validation, start_loss=start_loss, policy=self.policy, task=self.inputs.task))
+        if found.problem is None and own and (short := no_improvement(found.val_loss or 0.0, start_loss)):
+            found = Inspection(ref.job_id, ref.worker_id, ref.cid, short, norm=found.norm, val_loss=found.val_loss)
+        if found.problem is not None:
+            return found
+        if ref.cid in same_round:  # signed by this worker, published first by another: provably not its work
+            return Inspection(ref.job_id, ref.worker_id, ref.cid, "a copy of a checkpoint another worker published "
+                              "first in this round", slashable=True)
+        verdict = await asyncio.to_thread(self.work.inspect, slot.jobs[ref.job_id], slot.shard, blob, state)
+        if verdict.problem is not None:
+            return Inspection(ref.job_id, ref.worker_id, ref.cid, verdict.problem, slashable=verdict.slashable,
+                              norm=found.norm, val_loss=found.val_loss)
+        return found
 
     async def _reject(self, slot: ShardSlot, ref: CheckpointRef, inspection: Inspection) -> None:
         assert inspection.problem is not None
@@ -188,33 +185,6 @@ class RoundRunner:
         if inspection.slashable and ref.signature:
             await self.reassign.slash(ref.worker_id, ref.cid, ref.signature, ref.round)
         await self._drop_worker(slot, ref.worker_id, f"result rejected: {inspection.problem}")
-
-    async def _ask_resend(self, ref: CheckpointRef, inspection: Inspection) -> None:
-        """One signed request to upload the checkpoint again before the work is reassigned."""
-        assert inspection.problem is not None
-        self.asked.add(ref.job_id)
-        self.resends[ref.job_id] = (time.monotonic() + self.policy.resend_timeout_s, ref, inspection)
-        await self.c.db.save_strike(self.tid, ref.worker_id, ref.job_id, inspection.problem)
-        await self.audit.append("resend_requested", worker=ref.worker_id, job_id=ref.job_id, cid=ref.cid,
-                                round=self.round, reason=inspection.problem, deadline_s=self.policy.resend_timeout_s)
-        try:
-            await self.c.channel.publish(topics.resend(ref.worker_id), ResendRequest(
-                job_id=ref.job_id, training_id=self.tid, cid=ref.cid, reason=inspection.problem,
-                deadline_s=self.policy.resend_timeout_s))
-        except AitbcError as exc:
-            log.warning("resend request for %s not sent: %s", ref.job_id, exc)
-
-    async def _check_resends(self) -> None:
-        now = time.monotonic()
-        for job_id, (deadline, ref, inspection) in list(self.resends.items()):
-            slot = self._slot_of(job_id)
-            if slot is None or slot.winner is not None:
-                del self.resends[job_id]
-            elif now > deadline:
-                del self.resends[job_id]
-                late = Inspection(ref.job_id, ref.worker_id, ref.cid, f"{inspection.problem}, and not re-sent within "
-                                  f"{self.policy.resend_timeout_s:g}s", fetched=False)
-                await self._reject(slot, ref, late)
 
     # -- health ----------------------------------------------------------------------------
     async def _check_liveness(self) -> None:
@@ -344,25 +314,61 @@ class RoundRunner:
 
     # -- the round's norm check and aggregation --------------------------------------------
     async def _judge_norms(self) -> None:
-        winners = {i: s.winner for i, s in self.slots.items() if s.winner is not None and not s.judged}
+        winners = {i: s.winner for i, s in self.slots.items()
+                   if s.winner is not None and not s.judged and not s.verifying}
         if not winners:
             return
         if self.median_norm is None:
             if len(winners) < len(self.slots):
                 return  # the median needs every shard's result
             self.median_norm = round_median([w.norm or 0.0 for w in winners.values()])
+            self.work.set_median({w.job_id: w.norm or 0.0 for w in winners.values()})
         judged = judge_norms(winners, self.median_norm, self.policy)
+        held = self.work.held([s.winner.job_id for s in self.slots.values() if s.winner is not None])
         for index, verdict in judged.items():
             slot = self.slots[index]
-            ref = slot.winner_ref
-            assert ref is not None
-            if verdict.problem is None:
-                slot.judged = True
+            if verdict.problem is not None:
+                await self._reject_winner(slot, verdict)
                 continue
-            slot.winner = slot.winner_ref = None
-            slot.jobs.pop(ref.job_id, None)
-            await self._reject(slot, ref, verdict)
-            await self._ensure_running(slot)
+            # Too small an update is missing work either way; its spot check says whether the worker also lied.
+            slot.short = self.work.lower_bound(verdict.job_id, verdict.norm or 0.0)
+            if held and verdict.job_id in held:
+                await self.audit.append("held_for_checking", worker=verdict.worker_id, job_id=verdict.job_id,
+                                        round=self.round, reason="its update (nearly) equals another's this round")
+            job = slot.jobs.get(verdict.job_id)
+            if job is not None and self.work.start_check(index, job, slot.shard, verdict.job_id in held):
+                slot.verifying = True
+            else:
+                await self._settle_check(slot, None, False)
+
+    async def _collect_spot_checks(self) -> None:
+        for index, verdict in self.work.finished():
+            slot = self.slots[index]
+            slot.verifying = False
+            if slot.winner is not None:
+                await self._settle_check(slot, verdict.problem, verdict.slashable)
+
+    async def _settle_check(self, slot: ShardSlot, problem: str | None, slashable: bool) -> None:
+        """The winner's last word: its spot check's ``problem``, else missing work by the norm, else accepted."""
+        found = slot.winner
+        assert found is not None
+        short, slot.short = slot.short, None
+        if problem is None or not slashable:  # a proven lie says most; else the norm's finding, else the check's
+            problem, slashable = short or problem, False
+        if problem is None:
+            slot.judged = True
+            return
+        await self._reject_winner(slot, Inspection(found.job_id, found.worker_id, found.cid, problem,
+                                                   slashable=slashable, norm=found.norm))
+
+    async def _reject_winner(self, slot: ShardSlot, verdict: Inspection) -> None:
+        """The slot's winner failed a round-level check after all: reject it, and train the shard again."""
+        ref = slot.winner_ref
+        assert ref is not None
+        slot.winner = slot.winner_ref = None
+        slot.jobs.pop(ref.job_id, None)
+        await self._reject(slot, ref, verdict)
+        await self._ensure_running(slot)
 
     async def _ensure_running(self, slot: ShardSlot) -> None:
         if not slot.jobs:

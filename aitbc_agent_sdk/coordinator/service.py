@@ -30,6 +30,7 @@ from ..storage import ContentStore
 from ..training import AggregationStrategy, FedAvg, LabeledData, decode_state
 from ..training.dataset_dirs import manifest_shape
 from .datasets import DatasetStore
+from .hardware import check_hardware
 from .sealing import JobKeys
 from .inputs import RoundInputs, load_round_inputs, new_job
 from .listener import Observer, TrainingListener
@@ -62,6 +63,8 @@ class Coordinator(ResultChecks):
     # training -> provider -> seconds per delivered round
     round_times: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     _listeners: dict[str, TrainingListener] = field(default_factory=dict)
+    # provider -> why the latest discovery flagged its offer (the hardware challenge); hiring logs them
+    hardware_flags: dict[str, str] = field(default_factory=dict)
     logs: AuditLogs = field(init=False)  # one audit log per training, under settings.audit_dir
     data: DatasetStore = field(init=False)  # datasets by manifest, and the splits this coordinator reads
     tasks: TaskCache = field(init=False)  # the trainings' tasks, built-in or user code by CID
@@ -168,7 +171,8 @@ class Coordinator(ResultChecks):
     # -- market ----------------------------------------------------------------------------
     async def discover(self, *, min_gpu: str | None = None, max_price_wei: int | None = None,
                        include_busy: bool = False, task: TaskRef | None = None) -> list[Worker]:
-        """Providers on the market that fit; with ``task``, only those whose offer says they run it."""
+        """Providers on the market that fit; with ``task``, only those whose offer says they run it.
+        Offers that claim a GPU take the timed hardware challenge (``coordinator.hardware``) first."""
         offers = await collect_offers(self.channel, timeout=self.settings.discovery_timeout_s)
         unit = reputation_unit([o.price_wei for o in offers])
         workers = []
@@ -180,6 +184,8 @@ class Coordinator(ResultChecks):
             if max_price_wei is not None and offer.price_wei > max_price_wei:
                 continue
             workers.append(await self._worker(offer, unit))
+        workers = await check_hardware(self.channel, self.store, workers, self.settings)
+        self.hardware_flags = {w.worker_id: w.hardware_reason or "flagged" for w in workers if w.flagged}
         return workers
 
     async def _worker(self, offer: Offer, unit_wei: int) -> Worker:

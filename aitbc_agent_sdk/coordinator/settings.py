@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..models import MAX_HARDWARE_FLOPS, MAX_HARDWARE_PRODUCT, HardwareChallenge
 
 
 class CoordinatorSettings(BaseModel):
@@ -26,3 +28,28 @@ class CoordinatorSettings(BaseModel):
     task_dir: Path | None = Field(
         default=None, description="user tasks' code, unpacked by CID, imported from here; an Agent defaults it "
                                   "to $AITBC_HOME/tasks, a bare Coordinator uses a temporary directory")
+    # The timed hardware challenge (market.hardware_check): 1024 x 262144 x 1024 is 550 GFLOP, milliseconds on
+    # a data-centre GPU and several seconds on a small CPU host pretending to be one (a 2-core EPYC: 6-15 s;
+    # 137 GFLOP took it 1.5-3 s, about the allowance). The product is 4 MiB; checking it costs ~1 s of CPU.
+    hardware_check: bool = Field(
+        default=True, description="at discovery, challenge every offer that claims a GPU to multiply two "
+                                  "matrices on it in time; a flagged offer ranks below every other")
+    hardware_challenge: tuple[int, int, int] = Field(
+        default=(1024, 262144, 1024), description="the challenge's rows x inner x cols")
+    hardware_allowance_s: float = Field(
+        default=2.0, gt=0, le=600, description="added to the compute time at the claimed GPU's speed: the bus "
+                                               "round trip and storing the product")
+    hardware_grace_s: float = Field(
+        default=3.0, ge=0, le=600, description="how long past the deadline an answer is still waited for, to "
+                                               "tell a late one from none")
+    hardware_fetch_s: float = Field(
+        default=10.0, gt=0, le=600, description="how long fetching the answer's product from the store may take")
+
+    @model_validator(mode="after")
+    def _challenge_within_bounds(self) -> CoordinatorSettings:
+        rows, inner, cols = self.hardware_challenge
+        HardwareChallenge(nonce="bounds", seed=0, rows=rows, inner=inner, cols=cols, deadline_s=1.0)  # or raises
+        if rows * cols > MAX_HARDWARE_PRODUCT or 2 * rows * inner * cols > MAX_HARDWARE_FLOPS:
+            raise ValueError(f"hardware_challenge {rows} x {inner} x {cols} is larger than providers compute "
+                             f"(product <= {MAX_HARDWARE_PRODUCT} entries, <= {MAX_HARDWARE_FLOPS} FLOP)")
+        return self

@@ -20,6 +20,9 @@ GPU_PERFORMANCE: Mapping[str, float] = {
 }
 UNKNOWN_GPU = 0.5  # the seed's default for a GPU it has no figure for
 CPU_ONLY = 0.1
+# A flagged offer's score is multiplied by this: the default weights give every other offer at least
+# 0.4 * CPU_ONLY = 0.04, a flagged one at most 1.0 * FLAGGED_FACTOR. rank_workers puts them last anyway.
+FLAGGED_FACTOR = 1e-3
 
 
 def gpu_key(name: str) -> str:
@@ -88,13 +91,21 @@ class WeightedScore:
         rep = np.array([w.reputation for w in workers], dtype=float)
         avail = np.array([w.availability for w in workers], dtype=float)
         stake = np.array([float(w.stake_wei) for w in workers], dtype=float)
-        return weighted_scores(perf, price, rep, avail, (self.gpu, self.price, self.reputation, self.availability),
-                               stake)
+        scores = weighted_scores(perf, price, rep, avail, (self.gpu, self.price, self.reputation, self.availability),
+                                 stake)
+        return demote_flagged(scores, np.array([w.flagged for w in workers], dtype=bool))
+
+
+def demote_flagged(scores: np.ndarray, flagged: np.ndarray) -> np.ndarray:
+    """Scores with those of offers the hardware challenge flagged multiplied by ``FLAGGED_FACTOR``."""
+    return np.where(flagged, scores * FLAGGED_FACTOR, scores)
 
 
 def rank_workers(workers: Sequence[Worker], scores: np.ndarray, count: int) -> list[Worker]:
-    """Top ``count`` by score; ties go to the cheaper offer, then the lower address (deterministic)."""
-    order = sorted(range(len(workers)), key=lambda i: (-scores[i], workers[i].price, workers[i].worker_id))
+    """Top ``count`` by score, offers the hardware challenge flagged after all others whatever the strategy
+    scored; ties go to the cheaper offer, then the lower address (deterministic)."""
+    order = sorted(range(len(workers)), key=lambda i: (workers[i].flagged, -scores[i], workers[i].price,
+                                                       workers[i].worker_id))
     return [workers[i] for i in order[:count]]
 
 

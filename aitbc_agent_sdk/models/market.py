@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Literal
 
 from pydantic import Field, model_validator
 
@@ -66,6 +67,14 @@ class Worker(Record):
     slashes: int = Field(default=0, ge=0)
     stake_wei: Wei = Field(default=0, description="bond held by the provider registry")
     earned_wei: Wei = Field(default=0, description="ETH paid to it through the escrow: what reputation weighs")
+    # The timed challenge at discovery on the GPU the offer claims (market.hardware_check): timing evidence
+    # for the score, never grounds for slashing. An offer that claims no GPU is not challenged.
+    hardware_check: Literal["passed", "flagged", "unchecked"] = "unchecked"
+    hardware_reason: str | None = Field(default=None, max_length=256, description="why it was flagged")
+
+    @property
+    def flagged(self) -> bool:
+        return self.hardware_check == "flagged"
 
     @property
     def gpu_type(self) -> str:

@@ -15,6 +15,8 @@ MAX_SEGMENTS = 1024  # committed segments in one job: 1025 boundary hashes, abou
 MAX_CHECKED_SEGMENTS = 16  # segments one challenge may ask a worker to open
 MAX_COMMITMENT_BYTES = 1 << 20  # the commitment's JSON inside a checkpoint's safetensors metadata
 COMMITMENT_KEY = "trajectory"  # that metadata key
+MAX_HARDWARE_PRODUCT = 1 << 22  # entries of a hardware challenge's product: 16 MiB of int32 to store and fetch
+MAX_HARDWARE_FLOPS = 1 << 41  # a hardware challenge's multiply-adds, twice: a few ms on a data-centre GPU
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 
 
@@ -32,6 +34,8 @@ class TrajectoryCommitment(Record):
     steps: int = Field(ge=1, le=10**9)
     segment_steps: int = Field(ge=1, le=10**9)
     device: Literal["cpu", "cuda"]
+    threads: int = Field(default=1, ge=1, le=1024, description=(
+        "torch's intra-op threads in training: a CPU's sums (so its bits) depend on them"))
     model_hashes: tuple[Sha256, ...] = Field(max_length=MAX_SEGMENTS + 1)
     state_hashes: tuple[Sha256, ...] = Field(max_length=MAX_SEGMENTS + 1)
     batch_hashes: tuple[Sha256, ...] = Field(max_length=MAX_SEGMENTS)
@@ -87,7 +91,8 @@ class TrajectoryOpening(Record):
     training_id: Id
     worker_id: Address
     round: int = Field(ge=1)
-    states: tuple[BoundaryState, ...] = Field(min_length=1, max_length=2 * MAX_CHECKED_SEGMENTS)
+    states: tuple[BoundaryState, ...] = Field(max_length=2 * MAX_CHECKED_SEGMENTS, description=(
+        "none: the worker has nothing to open (it answers at once rather than let the check time out)"))
 
 
 class HardwareChallenge(Record):

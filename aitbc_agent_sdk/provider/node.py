@@ -18,28 +18,27 @@ from pathlib import Path
 from typing import Any
 
 from eth_account.signers.local import LocalAccount
-from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import AitbcError
 from ..messaging import Bus, SignedChannel, Verified, topics
 from ..models import (
     ContractProposal, ContractReply, Hardware, Heartbeat, JobAssignment, JobCancel, JobResult, Offer, Ping, Pong,
-    ByteSize, Progress, ResendRequest, TaskPolicy, Wei, id_path,
+    HardwareChallenge, Progress, ResendRequest, TrajectoryChallenge, TrajectoryOpening, id_path,
 )
 from ..storage import ContentStore
 from .book import ContractBook
-from .cache import DEFAULT_CACHE_BYTES, ContentCache
+from .cache import ContentCache
+from .config import ProviderConfig
 from .hardware import detect_hardware
+from .hardware_answer import HardwareAnswers
 from .intake import MAX_JOBS_PER_CONTRACT, MAX_JOBS_PER_SLOT, ContractVerdicts, proposal_refusal, queue_problem
-from .jobs import (
-    ActiveJob, EpochReporter, Server, TrainOutcome, epoch_fields, job_progress, remember, write_file,
-)
+from .jobs import ActiveJob, EpochReporter, Server, TrainOutcome, epoch_fields, job_progress, remember, write_file
 from .inputs import JobInputs
 from .onchain import ProviderChain
 from .process import CHECKPOINT_FILE, TrainingProcess
-from .sandbox import TrainingSandbox
 from .slots import TrainingSlots, plan_slots
 from .tasks import ProviderTasks
+from .trajectories import KeptTrajectories
 
 __all__ = ["MAX_JOBS_PER_CONTRACT", "MAX_JOBS_PER_SLOT", "EpochReporter", "ProviderAgent", "ProviderConfig",
            "TrainOutcome"]
@@ -49,23 +48,6 @@ CONTRACT_IDLE_S = 24 * 3600.0  # a contract without a job for a day is forgotten
 MAX_JOB_HISTORY = 256  # latest progress kept per job (status.json); older jobs are forgotten
 
 log = logging.getLogger(__name__)
-
-
-class ProviderConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    price_wei: Wei
-    work_dir: Path
-    slots: int | None = Field(default=None, ge=1, description="jobs at once; None: one per GPU, or 1 on a CPU host")
-    heartbeat_interval_s: float = Field(default=1.0, gt=0)
-    offer_refresh_s: float = Field(default=30.0, gt=0)
-    worker_threads: int | None = Field(default=None, ge=1, description="torch threads per slot; None: the "
-                                       "host's cores shared among the slots")
-    tasks: TaskPolicy = Field(default_factory=TaskPolicy, description="built-ins only, an allow-list, or any task")
-    # The training process parses strangers' data: bwrap or refuse to start. None is --no-sandbox.
-    sandbox: TrainingSandbox | None = TrainingSandbox()
-    cache_dir: Path | None = Field(default=None, description="fetched shards and weights; None: work_dir/cache")
-    cache_bytes: ByteSize = Field(default=DEFAULT_CACHE_BYTES, description="the cache's quota (LRU)")
 
 
 class ProviderAgent:
@@ -97,6 +79,8 @@ class ProviderAgent:
         # Jobs their coordinator cancelled, by job id: only active jobs get one, and it goes with the job.
         self._cancel_reasons: dict[str, str] = {}
         self._delivered: OrderedDict[str, tuple[JobAssignment, TrainOutcome, bytes]] = OrderedDict()
+        self.trajectories = KeptTrajectories(config.work_dir / "trajectories", store)  # for spot checks
+        self.hardware_answers = HardwareAnswers(self.channel, store, lambda: self.hardware)  # at hiring
         self.completed_jobs = 0
         self.jobs: OrderedDict[str, Progress] = OrderedDict()  # latest progress of the last MAX_JOB_HISTORY jobs
         self.dropped: Counter[str] = Counter()  # messages handled and dropped, by "loop: reason"
@@ -142,11 +126,14 @@ class ProviderAgent:
         await self.inputs.open()  # first: a cache dir the sandbox hides must exist when it starts
         self.training = TrainingSlots(self.config.work_dir, plans, self.config.sandbox)
         await self.training.start()
+        self._track(asyncio.create_task(self.hardware_answers.warm_up()))  # CUDA ready before a challenge
         servers = (Server("negotiations", topics.negotiate, ContractProposal, self._answer),
                    Server("jobs", topics.jobs, JobAssignment, self._take_job),
                    Server("cancels", topics.cancel, JobCancel, self._cancel),
                    Server("pings", topics.ping, Ping, self._answer_ping),
-                   Server("resends", topics.resend, ResendRequest, self._resend))
+                   Server("resends", topics.resend, ResendRequest, self._resend),
+                   Server("challenges", topics.challenge, TrajectoryChallenge, self._open_trajectory),
+                   Server("hwchecks", topics.hardware_check, HardwareChallenge, self.hardware_answers))
         ready = [asyncio.Event() for _ in servers]
         self._tasks = [asyncio.create_task(self._serve(server, event)) for server, event in zip(servers, ready)]
         await asyncio.gather(*(e.wait() for e in ready))
@@ -299,6 +286,18 @@ class ProviderAgent:
         finally:
             await asyncio.to_thread(shutil.rmtree, resend_dir, True)
 
+    async def _open_trajectory(self, verified: Verified[TrajectoryChallenge]) -> None:
+        """A spot check: upload the boundary states around the segments the job's coordinator names."""
+        request = verified.message
+        job = self.trajectories.job(request.job_id)
+        contract = self._contracts.get(job.contract_id) if job is not None else None
+        if job is None or contract is None or contract.coordinator != verified.sender \
+                or job.training_id != request.training_id:
+            return  # only the job's coordinator may ask, for a job this provider still holds
+        opening = TrajectoryOpening(job_id=job.job_id, training_id=job.training_id, worker_id=self.address,
+                                    round=job.round, states=await self.trajectories.open(request))
+        await self.channel.publish(topics.openings(job.training_id), opening)
+
     async def _report(self, job: JobAssignment, status: str, **fields: Any) -> None:
         progress = job_progress(job, self.address, status, **fields)
         self.jobs[job.job_id] = progress
@@ -349,6 +348,7 @@ class ProviderAgent:
 
             outcome = await self.train_job(job, job_dir, on_epoch)
             await self.tasks.keep(job, job_dir)
+            await self.trajectories.keep(job, job_dir)
             checkpoint_cid = await self.upload_checkpoint(job, outcome.checkpoint)
             # Kept (the last few), so a checkpoint the coordinator could not fetch can be re-sent.
             remember(self._delivered, job, outcome, await asyncio.to_thread(outcome.checkpoint.read_bytes))
@@ -384,7 +384,7 @@ class ProviderAgent:
         process = self._job_process.get(job.job_id) or self.process
         done = await process.train(job_dir, job_id=job.job_id, model=job.model, config=job.config, seed=job.seed,
                                    on_epoch=on_epoch, owner=job.training_id, task=job.task,
-                                   update_encoding=job.update_encoding)
+                                   update_encoding=job.update_encoding, worker=self.address)
         return TrainOutcome(checkpoint=job_dir / CHECKPOINT_FILE, samples=int(done["samples"]),
                             loss=float(done["loss"]), seconds=float(done["seconds"]),
                             task_state=done.get("task_state"))

@@ -29,8 +29,8 @@ from ..errors import AitbcError, TrainingError
 from ..models import JobConfig, ModelSpec, TaskRef
 from ..training.shard_files import SHARD_INFO
 from .sandbox import (
-    MAX_JOBS_PER_PROCESS, SANDBOX_DIR, TrainingSandbox, clear_output, gpu_env, require_bwrap, sandbox_spec,
-    stage_inputs, take_output, within_disk_limits, worker_command,
+    MAX_JOBS_PER_PROCESS, SANDBOX_DIR, TrainingSandbox, clear_output, clear_output_dir, gpu_env, require_bwrap,
+    sandbox_spec, stage_inputs, take_output, take_trajectory, within_disk_limits, worker_command,
 )
 
 # The files a job directory holds: inputs written by the provider, output by the training process.
@@ -41,6 +41,7 @@ TASK_FILE = "task.json"  # a user task's package, fetched by the provider from i
 STATE_FILE = "task_state.safetensors"  # a keep_state task's optimizer state: in from the last round, out for the next
 RESIDUAL_FILE = "residual.safetensors"  # a lossy update encoding's error feedback: kept like the task state
 KEPT_FILES = (STATE_FILE, RESIDUAL_FILE)  # what a worker carries from one round of a training to its next
+TRAJECTORY_DIR = "trajectory"  # the committed trajectory's boundary states, 000000.safetensors, ...: out only
 
 
 WORKER_LOG = "worker.log"  # what training processes print, in the provider's work directory
@@ -59,6 +60,7 @@ class _JobRequest:
     seed: int
     task: TaskRef | None
     update_encoding: str = "weights"
+    worker: str = ""  # the provider's address, which the trajectory commitment names; "": none is committed
 
     def input_files(self, job_dir: Path) -> tuple[str, ...]:
         user_code = self.task is not None and self.task.cid is not None
@@ -71,7 +73,7 @@ class _JobRequest:
             "op": "train", "job_dir": str(job_dir), "out_dir": str(out_dir), "job_id": self.job_id, "seed": self.seed,
             "device": device, "model": self.model.model_dump(mode="json"),
             "config": self.config.model_dump(mode="json"), "update_encoding": self.update_encoding,
-            "task": self.task.model_dump(mode="json") if self.task is not None else None})
+            "worker": self.worker, "task": self.task.model_dump(mode="json") if self.task is not None else None})
 
 
 @dataclass(frozen=True)
@@ -180,11 +182,12 @@ class TrainingProcess:
 
     async def train(self, job_dir: Path, *, job_id: str, model: ModelSpec, config: JobConfig, seed: int,
                     on_epoch: EpochCallback | None = None, owner: str | None = None,
-                    task: TaskRef | None = None, update_encoding: str = "weights") -> dict[str, Any]:
+                    task: TaskRef | None = None, update_encoding: str = "weights", worker: str = "") -> dict[str, Any]:
         """Run one job. ``owner`` (the training id) lets a sandboxed process serve that training's
         next job too; ``None`` gives every job a fresh process. A user ``task``'s package is
-        ``job_dir/TASK_FILE``."""
-        request = _JobRequest(job_id, model, config, seed, task, update_encoding)
+        ``job_dir/TASK_FILE``. With a ``worker`` address the job commits its trajectory (in the
+        checkpoint's metadata) and leaves the boundary states in ``job_dir/TRAJECTORY_DIR``."""
+        request = _JobRequest(job_id, model, config, seed, task, update_encoding, worker)
         async with self._lock:
             try:
                 if self._sandbox is None:
@@ -222,6 +225,7 @@ class TrainingProcess:
                 box = self._box
                 for name in (CHECKPOINT_FILE, *KEPT_FILES):
                     await asyncio.to_thread(clear_output, box / "out", name)
+                await asyncio.to_thread(clear_output_dir, box / "out", TRAJECTORY_DIR)
                 await asyncio.to_thread(stage_inputs, job_dir, box / "in", request.input_files(job_dir))
                 done = await within_disk_limits(
                     self._train_locked(box / "in", request, on_epoch=on_epoch, out_dir=box / "out"),
@@ -232,6 +236,11 @@ class TrainingProcess:
                 if produced:
                     await asyncio.to_thread(take_output, box / "out" / name, job_dir / name,
                                             max_bytes=self._sandbox.file_size_bytes)
+            if boundaries := done.get("trajectory"):  # the process's word: take_trajectory checks it
+                await asyncio.to_thread(take_trajectory, box / "out" / TRAJECTORY_DIR, job_dir / TRAJECTORY_DIR,
+                                        boundaries=boundaries if isinstance(boundaries, int) else -1,
+                                        max_bytes=self._sandbox.file_size_bytes,
+                                        max_total_bytes=self._sandbox.disk_bytes)
         except TimeoutError as exc:
             await self._replace()
             raise TrainingError(f"job {request.job_id} ran past {self._sandbox.job_timeout_s:.0f}s and was killed") from exc

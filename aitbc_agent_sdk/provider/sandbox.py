@@ -29,6 +29,7 @@ from typing import TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import TrainingError
+from ..models import MAX_SEGMENTS
 
 SANDBOX_DIR = "sandbox"
 GiB = 1 << 30
@@ -138,15 +139,68 @@ def take_output(out_file: Path, dest: Path, *, max_bytes: int) -> None:
     following it would upload the key to IPFS. ``O_NOFOLLOW`` and a regular-file check stop that.
     """
     try:
-        fd = os.open(out_file, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+        fd = os.open(out_file, _READ_NO_LINKS)
     except OSError as exc:
         raise TrainingError(f"the training process left no usable checkpoint: {exc}") from exc
+    _copy_regular(fd, dest, max_bytes)
+
+
+_READ_NO_LINKS = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0)
+
+
+def _copy_regular(fd: int, dest: Path, max_bytes: int) -> int:
+    """Copy the open ``fd`` (closed here) to ``dest`` when it is a regular file of at most ``max_bytes``."""
     with os.fdopen(fd, "rb") as src:
         info = os.fstat(src.fileno())
         if not stat.S_ISREG(info.st_mode) or info.st_size > max_bytes:
             raise TrainingError("the training process left something other than a checkpoint file")
         with open(dest, "wb") as out:
             shutil.copyfileobj(src, out)
+        return info.st_size
+
+
+def clear_output_dir(out_dir: Path, name: str) -> None:
+    """Remove a previous job's output directory (a link or file of that name too, never followed)."""
+    path = out_dir / name
+    try:
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise TrainingError(f"cannot clear the previous job's output: {exc}") from exc
+
+
+def take_trajectory(out_dir: Path, dest: Path, *, boundaries: int, max_bytes: int, max_total_bytes: int) -> None:
+    """Copy the ``boundaries`` state files of a committed trajectory (``000000.safetensors``, ...) from the
+    sandbox's directory ``out_dir`` to a fresh ``dest``: regular files only, neither the directory nor a
+    file followed through a link, nothing else in it, each within ``max_bytes`` and all within
+    ``max_total_bytes``."""
+    clear_output_dir(dest.parent, dest.name)
+    try:
+        dir_fd = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise TrainingError(f"the training process left no usable trajectory: {exc}") from exc
+    try:
+        names = sorted(os.listdir(dir_fd))
+        if not 1 <= boundaries <= MAX_SEGMENTS + 1 or names != [f"{i:06d}.safetensors" for i in range(boundaries)]:
+            raise TrainingError(f"the training process left {len(names)} trajectory entries, not its "
+                                f"{boundaries} boundary files")
+        dest.mkdir()
+        total = 0
+        for name in names:
+            fd = os.open(name, _READ_NO_LINKS, dir_fd=dir_fd)
+            total += _copy_regular(fd, dest / name, min(max_bytes, max_total_bytes - total))
+    except OSError as exc:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise TrainingError(f"cannot take the trajectory out of the sandbox: {exc}") from exc
+    except BaseException:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise
+    finally:
+        os.close(dir_fd)
 
 
 def disk_usage(root: Path, limit: int) -> int:

@@ -19,16 +19,17 @@ from typing import Any
 
 import torch
 
-from ..models import JobConfig, ModelSpec, TaskRef
+from ..models import COMMITMENT_KEY, JobConfig, ModelSpec, TaskRef, TrajectoryCommitment
 from ..training import EpochStats, LabeledData, decode_state, encode_state
 from ..training.bound_task import bind_task, job_task_ref
 from ..training.shard_files import load_shard
 from ..training.task import TrainingTask
 from ..training.task_loop import train_task, training_device
 from ..training.task_package import decode_package, load_task
+from ..training.trajectory import TrajectoryRecorder
 from ..training.update_codec import decode_residual, encode_residual, encode_update
 
-from .process import CHECKPOINT_FILE, RESIDUAL_FILE, SHARD_FILE, STATE_FILE, TASK_FILE, WEIGHTS_FILE
+from .process import CHECKPOINT_FILE, RESIDUAL_FILE, SHARD_FILE, STATE_FILE, TASK_FILE, TRAJECTORY_DIR, WEIGHTS_FILE
 
 LoadedTasks = dict[str, TrainingTask]  # task CID -> the imported task: a process serves one training
 
@@ -74,26 +75,34 @@ def run_job(request: dict[str, Any], loaded: LoadedTasks, emit: Emit) -> dict[st
               "samples_per_s": stats.samples_per_s, **gpu_figures(device)})
 
     kept = (job_dir / STATE_FILE).read_bytes() if (job_dir / STATE_FILE).is_file() else None
+    worker = str(request.get("worker") or "")  # an old caller names none: no commitment
+    recorder = TrajectoryRecorder(out_dir / TRAJECTORY_DIR, config.segments) if worker else None
     result = train_task(task.task, model, data, task.params, config, seed=int(request["seed"]), device=device,
-                        on_epoch=on_epoch, kept_state=kept)
+                        on_epoch=on_epoch, kept_state=kept, trajectory=recorder)
     if result.task_state is not None:
         (out_dir / STATE_FILE).write_bytes(result.task_state)
     state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
-    residual = write_checkpoint(state, reference, job_dir, out_dir, request)
+    commitment = None if recorder is None else recorder.commitment(str(request.get("job_id", "")), worker, device.type)
+    residual = write_checkpoint(state, reference, job_dir, out_dir, request, commitment)
     kept_as = None if result.task_state is None else ("resumed" if result.resumed else "fresh")
     return {"event": "done", "samples": result.samples, "loss": result.loss, "seconds": result.seconds,
-            "task_state": kept_as, "residual": residual}
+            "task_state": kept_as, "residual": residual,
+            "trajectory": 0 if commitment is None else len(commitment.state_hashes)}
 
 
 def write_checkpoint(state: dict[str, torch.Tensor], reference: dict[str, torch.Tensor], job_dir: Path,
-                     out_dir: Path, request: dict[str, Any]) -> bool:
+                     out_dir: Path, request: dict[str, Any], commitment: TrajectoryCommitment | None = None) -> bool:
     """The result as the job asked for it: the weights, or their change encoded, with the error the
-    last round's lossy encoding left folded in. True when an error is kept for the next round."""
+    last round's lossy encoding left folded in, and the trajectory's commitment in its metadata (so the
+    signed CID binds it). True when an error is kept for the next round."""
     encoding = str(request.get("update_encoding", "weights"))
     kept = job_dir / RESIDUAL_FILE
     residual = decode_residual(kept.read_bytes(), reference) if kept.is_file() else None
+    metadata = {"job_id": str(request.get("job_id", ""))}
+    if commitment is not None:
+        metadata[COMMITMENT_KEY] = commitment.model_dump_json()
     blob, left = encode_update(state, reference, encoding, residual=residual,  # type: ignore[arg-type]
-                               metadata={"job_id": str(request.get("job_id", ""))})
+                               metadata=metadata)
     (out_dir / CHECKPOINT_FILE).write_bytes(blob)
     if left is None:
         return False

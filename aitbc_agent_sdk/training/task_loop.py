@@ -19,8 +19,9 @@ from aitbc_agent_sdk.errors import TrainingError
 from aitbc_agent_sdk.models import JobConfig
 from aitbc_agent_sdk.training.datasets import LabeledData
 from aitbc_agent_sdk.training.local import EpochStats, LocalTrainResult
-from aitbc_agent_sdk.training.task import Batch, TaskParams, TrainingTask
+from aitbc_agent_sdk.training.task import Batch, Scheduler, TaskParams, TrainingTask
 from aitbc_agent_sdk.training.task_state import encode_task_state, restore_task_state
+from aitbc_agent_sdk.training.trajectory import TrajectoryRecorder, isolated_rng
 
 
 def training_device(prefer: str = "auto") -> torch.device:
@@ -39,11 +40,12 @@ def autocast_for(task: TrainingTask, device: torch.device) -> contextlib.Abstrac
 
 def train_task(task: TrainingTask, model: nn.Module, data: LabeledData, params: TaskParams, config: JobConfig, *,
                seed: int, device: torch.device | None = None, on_epoch: Callable[[EpochStats], None] | None = None,
-               kept_state: bytes | None = None) -> LocalTrainResult:
+               kept_state: bytes | None = None, trajectory: TrajectoryRecorder | None = None) -> LocalTrainResult:
     """Train ``model`` in place for ``config.epochs`` epochs of the task's loss and optimizer.
 
     A ``keep_state`` task resumes its optimizer from ``kept_state`` (the last round's, when there
-    is one) and returns the new state in the result."""
+    is one) and returns the new state in the result. A ``trajectory`` recorder commits the job's
+    states and batches as it goes (and seeds the global RNG per segment, restored afterwards)."""
     if len(data) == 0:
         raise TrainingError("cannot train on an empty shard")
     device = device or next(model.parameters()).device
@@ -59,24 +61,43 @@ def train_task(task: TrainingTask, model: nn.Module, data: LabeledData, params: 
     clip = task.grad_clip_norm(params)
     model.train()
     started, epoch_loss = time.perf_counter(), math.nan
-    for epoch in range(1, config.epochs + 1):
-        # The loss is summed on the device and read once per epoch: no host sync per step on a GPU.
-        epoch_start, seen = time.perf_counter(), 0
-        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-        for batch in task.batches(data, params, batch_size, generator, device):
-            loss = _step(task, model, batch, params, optimizer, device, clip)
-            if scheduler is not None:
-                scheduler.step()
-            loss_sum += loss.double() * len(batch[1])
-            seen += len(batch[1])
-        epoch_loss = float(loss_sum) / max(seen, 1)
-        if not math.isfinite(epoch_loss):
-            raise TrainingError(f"loss diverged to {epoch_loss} in epoch {epoch}; lower the learning rate")
-        if on_epoch is not None:
-            on_epoch(EpochStats(epoch, config.epochs, epoch_loss, seen / max(time.perf_counter() - epoch_start, 1e-9)))
+    with isolated_rng(device) if trajectory is not None else contextlib.nullcontext():
+        if trajectory is not None:
+            trajectory.start(steps, seed, device, model, optimizer, scheduler)
+        for epoch in range(1, config.epochs + 1):
+            # The loss is summed on the device and read once per epoch: no host sync per step on a GPU.
+            epoch_start, seen = time.perf_counter(), 0
+            loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+            for batch in task.batches(data, params, batch_size, generator, device):
+                if trajectory is not None:
+                    trajectory.consume(batch)
+                loss = train_step(task, model, batch, params, optimizer, scheduler, device, clip)
+                if trajectory is not None:
+                    trajectory.stepped(model, optimizer, scheduler)
+                loss_sum += loss.double() * len(batch[1])
+                seen += len(batch[1])
+            epoch_loss = float(loss_sum) / max(seen, 1)
+            if not math.isfinite(epoch_loss):
+                raise TrainingError(f"loss diverged to {epoch_loss} in epoch {epoch}; lower the learning rate")
+            if on_epoch is not None:
+                on_epoch(EpochStats(epoch, config.epochs, epoch_loss,
+                                    seen / max(time.perf_counter() - epoch_start, 1e-9)))
+        if trajectory is not None:
+            trajectory.finish()
     kept = encode_task_state(optimizer, scheduler) if task.keep_state else None
     return LocalTrainResult(samples=len(data), loss=epoch_loss, seconds=time.perf_counter() - started,
                             task_state=kept, resumed=resumed)
+
+
+def train_step(task: TrainingTask, model: nn.Module, batch: Batch, params: TaskParams,
+               optimizer: torch.optim.Optimizer, scheduler: Scheduler | None, device: torch.device,
+               clip: float | None) -> torch.Tensor:
+    """One step of the job: the task's loss (autocast), clipped gradients, the optimizer's and the
+    scheduler's step. A spot check's re-execution takes the same step, so it is shared."""
+    loss = _step(task, model, batch, params, optimizer, device, clip)
+    if scheduler is not None:
+        scheduler.step()
+    return loss
 
 
 def _step(task: TrainingTask, model: nn.Module, batch: Batch, params: TaskParams,

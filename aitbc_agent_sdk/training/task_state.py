@@ -19,8 +19,8 @@ from aitbc_agent_sdk.training.checkpoint import decode_metadata, decode_state, e
 Scheduler = torch.optim.lr_scheduler.LRScheduler
 
 
-def encode_task_state(optimizer: torch.optim.Optimizer, scheduler: Scheduler | None) -> bytes:
-    state = optimizer.state_dict()
+def split_optimizer_state(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, Any]]]:
+    """An optimizer's ``state_dict()["state"]`` as tensors named ``index.name`` and the other values by index."""
     tensors: dict[str, torch.Tensor] = {}
     scalars: dict[str, dict[str, Any]] = {}
     for index, values in state["state"].items():
@@ -29,6 +29,12 @@ def encode_task_state(optimizer: torch.optim.Optimizer, scheduler: Scheduler | N
                 tensors[f"{index}.{name}"] = value
             else:
                 scalars.setdefault(str(index), {})[name] = value
+    return tensors, scalars
+
+
+def encode_task_state(optimizer: torch.optim.Optimizer, scheduler: Scheduler | None) -> bytes:
+    state = optimizer.state_dict()
+    tensors, scalars = split_optimizer_state(state)
     metadata = {"kind": "task_state", "param_groups": json.dumps(state["param_groups"]),
                 "scalars": json.dumps(scalars),
                 "scheduler": json.dumps(scheduler.state_dict() if scheduler is not None else None)}

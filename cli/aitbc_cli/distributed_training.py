@@ -31,7 +31,7 @@ from .training_options import (
     FAULTS, JOB, SPEC, AggregationChoiceOption, AssumedSpeedOption, OuterLrOption, OuterMomentumOption, OuterOption,
     UpdateEncodingOption, BatchSizeOption, EpochsOption, FetchTimeoutOption,
     FirstRoundDeadlineOption, LrOption, MinDeadlineOption, MinGpuOption, MinRoundTimeoutOption, ModelType,
-    ModelTypeOption, PartitionOption, PingTimeoutOption, PlotOption, ResendTimeoutOption, RoundsOption,
+    ModelTypeOption, PartitionOption, PingTimeoutOption, PlotOption, ResendTimeoutOption, RoundsOption, SpotChecksOption,
     RoundTimeoutOption, SeedOption, TargetWorkersOption,
 )
 
@@ -79,6 +79,7 @@ def run(
     min_round_timeout: MinRoundTimeoutOption = FAULTS["min_round_timeout_s"].default,
     fetch_timeout: FetchTimeoutOption = FAULTS["fetch_timeout_s"].default,
     resend_timeout: ResendTimeoutOption = FAULTS["resend_timeout_s"].default,
+    spot_checks: SpotChecksOption = FAULTS["spot_checks"].default,
     target_throughput: TargetThroughputOption = None,
     min_workers: MinWorkersOption = 1,
     max_workers: MaxWorkersOption = 64,
@@ -122,7 +123,7 @@ def run(
                             first_round_deadline_s=first_round_deadline, assumed_samples_per_s=assumed_samples_per_s,
                             min_deadline_s=min_deadline, round_timeout_s=round_timeout,
                             min_round_timeout_s=min_round_timeout, fetch_timeout_s=fetch_timeout,
-                            resend_timeout_s=resend_timeout),
+                            resend_timeout_s=resend_timeout, spot_checks=spot_checks),
                         elastic=elastic_policy(target_throughput, min_workers, max_workers, scale_window),
                         job=JobConfig(batch_size=batch_size, learning_rate=lr, epochs=epochs))
     settings: dict[str, Any] = {"providers": target_workers + spares if providers is None else providers,

@@ -27,7 +27,7 @@ from .training_options import (
     FAULTS, JOB, SPEC, AggregationChoiceOption, AssumedSpeedOption, OuterLrOption, OuterMomentumOption, OuterOption,
     UpdateEncodingOption, BatchSizeOption, EpochsOption, FetchTimeoutOption,
     FirstRoundDeadlineOption, LrOption, MinDeadlineOption, MinGpuOption, MinRoundTimeoutOption, ModelType,
-    ModelTypeOption, PartitionOption, PingTimeoutOption, ResendTimeoutOption, RoundsOption, RoundTimeoutOption,
+    ModelTypeOption, PartitionOption, PingTimeoutOption, AlphaOption, ResendTimeoutOption, RoundsOption, SpotChecksOption, RoundTimeoutOption,
     SeedOption, Strategy, TrainingIdArgument, TrainingIdOption,
 )
 
@@ -62,6 +62,7 @@ def init(
     batch_size: BatchSizeOption = JOB["batch_size"].default,
     lr: LrOption = JOB["learning_rate"].default,
     partition: PartitionOption = "iid",
+    alpha: AlphaOption = SPEC["dirichlet_alpha"].default,
     seed: SeedOption = 0,
     spares: SparesOption = 0,
     encrypt: EncryptOption = False,
@@ -79,6 +80,7 @@ def init(
     min_round_timeout: MinRoundTimeoutOption = FAULTS["min_round_timeout_s"].default,
     fetch_timeout: FetchTimeoutOption = FAULTS["fetch_timeout_s"].default,
     resend_timeout: ResendTimeoutOption = FAULTS["resend_timeout_s"].default,
+    spot_checks: SpotChecksOption = FAULTS["spot_checks"].default,
     target_throughput: TargetThroughputOption = None,
     min_workers: MinWorkersOption = 1,
     max_workers: MaxWorkersOption = 64,
@@ -93,7 +95,7 @@ def init(
     # Long because: typer declares every option (the fault policy's timeouts too) in the signature.
     root = resolve_home(home)
     spec = TrainingSpec(model_type=ModelType(model_type).value, target_workers=target_workers, rounds=rounds,
-                        dataset_size=dataset_size, partition=_value(partition), seed=seed, spare_workers=spares,
+                        dataset_size=dataset_size, partition=_value(partition), dirichlet_alpha=alpha, seed=seed, spare_workers=spares,
                         encrypt=encrypt,
                         outer=getattr(outer, "value", outer), outer_lr=outer_lr, outer_momentum=outer_momentum,
                         update_encoding=getattr(update_encoding, "value", update_encoding),
@@ -102,7 +104,7 @@ def init(
                             first_round_deadline_s=first_round_deadline, assumed_samples_per_s=assumed_samples_per_s,
                             min_deadline_s=min_deadline, round_timeout_s=round_timeout,
                             min_round_timeout_s=min_round_timeout, fetch_timeout_s=fetch_timeout,
-                            resend_timeout_s=resend_timeout),
+                            resend_timeout_s=resend_timeout, spot_checks=spot_checks),
                         elastic=elastic_policy(target_throughput, min_workers, max_workers, scale_window),
                         job=JobConfig(batch_size=batch_size, learning_rate=lr, epochs=epochs))
 

@@ -101,6 +101,11 @@ MinRoundTimeoutOption = Annotated[float, typer.Option(
 FetchTimeoutOption = Annotated[float, typer.Option(
     "--fetch-timeout", min=0.1, metavar="SECONDS",
     help="seconds to fetch a worker's checkpoint from the content store before asking it to re-send")]
+SpotChecksOption = Annotated[int, typer.Option(
+    "--spot-checks", min=0, max=16, help="committed segments of each result re-executed by the coordinator "
+    "(0: no spot checks)")]
+AlphaOption = Annotated[float, typer.Option(
+    "--alpha", min=1e-6, help="Dirichlet concentration: lower is more skewed (with --partition dirichlet)")]
 ResendTimeoutOption = Annotated[float, typer.Option(
     "--resend-timeout", min=0.1, metavar="SECONDS",
     help="seconds a worker has to re-send a checkpoint that could not be fetched before its work moves")]

@@ -15,13 +15,14 @@ from pathlib import Path
 import torch
 from eth_account import Account
 
-from aitbc_agent_sdk.models import JobAssignment
+from aitbc_agent_sdk.models import GpuInfo, Hardware, JobAssignment
 from aitbc_agent_sdk.provider.node import EpochReporter, ProviderAgent, TrainOutcome
 from aitbc_agent_sdk.provider.process import CHECKPOINT_FILE, WEIGHTS_FILE
 from aitbc_agent_sdk.storage import compute_cid
 from aitbc_agent_sdk.training import decode_state, encode_state
 from aitbc_agent_sdk.training.shard_files import load_shard
 from aitbc_agent_sdk.training.update_codec import decode_update, encode_update
+from scripts.chaos.lazy import LAZY
 
 State = dict[str, torch.Tensor]
 
@@ -189,6 +190,22 @@ class LossyProvider(ProviderAgent):
         return compute_cid(await asyncio.to_thread(checkpoint.read_bytes))  # hash only: no block is written
 
 
+class FakeGpuProvider(ProviderAgent):
+    """Claims one H100 its host does not have. It trains honestly (on the CPU) and answers the hardware
+    challenge honestly too, computed on its CPU: so the answer comes late, and the offer is flagged."""
+
+    FAKE_GPU = GpuInfo(name="NVIDIA H100 80GB HBM3", memory_total_bytes=80 << 30, driver_version="550.54.15",
+                       cuda_version="12.4")
+
+    def __init__(self, *args: object, hardware: Hardware | None = None, **kwargs: object) -> None:
+        from aitbc_agent_sdk.provider.hardware import detect_hardware
+
+        real = hardware or detect_hardware()
+        super().__init__(*args, hardware=real.model_copy(update={"gpus": (self.FAKE_GPU,)}),  # type: ignore[arg-type]
+                         **kwargs)
+        self.hardware_answers.device = "cpu"  # whatever the host has: the claim is the lie, not the arithmetic
+
+
 # Honest but troubled providers: for the elastic pool and re-send tests, not the Byzantine suite.
 TROUBLED: dict[str, type[ProviderAgent]] = {
     "quarter-speed": QuarterSpeedProvider,
@@ -203,12 +220,19 @@ BEHAVIOURS: dict[str, type[ProviderAgent]] = {
     "stale": StaleProvider,
     "forged": ForgedProvider,
     "cid-mismatch": CidMismatchProvider,
+    **LAZY,  # missing work: free riders, lazy workers, copycats (scripts/chaos/lazy.py)
+}
+
+
+# Providers that lie about their hardware: the chaos suite's own scenario each (fake-gpu), flagged at hiring.
+IMPOSTORS: dict[str, type[ProviderAgent]] = {
+    "fake-gpu": FakeGpuProvider,
 }
 
 
 def byzantine_factory(name: str) -> Callable[..., ProviderAgent]:
     """The ``agent_factory`` for ``serve_provider`` that builds a provider with behaviour ``name``."""
-    kinds = BEHAVIOURS | TROUBLED
+    kinds = BEHAVIOURS | TROUBLED | IMPOSTORS
     try:
         return kinds[name]
     except KeyError:

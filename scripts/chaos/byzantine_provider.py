@@ -22,13 +22,13 @@ if __package__ in (None, ""):  # run as a file: make ``scripts.chaos`` importabl
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from aitbc_agent_sdk.provider import daemon  # noqa: E402
-from scripts.chaos.byzantine import BEHAVIOURS, TROUBLED, byzantine_factory  # noqa: E402
+from scripts.chaos.byzantine import BEHAVIOURS, IMPOSTORS, TROUBLED, byzantine_factory  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = daemon.build_parser("aitbc Byzantine provider daemon for chaos tests "
                                  "(reads the wallet password from stdin)")
-    parser.add_argument("--behaviour", required=True, choices=sorted(BEHAVIOURS | TROUBLED), help="how this provider cheats")
+    parser.add_argument("--behaviour", required=True, choices=sorted(BEHAVIOURS | TROUBLED | IMPOSTORS), help="how this provider cheats")
     parser.add_argument("--stall-s", type=float, default=None, help="throttled: seconds each stalled job stalls")
     parser.add_argument("--stalled-jobs", type=int, default=None, help="throttled: how many first jobs stall")
     return parser

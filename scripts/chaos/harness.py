@@ -43,13 +43,20 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # ``scripts.chaos`` importable when run as a file
     sys.path.insert(0, str(REPO))
 
-from scripts.chaos.byzantine import BEHAVIOURS  # noqa: E402
+from scripts.chaos.byzantine import BEHAVIOURS, IMPOSTORS  # noqa: E402
 
 WEI_PER_ETH = 10**18
 BYZANTINE_WALLET = "byzantine"
 FAULTY_SCENARIOS = ("kill-provider", "straggler")
 SCENARIOS: tuple[str, ...] = ("clean", "kill-provider", "straggler", "mosquitto-restart", "coordinator-kill",
-                              *(f"byzantine-{b}" for b in BEHAVIOURS))
+                              *(f"byzantine-{b}" for b in BEHAVIOURS), "honest-noniid")
+# Whose bond the evidence must take (the signed checkpoint proves the fault), and whose it must not.
+SLASHED = ("byzantine-nan", "byzantine-lazy", "byzantine-copycat")
+NOT_SLASHED = ("byzantine-free-rider", "byzantine-lazy-honest", "byzantine-scaled", "byzantine-random",
+               "byzantine-stale", "byzantine-forged", "byzantine-cid-mismatch")
+NON_IID = {"honest-noniid": 0.1}  # scenario -> Dirichlet alpha of its label-skewed shards
+# fake-gpu: a provider claiming a GPU it lacks, flagged by the hardware challenge at hiring and never hired.
+SCENARIOS += tuple(IMPOSTORS)
 QUICK: tuple[str, ...] = ("clean", "kill-provider", "byzantine-nan", "coordinator-kill")
 
 
@@ -87,6 +94,7 @@ class ScenarioResult:
     delta: float | None = None
     faulty_worker: str | None = None
     faulty_paid_wei: int | None = None  # None: no faulty worker in this scenario
+    slashed: bool | None = None  # whether any worker's bond was slashed
     all_paid: bool | None = None  # scenarios without a faulty worker: every hired worker paid in full
     conservation_ok: bool | None = None  # None: not checked (the scenario failed before)
     deposited_wei: int | None = None
@@ -322,6 +330,7 @@ class ScenarioRun:
         self.coordinator_pids: set[int] = set()
         self.notes: list[str] = []
         self.watch: BusWatch | None = None
+        self.flagged: str | None = None  # an impostor's address: flagged at hiring, hired as nothing
 
     # -- the CLI -----------------------------------------------------------------------------------
     async def cli(self, *args: str, timeout: float = 240.0, json_out: bool = True) -> Any:
@@ -398,10 +407,11 @@ class ScenarioRun:
         data = await asyncio.to_thread(load_dataset, "digits")
         dataset = self.home.parent / "digits.npz"
         await asyncio.to_thread(np.savez, dataset, x=data.features.numpy(), y=data.labels.numpy())
+        skew = (("--partition", "dirichlet", "--alpha", str(NON_IID[self.name])) if self.name in NON_IID else ())
         init = await self.cli("distributed-training", "init", "--wallet", "dev", "--model-type", "mlp",
                               "--dataset-size", str(dataset.stat().st_size), "--target-workers", str(c.workers),
                               "--rounds", str(c.rounds), "--epochs", str(c.epochs), "--seed", str(c.seed),
-                              "--spares", str(c.spares), "--heartbeat-timeout", str(c.heartbeat_timeout_s))
+                              "--spares", str(c.spares), "--heartbeat-timeout", str(c.heartbeat_timeout_s), *skew)
         self.tid = init["training_id"]
         await self.cli("distributed-training", "upload-data", "--training-id", self.tid, "--data-path", str(dataset))
         hired = await self.cli("distributed-training", "discover-workers", "--training-id", self.tid,
@@ -624,7 +634,9 @@ EXPECTED_EVENT = {
     "straggler": "speculative_job",
     "mosquitto-restart": "payment",
     "coordinator-kill": "training_resumed",
+    "honest-noniid": "payment",
     **{f"byzantine-{b}": "result_rejected" for b in BEHAVIOURS},
+    **{name: "hardware_flagged" for name in IMPOSTORS},
 }
 
 
@@ -757,6 +769,16 @@ def judge(run: ScenarioRun, result: ScenarioResult, final: dict[str, Any], audit
             fail(f"worker_failed/result_rejected in a scenario without a faulty worker: "
                  f"{[(e['event'], e['fields']) for e in events if e['event'] in ('worker_failed', 'result_rejected')]}")
 
+    # -- bonds: slashed only for what the evidence proves
+    slashed = _by(events, "slashed")
+    result.slashed = bool(slashed)
+    if result.scenario in SLASHED and not _by(events, "slashed", worker=run.target):
+        fail(f"faulty worker {run.target} was not slashed, although its signed checkpoint proves the fault")
+    if result.scenario in NOT_SLASHED and slashed:
+        fail(f"slashed {[e['fields'].get('worker') for e in slashed]}, although nothing signed proves a fault")
+    if run.target is None and slashed:
+        fail(f"slashed {[e['fields'].get('worker') for e in slashed]} in a scenario without a faulty worker")
+
     # -- the audit log
     result.audit_ok = bool(audit["ok"])
     if not audit["ok"]:
@@ -770,6 +792,11 @@ def judge(run: ScenarioRun, result: ScenarioResult, final: dict[str, Any], audit
     if run.target is not None:
         seen = _by(events, expected, worker=run.target) if expected != "speculative_job" else \
             _by(events, expected, straggler=run.target)
+    elif run.flagged is not None:
+        seen = _by(events, expected, worker=run.flagged)
+        run.notes.extend(f"{expected}: {e['fields'].get('reason')}" for e in seen[:1])
+        if run.flagged in {w["worker_id"] for w in run.hired}:
+            fail(f"the impostor {run.flagged} was hired although its hardware claim was flagged")
     elif expected == "payment":
         seen = _by(events, "payment")
         seen = seen if {e["fields"]["worker"] for e in seen} >= {w["worker_id"] for w in workers} else []
@@ -777,7 +804,8 @@ def judge(run: ScenarioRun, result: ScenarioResult, final: dict[str, Any], audit
         seen = _by(events, expected)
     result.event_seen = bool(seen)
     if not seen:
-        fail(f"audit log has no {expected!r} event" + (f" for {run.target}" if run.target else ""))
+        fail(f"audit log has no {expected!r} event" + (f" for {run.target or run.flagged}"
+                                                       if run.target or run.flagged else ""))
     if run.target is not None and not _by(events, "worker_replaced", worker=run.target):
         fail(f"audit log has no worker_replaced for {run.target}")
     if _by(events, "training_failed"):
@@ -847,7 +875,10 @@ async def run_scenario(name: str, config: ChaosConfig = ChaosConfig(), *, refere
         from aitbc_agent_sdk.profile import load_profile
 
         total = config.workers + config.spares
-        if behaviour is None:
+        if name in IMPOSTORS:  # on top of a full honest pool: whoever is hired is honest
+            await run.devnet_up(total)
+            run.flagged = await run.add_byzantine(name, total + 1)
+        elif behaviour is None:
             await run.devnet_up(total)
         else:
             await run.devnet_up(total - 1)

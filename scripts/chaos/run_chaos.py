@@ -25,7 +25,7 @@ if __package__ in (None, ""):  # run as a file: make ``scripts.chaos`` importabl
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from scripts.chaos.harness import QUICK, SCENARIOS, ChaosConfig, ScenarioResult, run_scenarios  # noqa: E402
+from scripts.chaos.harness import QUICK, SCENARIOS, SLASHED, ChaosConfig, ScenarioResult, run_scenarios  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,9 +60,16 @@ def _yes_no(value: bool | None, good: bool = True) -> str:
     return f"[{'green' if ok else 'red'}]{'yes' if value else 'no'}[/]"
 
 
+def _slashed(r: ScenarioResult) -> str:
+    """Whether a bond was slashed, green when that is what the scenario's evidence calls for."""
+    if r.slashed is None:
+        return "-"
+    return _yes_no(r.slashed, good=r.scenario in SLASHED)
+
+
 def render(results: list[ScenarioResult]) -> Table:
     table = Table(title="chaos scenarios (4 workers + 1 spare, real mosquitto, anvil, js-ipfs)")
-    for col in ("scenario", "outcome", "complete", "accuracy", "Δ vs clean", "faulty paid?", "conserved",
+    for col in ("scenario", "outcome", "complete", "accuracy", "Δ vs clean", "faulty paid?", "slashed", "conserved",
                 "audit event", "detect s", "wall s"):
         table.add_column(col, justify="right" if col in ("accuracy", "Δ vs clean", "detect s", "wall s") else "left")
     for r in results:
@@ -81,7 +88,7 @@ def render(results: list[ScenarioResult]) -> Table:
         table.add_row(
             r.scenario, "[green]PASS[/]" if r.passed else "[red]FAIL[/]", _yes_no(r.complete),
             f"{r.accuracy:.4f}" if r.accuracy is not None else "-",
-            f"{r.delta:+.4f}" if r.delta is not None else "-", paid, _yes_no(r.conservation_ok), event,
+            f"{r.delta:+.4f}" if r.delta is not None else "-", paid, _slashed(r), _yes_no(r.conservation_ok), event,
             f"{r.detection_s:.2f}" if r.detection_s is not None else "-", f"{r.wall_s:.0f}")
     return table
 

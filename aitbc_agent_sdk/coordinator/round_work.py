@@ -1,0 +1,133 @@
+"""The round's checks that work was done: commitments on arrival, the lower bound and copies once the
+round's median is known, then spot checks running beside the round loop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..errors import TrainingError
+from ..models import JobAssignment, Shard, TrajectoryCommitment
+from ..training.shard_files import first_samples
+from ..training.trajectory import read_commitment, tensor_digest
+from .inputs import RoundInputs
+from .logbook import AuditSink
+from .service import Coordinator
+from .spot_check import SpotCheck, SpotChecker
+from .verification import validation_loss
+from .work_checks import (
+    WorkVerdict, commitment_verdict, expected_steps, median_per_step, missing_work, near_copies, sketch_positions,
+    state_norm, update_sketch,
+)
+
+log = logging.getLogger(__name__)
+State = Mapping[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Work:
+    """What a result committed to, and its update's fingerprint for finding copies."""
+
+    commitment: TrajectoryCommitment | None
+    steps: int  # the job's steps, as the coordinator counts them
+    sketch: torch.Tensor
+
+
+class RoundWork:
+    def __init__(self, coordinator: Coordinator, inputs: RoundInputs, audit: AuditSink) -> None:
+        self.c = coordinator
+        self.inputs = inputs
+        self.policy = inputs.policy
+        self.checker = SpotChecker(coordinator, inputs, audit)
+        self.found: dict[str, Work] = {}  # job id -> its work
+        self.checks: dict[int, asyncio.Task[SpotCheck]] = {}  # shard index -> its winner's spot check
+        self.median_per_step: float | None = None
+        self._own: dict[str, tuple[Any, float]] = {}  # shard CID -> (a sample of it, the round model's loss there)
+        reference = inputs.baseline.reference
+        self.start_hash = tensor_digest(reference)
+        self.reference_norm = state_norm(reference)
+        # Drawn per round and kept from workers: a copy cannot dodge coordinates it does not know.
+        self.positions = sketch_positions(reference, secrets.randbits(31))
+
+    async def own_shard(self, shard: Shard) -> tuple[Any, float]:
+        """A sample of the worker's own shard and the round model's loss on it: on label-skewed shards the
+        global validation loss of an honest result can rise, its loss on its own data cannot."""
+        if shard.cid not in self._own:
+            sample = first_samples(await self.c.data.load(shard.cid), self.policy.val_samples)
+            start = await asyncio.to_thread(validation_loss, self.inputs.model, self.inputs.baseline.reference,
+                                            sample, self.inputs.task)
+            self._own[shard.cid] = (sample, start)
+        return self._own[shard.cid]
+
+    def inspect(self, job: JobAssignment, shard: Shard, blob: bytes, state: State) -> WorkVerdict:
+        """The commitment's own checks (run in a thread: hashes the weights when they are whole)."""
+        steps = expected_steps(self.inputs.task, shard.samples, job.config)
+        sketch = update_sketch(state, self.inputs.baseline.reference, self.positions)
+        try:
+            commitment = read_commitment(blob)
+        except TrainingError as exc:
+            self.found[job.job_id] = Work(None, steps, sketch)
+            return WorkVerdict(f"malformed trajectory commitment: {exc}")
+        self.found[job.job_id] = Work(commitment, steps, sketch)
+        end_hash = tensor_digest(state) if job.update_encoding == "weights" else None
+        return commitment_verdict(commitment, job_id=job.job_id, worker=job.worker_id, steps=steps,
+                                  segments=job.config.segments, start_hash=self.start_hash, end_hash=end_hash)
+
+    def lower_bound(self, job_id: str, norm: float) -> str | None:
+        """Missing work by the update's size, once :meth:`set_median` saw the whole round."""
+        work = self.found.get(job_id)
+        if work is None or self.median_per_step is None:
+            return None
+        return missing_work(norm, work.steps, self.median_per_step, self.reference_norm, self.policy)
+
+    def set_median(self, results: Mapping[str, float]) -> None:
+        """``results``: job id -> update norm of every shard's first winner."""
+        self.median_per_step = median_per_step([(n, self.found[j].steps) for j, n in results.items()
+                                                if j in self.found])
+
+    def held(self, job_ids: list[str]) -> set[str]:
+        """Results whose update (nearly) equals another result's of this round: both get a closer check."""
+        sketches = {j: self.found[j].sketch for j in job_ids if j in self.found}
+        return near_copies(sketches, self.policy.near_copy_distance)
+
+    # -- spot checks beside the loop -------------------------------------------------------------
+    def start_check(self, index: int, job: JobAssignment, shard: Shard, held: bool) -> bool:
+        """Start the winner's spot check; False when there is nothing to check (checks off, or no commitment)."""
+        work = self.found.get(job.job_id)
+        if self.policy.spot_checks == 0 or work is None or work.commitment is None:
+            return False
+        checks = min(2 * self.policy.spot_checks if held else self.policy.spot_checks, 16)
+        self.checks[index] = asyncio.create_task(self.checker.check(job, shard, work.commitment, checks))
+        return True
+
+    def finished(self) -> list[tuple[int, WorkVerdict]]:
+        """Spot checks that ended since the last call. One that crashed on the coordinator's side proves nothing
+        against the worker: it passes (logged), and never crashes the round."""
+        done = []
+        for index, task in list(self.checks.items()):
+            if not task.done():
+                continue
+            del self.checks[index]
+            try:
+                done.append((index, task.result().verdict))
+            except Exception:
+                log.exception("spot check of shard %d could not run; its result is accepted unchecked", index)
+                done.append((index, WorkVerdict(None)))
+        return done
+
+    def cancel(self, index: int) -> None:
+        task = self.checks.pop(index, None)
+        if task is not None:
+            task.cancel()
+
+    async def close(self) -> None:
+        for task in self.checks.values():
+            task.cancel()
+        await asyncio.gather(*self.checks.values(), return_exceptions=True)
+        self.checks.clear()

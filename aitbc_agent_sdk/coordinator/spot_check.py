@@ -1,0 +1,154 @@
+"""Spot checks: re-execute a few segments of a worker's committed trajectory from its committed start.
+
+After a result passed every other check, the coordinator draws segments with the OS's randomness
+(after the commitment arrived, so the worker cannot know which), asks the worker to open the
+boundary states around them, checks each opened state against the commitment's hash, and trains
+each segment again on the shard the job named, with the job's seed. The end state must equal the
+committed one bit for bit when the worker trained on a CPU, or lie within a tolerance relative to
+the segment's own change when it trained on a GPU (whose kernels are not bit-reproducible here).
+
+A mismatch, or a batch order that is not the job's, contradicts the trajectory the worker signed
+(inside the checkpoint's CID): slashable. A worker that does not open its trajectory in time is
+unpaid for the round, but not slashed: it may just be gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..errors import AitbcError, TrainingError
+from ..messaging import topics
+from ..models import JobAssignment, Shard, TrajectoryChallenge, TrajectoryCommitment, TrajectoryOpening
+from ..training import decode_state
+from ..training.trajectory import boundary_hashes
+from ..training.trajectory_replay import Reexecution, reexecute_segments, relative_distance
+from .inputs import RoundInputs
+from .logbook import AuditSink
+from .service import Coordinator
+from .work_checks import PASS, WorkVerdict, pick_segments, reexecution_verdict
+
+log = logging.getLogger(__name__)
+BOUNDARY_SLACK = 1 << 20  # a boundary file's header and the optimizer's scalars
+
+
+@dataclass(frozen=True)
+class SpotCheck:
+    verdict: WorkVerdict
+    segments: tuple[int, ...]
+    seconds: float  # re-execution time on the coordinator: the verification's compute
+
+
+def model_part(blob: bytes) -> dict[str, torch.Tensor]:
+    """The model tensors of a boundary file (``model/<name>``)."""
+    return {k.removeprefix("model/"): v for k, v in decode_state(blob).items() if k.startswith("model/")}
+
+
+# torch's intra-op thread count is process-wide, and a CPU's sums depend on it: re-executions take turns.
+_THREADS = threading.Lock()
+
+
+def reexecute_with_threads(threads: int, *args: Any) -> dict[int, Reexecution]:
+    """:func:`reexecute_segments` with as many intra-op threads as the worker trained with (bit-exact on a CPU)."""
+    with _THREADS:
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            return reexecute_segments(*args)
+        finally:
+            torch.set_num_threads(before)
+
+
+class SpotChecker:
+    """Spot checks for one round; the shards it re-executes on are loaded once and kept for the round."""
+
+    def __init__(self, coordinator: Coordinator, inputs: RoundInputs, audit: AuditSink,
+                 rng: random.Random | None = None) -> None:
+        self.c = coordinator
+        self.inputs = inputs
+        self.audit = audit
+        self.rng = rng or random.SystemRandom()
+        self.policy = inputs.policy
+        # Optimizer moments are about twice the model: four times its size bounds any boundary file.
+        self.max_bytes = 4 * inputs.checkpoint_limit + BOUNDARY_SLACK
+
+    async def check(self, job: JobAssignment, shard: Shard, commitment: TrajectoryCommitment,
+                    checks: int) -> SpotCheck:
+        segments = pick_segments(commitment.segments, checks, self.rng)
+        opened = await self._open(job, segments)
+        if isinstance(opened, WorkVerdict):
+            return SpotCheck(opened, segments, 0.0)
+        started = time.perf_counter()
+        verdict = await self._reexecute(job, shard, commitment, segments, opened)
+        seconds = time.perf_counter() - started
+        await self.audit.append("spot_check", worker=job.worker_id, job_id=job.job_id, round=job.round,
+                                segments=list(segments), passed=verdict.problem is None, reason=verdict.problem,
+                                seconds=round(seconds, 3))
+        return SpotCheck(verdict, segments, seconds)
+
+    async def _open(self, job: JobAssignment, segments: tuple[int, ...]) -> dict[int, bytes] | WorkVerdict:
+        """The boundary states around ``segments``, fetched and checked against nothing yet."""
+        listener = await self.c.listener(job.training_id)
+        waiting = listener.expect_opening(job.job_id)
+        timeout = self.policy.opening_timeout_s
+        try:
+            await self.c.channel.publish(topics.challenge(job.worker_id), TrajectoryChallenge(
+                job_id=job.job_id, training_id=job.training_id, round=job.round, segments=segments,
+                deadline_s=timeout))
+            opening: TrajectoryOpening = await asyncio.wait_for(waiting, timeout)
+        except (TimeoutError, AitbcError) as exc:
+            listener.forget_opening(job.job_id)
+            why = "in time" if isinstance(exc, TimeoutError) else f"({exc})"
+            return WorkVerdict(f"missing work: did not open its committed trajectory {why} "
+                               f"(segments {list(segments)}, {timeout:g}s)")
+        cids = {s.boundary: s.cid for s in opening.states}
+        wanted = sorted({b for s in segments for b in (s, s + 1)})
+        if missing := [b for b in wanted if b not in cids]:
+            return WorkVerdict(f"missing work: the opening lacks boundaries {missing}")
+        blobs = {}
+        try:
+            async with asyncio.timeout(self.policy.fetch_timeout_s * len(wanted)):
+                for boundary in wanted:
+                    blobs[boundary] = await self.c.store.cat(cids[boundary], max_bytes=self.max_bytes)
+        except Exception as exc:  # missing, too big, corrupt or slow: the worker did not open it
+            return WorkVerdict(f"missing work: opened boundary states could not be fetched ({exc})")
+        return blobs
+
+    async def _reexecute(self, job: JobAssignment, shard: Shard, commitment: TrajectoryCommitment,
+                         segments: tuple[int, ...], blobs: Mapping[int, bytes]) -> WorkVerdict:
+        for boundary, blob in blobs.items():
+            try:
+                _, state_hash = await asyncio.to_thread(boundary_hashes, blob)
+            except Exception as exc:  # not a boundary file at all
+                return WorkVerdict(f"missing work: opened boundary {boundary} is malformed ({exc})")
+            if state_hash != commitment.state_hashes[boundary]:
+                return WorkVerdict(f"missing work: opened boundary {boundary} does not match the commitment")
+        data = await self.c.data.load(shard.cid)
+        exact = commitment.device == "cpu"
+        try:
+            again = await asyncio.to_thread(
+                reexecute_with_threads, commitment.threads, self.inputs.task, job.model, data, job.config,
+                job.seed, commitment, {s: blobs[s] for s in segments})
+        except (TrainingError, RuntimeError, ValueError, KeyError) as exc:  # an opened state that does not load
+            return WorkVerdict(f"missing work: an opened boundary does not load ({exc})")
+        for segment in segments:
+            if again[segment].problem is not None:
+                return WorkVerdict(f"spot check: {again[segment].problem}", slashable=True)
+            distance = None
+            if not exact:
+                distance = await asyncio.to_thread(relative_distance, again[segment].model,
+                                                   model_part(blobs[segment + 1]), model_part(blobs[segment]))
+            verdict = reexecution_verdict(segment, exact=exact, reexecuted_hash=again[segment].state_hash,
+                                          committed_hash=commitment.state_hashes[segment + 1], distance=distance,
+                                          tolerance=self.policy.reexec_tolerance)
+            if verdict.problem is not None:
+                return verdict
+        return PASS

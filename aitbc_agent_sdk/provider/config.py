@@ -1,0 +1,28 @@
+"""What a provider daemon is configured with: its price, directories, slots, sandbox and cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..models import ByteSize, TaskPolicy, Wei
+from .cache import DEFAULT_CACHE_BYTES
+from .sandbox import TrainingSandbox
+
+
+class ProviderConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    price_wei: Wei
+    work_dir: Path
+    slots: int | None = Field(default=None, ge=1, description="jobs at once; None: one per GPU, or 1 on a CPU host")
+    heartbeat_interval_s: float = Field(default=1.0, gt=0)
+    offer_refresh_s: float = Field(default=30.0, gt=0)
+    worker_threads: int | None = Field(default=None, ge=1, description="torch threads per slot; None: the "
+                                       "host's cores shared among the slots")
+    tasks: TaskPolicy = Field(default_factory=TaskPolicy, description="built-ins only, an allow-list, or any task")
+    # The training process parses strangers' data: bwrap or refuse to start. None is --no-sandbox.
+    sandbox: TrainingSandbox | None = TrainingSandbox()
+    cache_dir: Path | None = Field(default=None, description="fetched shards and weights; None: work_dir/cache")
+    cache_bytes: ByteSize = Field(default=DEFAULT_CACHE_BYTES, description="the cache's quota (LRU)")

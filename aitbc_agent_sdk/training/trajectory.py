@@ -1,0 +1,326 @@
+"""A worker's committed trajectory: hashes of its training state every ``k`` steps and of the batches it used.
+
+While a job trains, :class:`TrajectoryRecorder` writes the state at every segment boundary (model,
+optimizer, scheduler) as one safetensors file and hashes it, and hashes each segment's batches as
+they are consumed; its :meth:`~TrajectoryRecorder.commitment` goes into the checkpoint the worker
+signs. The coordinator later asks for a few boundary files and re-executes the segments between
+them (:mod:`.trajectory_replay`). Each segment starts with the global RNG seeded from the job's
+seed and the segment's index, so dropout replays from the boundary state alone.
+
+Boundary files arrive from strangers: decoding bounds the header, never unpickles, and a file
+whose tensors or JSON do not have the shape of the task's own optimizer and scheduler is refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import shutil
+import struct
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import ValidationError
+from torch import nn
+
+from aitbc_agent_sdk.errors import TrainingError
+from aitbc_agent_sdk.models import COMMITMENT_KEY, MAX_COMMITMENT_BYTES, MAX_SEGMENTS, TrajectoryCommitment
+from aitbc_agent_sdk.training.checkpoint import decode_metadata, decode_state, encode_state
+from aitbc_agent_sdk.training.task_state import split_optimizer_state
+
+Scheduler = torch.optim.lr_scheduler.LRScheduler
+Batch = tuple[torch.Tensor, torch.Tensor]
+BOUNDARY_KIND = "trajectory_boundary"
+MODEL_PREFIX, OPTIM_PREFIX = "model/", "optim/"
+MAX_HEADER_BYTES = 16 << 20  # a boundary's or checkpoint's safetensors header: thousands of tensors fit
+_HEADER_LEN = struct.Struct("<Q")
+
+
+def boundary_name(index: int) -> str:
+    return f"{index:06d}.safetensors"
+
+
+def segment_steps(total_steps: int, segments: int) -> int:
+    """Steps per segment: ``segments`` of them, fewer when the job has fewer steps."""
+    return math.ceil(total_steps / min(segments, total_steps))
+
+
+def segment_seed(seed: int, segment: int) -> int:
+    """The global RNG's seed at the start of ``segment`` of the job seeded ``seed``."""
+    digest = hashlib.sha256(f"aitbc-trajectory:{seed}:{segment}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def seed_segment(seed: int, segment: int, device: torch.device) -> None:
+    """Seed the global RNG that dropout on ``device`` draws from for ``segment``: the CPU's, and the GPU's
+    on one (not torch.manual_seed, which costs a stack trace per lazy backend each call)."""
+    value = segment_seed(seed, segment)
+    torch.default_generator.manual_seed(value)
+    if device.type == "cuda":
+        torch.cuda.manual_seed(value)
+
+
+@contextlib.contextmanager
+def isolated_rng(device: torch.device) -> Iterator[None]:
+    """The global RNG (the CPU's, and ``device``'s when it is a GPU) as it was before, afterwards."""
+    devices = []
+    if device.type == "cuda":
+        devices = [device.index if device.index is not None else torch.cuda.current_device()]
+    with torch.random.fork_rng(devices=devices):
+        yield
+
+
+def _update_tensor(hasher: Any, tensor: torch.Tensor) -> None:
+    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+    hasher.update(flat.view(torch.uint8).numpy().data if flat.numel() else b"")
+
+
+def tensor_digest(tensors: Mapping[str, torch.Tensor]) -> str:
+    """sha256 over the tensors in sorted key order: key, dtype, shape, then the bytes. Independent of
+    how (or whether) they are laid out in a file."""
+    hasher = hashlib.sha256()
+    for key in sorted(tensors):
+        tensor = tensors[key]
+        hasher.update(json.dumps([key, str(tensor.dtype), list(tensor.shape)]).encode() + b"\n")
+        _update_tensor(hasher, tensor)
+    return hasher.hexdigest()
+
+
+def hash_batch(hasher: Any, batch: Batch) -> None:
+    """Add one consumed batch (inputs, then targets) to its segment's hash."""
+    for tensor in batch:
+        hasher.update(json.dumps([str(tensor.dtype), list(tensor.shape)]).encode() + b"\n")
+        _update_tensor(hasher, tensor)
+
+
+# --- boundary state files
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+def _boundary_parts(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Scheduler | None
+                    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, str]]:
+    """The model's tensors, the optimizer's tensors (``index.name``, as task_state names them) and the
+    rest as canonical JSON metadata: what a boundary file holds and its hashes cover."""
+    model_tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    state = optimizer.state_dict()
+    tensors, scalars = split_optimizer_state(state)
+    optim = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+    metadata = {"kind": BOUNDARY_KIND, "param_groups": _canonical(state["param_groups"]),
+                "scalars": _canonical(scalars),
+                "scheduler": _canonical(scheduler.state_dict() if scheduler is not None else None)}
+    return model_tensors, optim, metadata
+
+
+def _hashes(model_tensors: Mapping[str, torch.Tensor], optim: Mapping[str, torch.Tensor],
+            metadata: Mapping[str, str]) -> tuple[str, str]:
+    model_hash = tensor_digest(model_tensors)
+    state = hashlib.sha256("\n".join((model_hash, tensor_digest(optim), _canonical(dict(metadata)))).encode())
+    return model_hash, state.hexdigest()
+
+
+def encode_boundary(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Scheduler | None) -> bytes:
+    model_tensors, optim, metadata = _boundary_parts(model, optimizer, scheduler)
+    return _encode_parts(model_tensors, optim, metadata)
+
+
+def _encode_parts(model_tensors: Mapping[str, torch.Tensor], optim: Mapping[str, torch.Tensor],
+                  metadata: Mapping[str, str]) -> bytes:
+    tensors = {**{MODEL_PREFIX + k: v for k, v in model_tensors.items()},
+               **{OPTIM_PREFIX + k: v for k, v in optim.items()}}
+    return encode_state(tensors, metadata)
+
+
+def _bounded_metadata(blob: bytes, what: str) -> dict[str, str]:
+    try:
+        (size,) = _HEADER_LEN.unpack_from(blob, 0)
+    except struct.error as exc:
+        raise TrainingError(f"malformed {what} ({len(blob)} bytes)") from exc
+    if size > MAX_HEADER_BYTES:
+        raise TrainingError(f"{what}'s header is {size} bytes, above {MAX_HEADER_BYTES}")
+    return decode_metadata(blob)
+
+
+def _decode_parts(blob: bytes) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, str]]:
+    metadata = _bounded_metadata(blob, "boundary state")
+    if metadata.get("kind") != BOUNDARY_KIND or set(metadata) != {"kind", "param_groups", "scalars", "scheduler"}:
+        raise TrainingError("not a trajectory boundary state")
+    model_tensors, optim = {}, {}
+    for key, tensor in decode_state(blob).items():
+        if key.startswith(MODEL_PREFIX):
+            model_tensors[key[len(MODEL_PREFIX):]] = tensor
+        elif key.startswith(OPTIM_PREFIX):
+            optim[key[len(OPTIM_PREFIX):]] = tensor
+        else:
+            raise TrainingError(f"boundary state holds a stray tensor {key[:64]!r}")
+    return model_tensors, optim, metadata
+
+
+def boundary_hashes(blob: bytes) -> tuple[str, str]:
+    """(model_hash, state_hash) of a boundary file: ``model_hash`` is :func:`tensor_digest` of the model's
+    tensors (so it equals that of ``model.state_dict()`` or of the checkpoint's weights), ``state_hash``
+    covers it, the optimizer's tensors and the metadata."""
+    return _hashes(*_decode_parts(blob))
+
+
+def _same_structure(fresh: Any, saved: Any) -> bool:
+    """Whether JSON ``saved`` has the shape of ``fresh`` (keys, lengths, leaf types; numbers interchange)."""
+    if isinstance(fresh, dict):
+        return (isinstance(saved, dict) and set(saved) == {str(k) for k in fresh}
+                and all(_same_structure(v, saved[str(k)]) for k, v in fresh.items()))
+    if isinstance(fresh, (list, tuple)):
+        return (isinstance(saved, list) and len(saved) == len(fresh)
+                and all(_same_structure(a, b) for a, b in zip(fresh, saved, strict=True)))
+    if isinstance(fresh, bool) or fresh is None or isinstance(fresh, str):
+        return type(saved) is type(fresh)
+    if isinstance(fresh, (int, float)):
+        return isinstance(saved, (int, float)) and not isinstance(saved, bool)
+    return False
+
+
+def load_boundary(blob: bytes, model: nn.Module, optimizer: torch.optim.Optimizer,
+                  scheduler: Scheduler | None) -> None:
+    """Restore a boundary file into a freshly built model, optimizer and scheduler of the job's task."""
+    model_tensors, optim, metadata = _decode_parts(blob)
+    try:
+        _load_model(model, model_tensors)
+        _load_optimizer(optimizer, optim, metadata)
+        saved = json.loads(metadata["scheduler"])
+        fresh = scheduler.state_dict() if scheduler is not None else None
+        if not _same_structure(fresh, saved):
+            raise ValueError("the scheduler's state does not have this task's scheduler's fields")
+        if scheduler is not None:
+            scheduler.load_state_dict(saved)
+    except (KeyError, ValueError, TypeError, RuntimeError) as exc:
+        raise TrainingError(f"the boundary state does not fit this task: {exc}") from exc
+
+
+def _load_model(model: nn.Module, tensors: Mapping[str, torch.Tensor]) -> None:
+    own = model.state_dict()
+    if set(own) != set(tensors):
+        raise ValueError(f"model keys differ: extra {sorted(set(tensors) - set(own))[:5]}, "
+                         f"missing {sorted(set(own) - set(tensors))[:5]}")
+    for key, tensor in tensors.items():
+        if tensor.dtype != own[key].dtype or tensor.shape != own[key].shape:
+            raise ValueError(f"{key} is {tensor.dtype}{tuple(tensor.shape)}, the model's "
+                             f"{own[key].dtype}{tuple(own[key].shape)}")
+    model.load_state_dict(dict(tensors), strict=True)
+
+
+def _load_optimizer(optimizer: torch.optim.Optimizer, tensors: Mapping[str, torch.Tensor],
+                    metadata: Mapping[str, str]) -> None:
+    fresh_groups = optimizer.state_dict()["param_groups"]
+    groups = json.loads(metadata["param_groups"])
+    if not _same_structure(fresh_groups, groups) or [g["params"] for g in groups] != [
+            g["params"] for g in fresh_groups]:
+        raise ValueError("the optimizer's param groups are not this task's")
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    state: dict[int, dict[str, Any]] = {}
+    scalars = json.loads(metadata["scalars"])
+    if not isinstance(scalars, dict):
+        raise ValueError("scalars are not a map")
+    for index, values in scalars.items():
+        if not isinstance(values, dict) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in values.values()):
+            raise ValueError(f"optimizer scalars of {index!r} are not numbers")
+        if not 0 <= int(index) < len(params):
+            raise ValueError(f"optimizer state for parameter {index!r} of {len(params)}")
+        state.setdefault(int(index), {}).update(values)
+    for key, tensor in tensors.items():
+        index, name = key.split(".", 1)
+        if not 0 <= int(index) < len(params) or (tensor.ndim and tensor.shape != params[int(index)].shape):
+            raise ValueError(f"{key} has shape {tuple(tensor.shape)}, not its parameter's")
+        state.setdefault(int(index), {})[name] = tensor
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+# --- recording in the training loop
+
+
+class TrajectoryRecorder:
+    """Records one job's trajectory while :func:`~.task_loop.train_task` runs it; ``directory=None``
+    keeps only the hashes. The loop calls :meth:`start`, then per batch :meth:`consume` and
+    :meth:`stepped` (after the optimizer's and the scheduler's step), then :meth:`finish`."""
+
+    def __init__(self, directory: Path | None, segments: int) -> None:
+        if not 1 <= segments <= MAX_SEGMENTS:
+            raise ValueError(f"segments must be within 1..{MAX_SEGMENTS}, got {segments}")
+        self.directory, self.segments = directory, segments
+        self.total_steps = self.segment_steps = self.steps = 0
+        self.seed, self.device, self.threads = 0, torch.device("cpu"), 1
+        self.model_hashes: list[str] = []
+        self.state_hashes: list[str] = []
+        self.batch_hashes: list[str] = []
+        self._batches = hashlib.sha256()
+        self._finished = False
+
+    def start(self, total_steps: int, seed: int, device: torch.device, model: nn.Module,
+              optimizer: torch.optim.Optimizer, scheduler: Scheduler | None) -> None:
+        """Boundary 0 (after a kept state is restored, before the first batch), and segment 0's RNG."""
+        if total_steps < 1:
+            raise TrainingError("a committed trajectory needs at least one step")
+        self.total_steps, self.seed, self.device = total_steps, seed, device
+        self.threads = torch.get_num_threads()  # a CPU's sums depend on it: the re-execution uses as many
+        self.segment_steps = segment_steps(total_steps, self.segments)
+        if self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)  # no stale boundary of another job survives
+            self.directory.mkdir(parents=True)
+        self._boundary(model, optimizer, scheduler)
+        seed_segment(seed, 0, device)
+
+    def consume(self, batch: Batch) -> None:
+        hash_batch(self._batches, batch)
+
+    def stepped(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Scheduler | None) -> None:
+        self.steps += 1
+        if self.steps > self.total_steps:
+            raise TrainingError(f"the task's batches() yielded more than the {self.total_steps} batches its "
+                                f"steps_per_epoch() x epochs promise; a committed trajectory needs them to agree")
+        if self.steps % self.segment_steps and self.steps != self.total_steps:
+            return
+        self.batch_hashes.append(self._batches.hexdigest())
+        self._batches = hashlib.sha256()
+        self._boundary(model, optimizer, scheduler)
+        if self.steps < self.total_steps:
+            seed_segment(self.seed, len(self.batch_hashes), self.device)
+
+    def finish(self) -> None:
+        if self.steps != self.total_steps:
+            raise TrainingError(f"the task's batches() yielded {self.steps} batches, its steps_per_epoch() x "
+                                f"epochs promise {self.total_steps}; a committed trajectory needs them to agree")
+        self._finished = True
+
+    def _boundary(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Scheduler | None) -> None:
+        parts = _boundary_parts(model, optimizer, scheduler)
+        model_hash, state_hash = _hashes(*parts)
+        if self.directory is not None:
+            (self.directory / boundary_name(len(self.model_hashes))).write_bytes(_encode_parts(*parts))
+        self.model_hashes.append(model_hash)
+        self.state_hashes.append(state_hash)
+
+    def commitment(self, job_id: str, worker: str, device_type: str) -> TrajectoryCommitment:
+        if not self._finished:
+            raise TrainingError("the trajectory is not finished")
+        return TrajectoryCommitment(job_id=job_id, worker=worker, steps=self.steps, segment_steps=self.segment_steps,
+                                    device="cuda" if device_type == "cuda" else "cpu", threads=self.threads,
+                                    model_hashes=tuple(self.model_hashes), state_hashes=tuple(self.state_hashes),
+                                    batch_hashes=tuple(self.batch_hashes))
+
+
+def read_commitment(blob: bytes) -> TrajectoryCommitment | None:
+    """The trajectory a checkpoint commits to; None when it has none, TrainingError when it is malformed."""
+    value = _bounded_metadata(blob, "checkpoint").get(COMMITMENT_KEY)
+    if value is None:
+        return None
+    if len(value.encode()) > MAX_COMMITMENT_BYTES:
+        raise TrainingError(f"the checkpoint's trajectory commitment is above {MAX_COMMITMENT_BYTES} bytes")
+    try:
+        return TrajectoryCommitment.model_validate_json(value)
+    except ValidationError as exc:
+        raise TrainingError(f"malformed trajectory commitment: {exc.errors()[0]['msg']}") from exc

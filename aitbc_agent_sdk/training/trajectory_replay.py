@@ -1,0 +1,161 @@
+"""A spot check's re-execution of one committed segment, and how far two states lie apart. Pure torch, no I/O.
+
+The coordinator opens a segment's start state (a boundary file the worker sends, bound to the
+commitment by its hash), builds the task's model, optimizer and scheduler as the worker's
+:func:`~.task_loop.train_task` did, replays the job's seeded batch stream from its start (checking
+each segment's batches against the commitment on the way) and trains the segment's steps with the
+loop's own step function. On equal CPUs the end state must equal the committed one bit for bit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from aitbc_agent_sdk.errors import TrainingError
+from aitbc_agent_sdk.models import JobConfig, ModelSpec, TrajectoryCommitment
+from aitbc_agent_sdk.training.bound_task import BoundTask
+from aitbc_agent_sdk.training.task import Batch
+from aitbc_agent_sdk.training.task_loop import train_step
+from aitbc_agent_sdk.training.trajectory import (
+    boundary_hashes, encode_boundary, hash_batch, isolated_rng, load_boundary, seed_segment, segment_steps,
+)
+
+
+@dataclass(frozen=True)
+class Reexecution:
+    """The state a re-executed segment ends in (a boundary file and its hashes), or why it could not run."""
+
+    end: bytes = b""
+    model_hash: str = ""
+    state_hash: str = ""
+    model: dict[str, torch.Tensor] = field(default_factory=dict)
+    problem: str | None = None
+
+
+def _stream(bound: BoundTask, data: Any, config: JobConfig, batch_size: int, generator: torch.Generator,
+            device: torch.device) -> Iterator[Batch]:
+    """The job's batches, epoch after epoch, drawn as train_task draws them."""
+    for _ in range(config.epochs):
+        yield from bound.task.batches(data, bound.params, batch_size, generator, device)
+
+
+def reexecute_segment(task: BoundTask, spec: ModelSpec, data: Any, config: JobConfig, seed: int,
+                      commitment: TrajectoryCommitment, segment: int, start: bytes, *,
+                      device: torch.device = torch.device("cpu")) -> Reexecution:
+    """Train ``segment`` of the committed job again from its opened start state ``start``.
+
+    A ``problem`` says what in the worker's answer is wrong (the start state, the job's shape, the
+    batch order); the caller compares the returned end state with the committed one."""
+    return reexecute_segments(task, spec, data, config, seed, commitment, {segment: start}, device=device)[segment]
+
+
+def reexecute_segments(task: BoundTask, spec: ModelSpec, data: Any, config: JobConfig, seed: int,
+                       commitment: TrajectoryCommitment, starts: Mapping[int, bytes], *,
+                       device: torch.device = torch.device("cpu")) -> dict[int, Reexecution]:
+    """:func:`reexecute_segment` for several segments in one pass over the job's batch stream (the batches
+    before the last one are drawn and hashed once, not once per segment). A problem found on the way
+    (the stream, the batch order) ends the pass: it and every segment not reached carry it."""
+    for segment in starts:
+        if not 0 <= segment < commitment.segments:
+            raise ValueError(f"segment {segment} outside the commitment's {commitment.segments}")
+    done = _opened_problems(commitment, starts)
+    batch_size = min(config.batch_size, len(data))
+    total = config.epochs * task.task.steps_per_epoch(data, task.params, batch_size)
+    k = segment_steps(total, config.segments)
+    if (commitment.steps, commitment.segment_steps) != (total, k):
+        problem = (f"commits {commitment.steps} steps in segments of {commitment.segment_steps}; the job has "
+                   f"{total} in segments of {k}")
+        return {s: done.get(s, Reexecution(problem=problem)) for s in starts}
+    wanted = sorted(s for s in starts if s not in done)
+    if not wanted:
+        return done
+    batches = _stream(task, data, config, batch_size, torch.Generator().manual_seed(seed), device)
+    with isolated_rng(device):
+        problem = _replay(task, spec, len(data), config, seed, commitment, starts, wanted, batches, total, done,
+                          device)
+    if problem is not None:  # segments finished before it keep their end states
+        return {s: done.get(s, Reexecution(problem=problem)) for s in starts}
+    return done
+
+
+def _opened_problems(commitment: TrajectoryCommitment, starts: Mapping[int, bytes]) -> dict[int, Reexecution]:
+    """Opened start states that are not what the commitment hashed."""
+    found = {}
+    for segment, start in starts.items():
+        try:
+            opened = boundary_hashes(start)[1]
+        except TrainingError as exc:
+            found[segment] = Reexecution(problem=f"opened start state is malformed: {exc}")
+            continue
+        if opened != commitment.state_hashes[segment]:
+            found[segment] = Reexecution(problem="opened start state does not match the commitment")
+    return found
+
+
+def _replay(task: BoundTask, spec: ModelSpec, samples: int, config: JobConfig, seed: int,
+            commitment: TrajectoryCommitment, starts: Mapping[int, bytes], wanted: list[int],
+            batches: Iterator[Batch], total: int, done: dict[int, Reexecution], device: torch.device) -> str | None:
+    """Draw the job's batches up to the last wanted segment, hashing each segment's; train the wanted ones
+    from their opened starts into ``done``. Returns what ended the pass early (stream or batch order)."""
+    model = task.build(spec, samples=samples)
+    model.to(device)
+    optimizer, scheduler = task.task.configure_optimizer(model, task.params, config, total)
+    clip = task.task.grad_clip_norm(task.params)
+    model.train()
+    k = commitment.segment_steps
+    training: int | None = None  # the segment being re-executed, if any
+    hasher = hashlib.sha256()
+    for step in range(commitment.segment_steps_of(wanted[-1])[1]):
+        segment = step // k
+        if step % k == 0 and segment in wanted:
+            try:
+                load_boundary(starts[segment], model, optimizer, scheduler)
+            except TrainingError as exc:
+                done[segment] = Reexecution(problem=f"opened start state does not fit the task: {exc}")
+            else:
+                training = segment
+                seed_segment(seed, segment, device)  # before its first batch is drawn, as the recorder does
+        batch = next(batches, None)
+        if batch is None:
+            return f"the job's batches end at step {step}, before segment {wanted[-1]} does"
+        hash_batch(hasher, batch)
+        if training == segment:
+            train_step(task.task, model, batch, task.params, optimizer, scheduler, device, clip)
+        if (step + 1) % k == 0 or step + 1 == total:
+            if hasher.hexdigest() != commitment.batch_hashes[segment]:
+                return f"batch order of segment {segment} differs from the commitment"
+            hasher = hashlib.sha256()
+            if training == segment:
+                done[segment] = _ended(model, optimizer, scheduler)
+                training = None
+    return None
+
+
+def _ended(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> Reexecution:
+    blob = encode_boundary(model, optimizer, scheduler)
+    model_hash, state_hash = boundary_hashes(blob)
+    tensors = {k: v.detach().to("cpu").clone() for k, v in model.state_dict().items()}
+    return Reexecution(end=blob, model_hash=model_hash, state_hash=state_hash, model=tensors)
+
+
+def relative_distance(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor],
+                      start: Mapping[str, torch.Tensor]) -> float:
+    """``||a - b|| / ||b - start||`` over ``b``'s floating tensors, in float64: how far a re-executed end
+    state ``a`` lies from the committed ``b``, relative to the segment's own change. inf when non-finite."""
+    keys = sorted(k for k, v in b.items() if v.is_floating_point())
+    differ = [k for k in keys if k not in a or k not in start or not a[k].shape == b[k].shape == start[k].shape]
+    if differ:
+        raise ValueError(f"states differ in their tensors: {differ[:5]}")
+    apart = moved = 0.0
+    for key in keys:
+        target = b[key].detach().to("cpu", torch.float64)
+        apart += float((a[key].detach().to("cpu", torch.float64) - target).square().sum())
+        moved += float((target - start[key].detach().to("cpu", torch.float64)).square().sum())
+    distance = math.sqrt(apart) / max(math.sqrt(moved), 1e-12)
+    return distance if math.isfinite(distance) else math.inf

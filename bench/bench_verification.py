@@ -1,0 +1,230 @@
+"""What paying only for verified work costs, and how much skipped work it catches.
+
+Three measurements, each a ratio within this run:
+
+1. **Compute.** A worker's job trained as a provider trains it (one torch thread, trajectory recorded
+   and its boundary files written) against the same job without the recorder; then the coordinator's
+   spot check at the default rate (``FaultPolicy.spot_checks`` segments of ``JobConfig.segments``:
+   hash the opened states, replay the batch order, re-execute) against that training. Goal: <= 10 %.
+   Two workloads: the mlp on digits (a 450-sample shard, 20 epochs: 300 steps of a 10k-parameter model,
+   the worst case for the recorder's fixed costs) and a 4-layer gpt (width 128) on byte text, 256 steps.
+2. **Detection.** A worker that skips a fraction of its steps, either in whole segments (the cheater's
+   best case: as few dirty segments as possible) or spread over them, is caught when a drawn segment is
+   dirty. Simulated over many rounds with the coordinator's own draw (``pick_segments`` on the OS's
+   randomness); a sample of rounds is also run for real (a worker whose loss is zero in the skipped
+   segments, re-executed by ``reexecute_segment``) to show a dirty drawn segment is always caught and a
+   clean one never is. Goal: skipping >= 50 % caught in >= 95 % of rounds.
+3. **Accuracy.** A clean embedded training with spot checks on against off.
+
+    python bench/bench_verification.py [--rounds 20000] [--real-rounds 24] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import statistics
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from quick import parse_args
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from aitbc_agent_sdk.coordinator.work_checks import pick_segments  # noqa: E402
+from aitbc_agent_sdk.models import FaultPolicy, JobConfig, TaskRef  # noqa: E402
+from aitbc_agent_sdk.training import LabeledData, load_dataset  # noqa: E402
+from aitbc_agent_sdk.training.bound_task import bind_task  # noqa: E402
+from aitbc_agent_sdk.training.shard_files import TokenData  # noqa: E402
+from aitbc_agent_sdk.training.task_loop import train_task  # noqa: E402
+from aitbc_agent_sdk.training.trajectory import TrajectoryRecorder, boundary_hashes, boundary_name  # noqa: E402
+from aitbc_agent_sdk.training.trajectory_replay import reexecute_segments  # noqa: E402
+
+POLICY = FaultPolicy()
+WORKER = "0x" + "ab" * 20
+
+
+def workloads(quick: bool) -> dict[str, tuple]:
+    digits = load_dataset("digits")
+    shard = digits.subset(np.arange(450))
+    mlp = bind_task(TaskRef(name="mlp"))
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    text = [np.frombuffer((stdlib / n).read_bytes(), dtype=np.uint8).astype(np.uint16)
+            for n in ("textwrap.py", "argparse.py", "typing.py")]
+    size = ({"layers": 2, "heads": 2, "width": 64, "context": 32, "windows_per_epoch": 256} if quick else
+            {"layers": 4, "heads": 4, "width": 128, "context": 64, "windows_per_epoch": 4096})
+    gpt = bind_task(TaskRef(name="gpt", params={**size, "eval_windows": 8}))
+    return {
+        "mlp-digits": (mlp, shard, JobConfig(epochs=4 if quick else 20, batch_size=32, learning_rate=1e-2)),
+        "gpt-bytes": (gpt, TokenData(tuple(text), vocab_size=256, eot=0),
+                      JobConfig(epochs=1, batch_size=16, learning_rate=3e-3)),
+    }
+
+
+def train(bound, data, config, directory: Path | None, record: bool):
+    spec = bound.model_spec(data)
+    model = bound.build(spec, samples=len(data), seed=1)
+    recorder = TrajectoryRecorder(directory, config.segments) if record else None
+    started = time.perf_counter()
+    train_task(bound.task, model, data, bound.params, config, seed=7, trajectory=recorder)
+    seconds = time.perf_counter() - started
+    return spec, seconds, recorder.commitment("job-1", WORKER, "cpu") if recorder else None
+
+
+def spot_check(bound, spec, data, config, commitment, directory: Path, checks: int) -> tuple[float, bool]:
+    """The coordinator's work for one result: hash the opened boundaries, re-execute, compare."""
+    started = time.perf_counter()
+    ok, starts = True, {}
+    for segment in pick_segments(commitment.segments, checks, random.SystemRandom()):
+        start, end = ((directory / boundary_name(b)).read_bytes() for b in (segment, segment + 1))
+        ok &= boundary_hashes(start)[1] == commitment.state_hashes[segment]
+        ok &= boundary_hashes(end)[1] == commitment.state_hashes[segment + 1]
+        starts[segment] = start
+    for segment, again in reexecute_segments(bound, spec, data, config, 7, commitment, starts).items():
+        ok &= again.problem is None and again.state_hash == commitment.state_hashes[segment + 1]
+    return time.perf_counter() - started, ok
+
+
+def measure_compute(quick: bool, repeat: int) -> dict:
+    rows = {}
+    for name, (bound, data, config) in workloads(quick).items():
+        train(bound, data, config, None, record=False)  # warm: torch's first steps load much of itself
+        plain, recorded, verify = [], [], []
+        for _ in range(repeat):
+            plain.append(train(bound, data, config, None, record=False)[1])
+            with tempfile.TemporaryDirectory() as tmp:
+                spec, seconds, commitment = train(bound, data, config, Path(tmp), record=True)
+                recorded.append(seconds)
+                cost, ok = spot_check(bound, spec, data, config, commitment, Path(tmp), POLICY.spot_checks)
+                if not ok:
+                    raise SystemExit(f"{name}: an honest segment failed its spot check")
+                verify.append(cost)
+        rows[name] = {"steps": commitment.steps, "segments": commitment.segments,
+                      "train_s": round(statistics.median(recorded), 4), "plain_s": round(statistics.median(plain), 4),
+                      "verify_s": round(statistics.median(verify), 4),
+                      "recording_over_plain_ratio": round(statistics.median(recorded) / statistics.median(plain), 3),
+                      "verification_over_training_ratio": round(statistics.median(verify) /
+                                                                statistics.median(recorded), 4)}
+    return rows
+
+
+# -- detection ---------------------------------------------------------------------------------------
+
+def dirty_segments(fraction: float, segments: int, steps_per_segment: int, how: str, rng: random.Random) -> set[int]:
+    if how == "whole segments":  # the cheater's best case: its skipped steps fill as few segments as possible
+        return set(rng.sample(range(segments), math.ceil(fraction * segments)))
+    return {s for s in range(segments) if any(rng.random() < fraction for _ in range(steps_per_segment))}
+
+
+def simulate(rounds: int, segments: int, steps_per_segment: int) -> list[dict]:
+    draw, attack = random.SystemRandom(), random.Random(0)
+    rows = []
+    for how in ("whole segments", "spread"):
+        for fraction in (0.05, 0.1, 0.25, 0.5, 0.75, 0.9):
+            caught = sum(bool(dirty_segments(fraction, segments, steps_per_segment, how, attack)
+                              & set(pick_segments(segments, POLICY.spot_checks, draw))) for _ in range(rounds))
+            rows.append({"skipped": fraction, "how": how, "caught_ratio": round(caught / rounds, 4)})
+    return rows
+
+
+class SkippingTask:
+    """The mlp task, except that in the skipped segments its loss is a zero: no gradient, no work done."""
+
+    def __init__(self, bound, segment_steps: int, skipped: set[int]) -> None:
+        self._task, self._k, self._skipped, self.calls = bound.task, segment_steps, skipped, 0
+
+    def __getattr__(self, name):
+        return getattr(self._task, name)
+
+    def loss(self, model, batch, params):
+        segment, self.calls = self.calls // self._k, self.calls + 1
+        loss = self._task.loss(model, batch, params)
+        return loss * 0.0 if segment in self._skipped else loss
+
+
+def real_rounds(rounds: int) -> dict:
+    """Rounds run for real: a worker skipping half its segments, re-executed where the coordinator draws."""
+    bound, data, config = workloads(quick=True)["mlp-digits"]
+    agree = caught = dirty_drawn = 0
+    rng = random.Random(1)
+    for index in range(rounds):
+        with tempfile.TemporaryDirectory() as tmp:
+            spec = bound.model_spec(data)
+            _, _, honest = train(bound, data, config, None, record=True)  # the step count and segments
+            skipped = set() if index % 4 == 0 else set(rng.sample(range(honest.segments), honest.segments // 2))
+            model = bound.build(spec, samples=len(data), seed=1)
+            recorder = TrajectoryRecorder(Path(tmp), config.segments)
+            train_task(SkippingTask(bound, honest.segment_steps, skipped), model, data, bound.params, config, seed=7,
+                       trajectory=recorder)
+            commitment = recorder.commitment("job-1", WORKER, "cpu")
+            drawn = pick_segments(commitment.segments, POLICY.spot_checks, random.SystemRandom())
+            starts = {s: (Path(tmp) / boundary_name(s)).read_bytes() for s in drawn}
+            failed = any(again.state_hash != commitment.state_hashes[s + 1] for s, again in
+                         reexecute_segments(bound, spec, data, config, 7, commitment, starts).items())
+            predicted = bool(skipped & set(drawn))
+            agree += failed == predicted
+            caught += failed
+            dirty_drawn += predicted
+    return {"rounds": rounds, "verdicts_matching_the_dirty_draw_ratio": agree / rounds, "caught": caught,
+            "dirty_drawn": dirty_drawn}
+
+
+# -- accuracy ----------------------------------------------------------------------------------------
+
+async def embedded_accuracy(spot_checks: int, workers: int, rounds: int) -> tuple[float, float]:
+    from aitbc_agent_sdk import Agent, AgentConfig, TrainingSpec
+
+    spec = TrainingSpec(model_type="mlp", target_workers=workers, rounds=rounds, seed=3,
+                        faults=FaultPolicy(spot_checks=spot_checks), job=JobConfig(epochs=2))
+    with tempfile.TemporaryDirectory() as home:
+        async with Agent(AgentConfig(home=Path(home), providers=workers)) as agent:
+            started = time.perf_counter()
+            report = await agent.run_distributed_training(spec)
+            return report.final_accuracy, time.perf_counter() - started
+
+
+def measure_accuracy(workers: int, rounds: int, repeat: int) -> dict:
+    on, off, on_s, off_s = [], [], [], []
+    for _ in range(repeat):
+        for checks, accuracy, seconds in ((POLICY.spot_checks, on, on_s), (0, off, off_s)):
+            a, s = asyncio.run(embedded_accuracy(checks, workers, rounds))
+            accuracy.append(a)
+            seconds.append(s)
+    return {"workers": workers, "rounds": rounds, "accuracy_on": on, "accuracy_off": off,
+            "accuracy_on_over_off_ratio": round(statistics.mean(on) / statistics.mean(off), 4),
+            "wall_on_over_off_ratio": round(statistics.median(on_s) / statistics.median(off_s), 3)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=20000, help="simulated rounds per row")
+    parser.add_argument("--real-rounds", type=int, default=24, help="rounds re-executed for real")
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--training-rounds", type=int, default=3)
+    args = parse_args(parser, repeat=1, rounds=2000, real_rounds=4, workers=2, training_rounds=1)
+    torch.set_num_threads(1)  # as a provider's training process runs
+    quick = "--quick" in sys.argv[1:]
+    compute = measure_compute(quick, args.repeat)
+    steps = compute["mlp-digits"]["steps"]
+    segments = compute["mlp-digits"]["segments"]
+    detection = simulate(args.rounds, JobConfig().segments, max(steps // segments, 1))
+    real = real_rounds(args.real_rounds)
+    accuracy = measure_accuracy(args.workers, args.training_rounds, 1 if quick else 2)
+    at_half = min(r["caught_ratio"] for r in detection if r["skipped"] >= 0.5)
+    print(json.dumps({"bench": "verification", "spot_checks": POLICY.spot_checks, "segments": JobConfig().segments,
+                      "compute": compute, "detection": detection, "real_rounds": real,
+                      "caught_at_half_skipped_ratio": at_half, "accuracy": accuracy}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""Providers that skip work and still want to be paid: free riders, lazy workers and copycats.
+
+Each is a ProviderAgent that replaces the honest training step; they train (when they do) in their
+own process, as a cheater on its own machine would. Registered in ``byzantine.BEHAVIOURS``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import math
+import secrets
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from aitbc_agent_sdk.coordinator.work_checks import expected_steps
+from aitbc_agent_sdk.messaging import topics
+from aitbc_agent_sdk.models import COMMITMENT_KEY, JobAssignment, JobResult, TrajectoryCommitment
+from aitbc_agent_sdk.provider.node import EpochReporter, ProviderAgent, TrainOutcome
+from aitbc_agent_sdk.provider.process import CHECKPOINT_FILE, TRAJECTORY_DIR, WEIGHTS_FILE
+from aitbc_agent_sdk.training import decode_state
+from aitbc_agent_sdk.training.bound_task import BoundTask, bind_task, job_task_ref
+from aitbc_agent_sdk.training.shard_files import load_shard
+from aitbc_agent_sdk.training.task_loop import train_task
+from aitbc_agent_sdk.training.trajectory import (
+    TrajectoryRecorder, boundary_hashes, boundary_name, encode_boundary, hash_batch, segment_steps, tensor_digest,
+)
+from aitbc_agent_sdk.training.update_codec import encode_update
+
+State = dict[str, torch.Tensor]
+COPY_WAIT_S = 120.0  # how long a copycat waits for someone else's result before it trains itself
+
+
+def _made_up() -> str:
+    return secrets.token_hex(32)
+
+
+def _write_checkpoint(job_dir: Path, job: JobAssignment, state: State, commitment: TrajectoryCommitment | None) -> None:
+    reference = decode_state((job_dir / WEIGHTS_FILE).read_bytes())
+    metadata = {"job_id": job.job_id, **({COMMITMENT_KEY: commitment.model_dump_json()} if commitment else {})}
+    blob, _ = encode_update(state, reference, job.update_encoding, metadata=metadata)
+    (job_dir / CHECKPOINT_FILE).write_bytes(blob)
+
+
+def _job_task(job: JobAssignment) -> BoundTask:
+    return bind_task(job_task_ref(job.model, job.task))
+
+
+def honest_batch_hashes(task: BoundTask, data: object, job: JobAssignment, steps: int) -> list[str]:
+    """The batch hashes an honest worker commits to: cheap, no training (a careful cheater computes them)."""
+    k = segment_steps(steps, job.config.segments)
+    generator = torch.Generator().manual_seed(job.seed)
+    batch_size = min(job.config.batch_size, len(data))  # type: ignore[arg-type]
+    hashes, hasher, step = [], hashlib.sha256(), 0
+    for _ in range(job.config.epochs):
+        for batch in task.task.batches(data, task.params, batch_size, generator, torch.device("cpu")):  # type: ignore[arg-type]
+            hash_batch(hasher, batch)
+            step += 1
+            if step % k == 0 or step == steps:
+                hashes.append(hasher.hexdigest())
+                hasher = hashlib.sha256()
+    return hashes
+
+
+class SkippingProvider(ProviderAgent):
+    """Replaces the honest training process with :meth:`skip_work`, run in its own thread here."""
+
+    async def train_job(self, job: JobAssignment, job_dir: Path, on_epoch: EpochReporter) -> TrainOutcome:
+        started = time.perf_counter()
+        samples = await asyncio.to_thread(self.skip_work, job_dir, job)
+        return TrainOutcome(checkpoint=job_dir / CHECKPOINT_FILE, samples=samples, loss=1.0,
+                            seconds=time.perf_counter() - started)
+
+    def skip_work(self, job_dir: Path, job: JobAssignment) -> int:
+        """Write the job's checkpoint (and any trajectory) into ``job_dir``; returns the shard's samples."""
+        raise NotImplementedError
+
+
+class FreeRiderProvider(SkippingProvider):
+    """Trains nothing: announces the round's weights plus 1e-6 noise, with a commitment it made up
+    (its ends match the weights it sent; nothing between them exists, so it can open nothing)."""
+
+    def skip_work(self, job_dir: Path, job: JobAssignment) -> int:
+        sent = decode_state((job_dir / WEIGHTS_FILE).read_bytes())
+        noisy = {k: v + 1e-6 * torch.randn_like(v) if v.is_floating_point() else v for k, v in sent.items()}
+        data = load_shard(job_dir)
+        steps = expected_steps(_job_task(job), len(data), job.config)
+        n = math.ceil(steps / segment_steps(steps, job.config.segments))
+        commitment = TrajectoryCommitment(
+            job_id=job.job_id, worker=self.address, steps=steps, segment_steps=segment_steps(steps, job.config.segments),
+            device="cpu", model_hashes=(tensor_digest(sent), *(_made_up() for _ in range(n - 1)), tensor_digest(noisy)),
+            state_hashes=tuple(_made_up() for _ in range(n + 1)), batch_hashes=tuple(_made_up() for _ in range(n)))
+        _write_checkpoint(job_dir, job, noisy, commitment)
+        return len(data)
+
+
+class LazyProvider(SkippingProvider):
+    """Trains a tenth of its steps, then commits to a made-up trajectory it can open: boundary ``i`` is the
+    straight line from the round's model towards what it trained, with a fresh optimizer, and the batch
+    hashes are the honest ones. Every file hashes to its commitment; no segment re-executes to the next."""
+
+    FRACTION = 0.1
+
+    def skip_work(self, job_dir: Path, job: JobAssignment) -> int:
+        task, data = _job_task(job), load_shard(job_dir)
+        sent = decode_state((job_dir / WEIGHTS_FILE).read_bytes())
+        steps = expected_steps(task, len(data), job.config)
+        k = segment_steps(steps, job.config.segments)
+        n = math.ceil(steps / k)
+        model = task.build(job.model, samples=len(data))
+        model.load_state_dict(sent)
+        part = data.subset(np.arange(max(1, int(len(data) * self.FRACTION))))
+        train_task(task.task, model, part, task.params, job.config, seed=job.seed)
+        trained = {key: v.detach().clone() for key, v in model.state_dict().items()}
+        directory = job_dir / TRAJECTORY_DIR
+        directory.mkdir(exist_ok=True)
+        models, states = [], []
+        for i in range(n + 1):
+            point = trained if i == n else sent if i == 0 else {
+                key: sent[key] + (i / n) * (trained[key] - sent[key]) if v.is_floating_point() else v
+                for key, v in sent.items()}
+            model.load_state_dict(point)
+            optimizer, scheduler = task.task.configure_optimizer(model, task.params, job.config, steps)
+            blob = encode_boundary(model, optimizer, scheduler)
+            (directory / boundary_name(i)).write_bytes(blob)
+            model_hash, state_hash = boundary_hashes(blob)
+            models.append(model_hash)
+            states.append(state_hash)
+        commitment = TrajectoryCommitment(job_id=job.job_id, worker=self.address, steps=steps, segment_steps=k,
+                                          device="cpu", model_hashes=tuple(models), state_hashes=tuple(states),
+                                          batch_hashes=tuple(honest_batch_hashes(task, data, job, steps)))
+        _write_checkpoint(job_dir, job, trained, commitment)
+        return len(data)
+
+
+class LazyHonestProvider(SkippingProvider):
+    """Trains half of its steps and commits honestly to what it did (a shorter trajectory)."""
+
+    FRACTION = 0.5
+
+    def skip_work(self, job_dir: Path, job: JobAssignment) -> int:
+        task, data = _job_task(job), load_shard(job_dir)
+        model = task.build(job.model, samples=len(data))
+        model.load_state_dict(decode_state((job_dir / WEIGHTS_FILE).read_bytes()))
+        part = data.subset(np.arange(max(1, int(len(data) * self.FRACTION))))
+        recorder = TrajectoryRecorder(job_dir / TRAJECTORY_DIR, job.config.segments)
+        train_task(task.task, model, part, task.params, job.config, seed=job.seed, trajectory=recorder)
+        state = {key: v.detach().clone() for key, v in model.state_dict().items()}
+        _write_checkpoint(job_dir, job, state, recorder.commitment(job.job_id, self.address, "cpu"))
+        return len(data)
+
+
+class CopycatProvider(ProviderAgent):
+    """Waits for another worker's result in the same round, then announces that checkpoint as its own
+    (fetched by CID: the same bytes) under its own signature."""
+
+    async def train_job(self, job: JobAssignment, job_dir: Path, on_epoch: EpochReporter) -> TrainOutcome:
+        started = time.perf_counter()
+        try:
+            theirs = await asyncio.wait_for(self._someone_elses(job), COPY_WAIT_S)
+        except TimeoutError:  # alone in the round: nothing to copy
+            return await super().train_job(job, job_dir, on_epoch)
+        blob = await self.store.cat(theirs.checkpoint_cid)
+        await asyncio.to_thread((job_dir / CHECKPOINT_FILE).write_bytes, blob)
+        return TrainOutcome(checkpoint=job_dir / CHECKPOINT_FILE, samples=theirs.samples, loss=theirs.loss,
+                            seconds=time.perf_counter() - started)
+
+    async def _someone_elses(self, job: JobAssignment) -> JobResult:
+        async with self.channel.subscribe(topics.results(job.training_id), JobResult) as results:
+            async for verified in results:
+                result = verified.message
+                if result.worker_id != self.address and result.round == job.round:
+                    return result
+        raise TimeoutError
+
+
+LAZY: dict[str, type[ProviderAgent]] = {
+    "free-rider": FreeRiderProvider,
+    "lazy": LazyProvider,
+    "lazy-honest": LazyHonestProvider,
+    "copycat": CopycatProvider,
+}
+
+__all__ = ["LAZY", "CopycatProvider", "FreeRiderProvider", "LazyHonestProvider", "LazyProvider",
+           "honest_batch_hashes"]
