@@ -13,7 +13,8 @@ from .store import TrainingStore
 
 
 POOL_EVENTS = ("worker_added", "worker_released", "rebalanced", "scale_up_refused", "worker_replaced",
-               "worker_failed", "result_rejected", "straggler_detected", "speculative_job", "resend_requested")
+               "worker_failed", "result_rejected", "straggler_detected", "speculative_job", "resend_requested",
+               "spot_check", "held_for_checking", "hardware_flagged", "slashed")
 
 
 class WorkerView(BaseModel):

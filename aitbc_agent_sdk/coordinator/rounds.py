@@ -60,6 +60,7 @@ class RoundRunner(Resends):
         self.asked: set[str] = set()  # jobs already asked once to re-send
         self.decode = decoded(inputs.record.spec.upload_encoding, inputs.baseline.reference)
         self.bytes_sent = self.bytes_received = 0  # the model out to jobs, results in from workers
+        self.first_published: dict[str, str] = {}  # checkpoint CID -> the job whose result named it first
 
     # -- the round, top to bottom ----------------------------------------------------------
     async def run(self, timeout: float) -> RoundStats:
@@ -113,6 +114,8 @@ class RoundRunner(Resends):
         return next((s for s in self.slots.values() if job_id in s.jobs), None)
 
     async def _handle(self, item: CheckpointRef | Progress) -> None:
+        if isinstance(item, CheckpointRef):  # in arrival order: the queue's
+            self.first_published.setdefault(item.cid, item.job_id)
         slot = self._slot_of(item.job_id)
         if slot is None or slot.winner is not None:
             return  # a cancelled job, an earlier round, or the loser of a speculative race
@@ -153,8 +156,6 @@ class RoundRunner(Resends):
         except TrainingError as exc:  # intact, but not what the job asked for: a bad result, never a crashed round
             return Inspection(ref.job_id, ref.worker_id, ref.cid, f"checkpoint {ref.cid} is malformed: {exc}")
         base = self.baseline
-        same_round = {c.cid for c in await self.c.db.checkpoints(self.tid, None)
-                      if c.round == self.round and c.job_id not in slot.jobs}
         domain, key = await self.c.escrow.evidence_domain(), self.c.escrow.key(self.tid)
         own = self.inputs.record.spec.partition == "dirichlet"  # judged on its own shard, not the global split
         validation, start_loss = await self.work.own_shard(slot.shard) if own else (base.validation, base.start_loss)
@@ -168,7 +169,8 @@ class RoundRunner(Resends):
             found = Inspection(ref.job_id, ref.worker_id, ref.cid, short, norm=found.norm, val_loss=found.val_loss)
         if found.problem is not None:
             return found
-        if ref.cid in same_round:  # signed by this worker, published first by another: provably not its work
+        first = self.first_published.get(ref.cid, ref.job_id)
+        if first != ref.job_id and first not in slot.jobs:  # signed by this worker, published first by another
             return Inspection(ref.job_id, ref.worker_id, ref.cid, "a copy of a checkpoint another worker published "
                               "first in this round", slashable=True)
         verdict = await asyncio.to_thread(self.work.inspect, slot.jobs[ref.job_id], slot.shard, blob, state)

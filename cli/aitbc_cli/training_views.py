@@ -196,7 +196,8 @@ def render_snapshot(snap: Snapshot) -> Group:
         events.columns[-1].no_wrap = False
         for e in snap.events[-12:]:
             detail = e.get("reason") or (f"moved {e['moved']} samples" if "moved" in e else "") or (
-                f"throughput {e['throughput']}/s" if "throughput" in e else "")
+                f"throughput {e['throughput']}/s" if "throughput" in e else "") or (
+                f"segments {e['segments']} re-executed: passed" if e.get("passed") else "")
             events.add_row(e["event"], short(e["worker"]) if e.get("worker") else "-", str(e.get("round", "-")),
                            str(detail)[:70])
         parts.append(events)

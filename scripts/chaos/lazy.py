@@ -21,6 +21,7 @@ from aitbc_agent_sdk.messaging import topics
 from aitbc_agent_sdk.models import COMMITMENT_KEY, JobAssignment, JobResult, TrajectoryCommitment
 from aitbc_agent_sdk.provider.node import EpochReporter, ProviderAgent, TrainOutcome
 from aitbc_agent_sdk.provider.process import CHECKPOINT_FILE, TRAJECTORY_DIR, WEIGHTS_FILE
+from aitbc_agent_sdk.provider.worker_process import warm_up
 from aitbc_agent_sdk.training import decode_state
 from aitbc_agent_sdk.training.bound_task import BoundTask, bind_task, job_task_ref
 from aitbc_agent_sdk.training.shard_files import load_shard
@@ -66,13 +67,21 @@ def honest_batch_hashes(task: BoundTask, data: object, job: JobAssignment, steps
 
 
 class SkippingProvider(ProviderAgent):
-    """Replaces the honest training process with :meth:`skip_work`, run in its own thread here."""
+    """Replaces the honest training process with :meth:`skip_work`, run in its own thread here. It warms
+    torch up before it advertises, as the honest training process does, and reports its epoch: a cheater
+    that looked slow would be replaced as a straggler before its cheat is judged."""
+
+    async def __aenter__(self) -> SkippingProvider:
+        await asyncio.to_thread(warm_up)
+        await super().__aenter__()
+        return self
 
     async def train_job(self, job: JobAssignment, job_dir: Path, on_epoch: EpochReporter) -> TrainOutcome:
         started = time.perf_counter()
         samples = await asyncio.to_thread(self.skip_work, job_dir, job)
-        return TrainOutcome(checkpoint=job_dir / CHECKPOINT_FILE, samples=samples, loss=1.0,
-                            seconds=time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        await on_epoch({"epoch": job.config.epochs, "loss": 1.0, "samples_per_s": samples / max(seconds, 1e-9)})
+        return TrainOutcome(checkpoint=job_dir / CHECKPOINT_FILE, samples=samples, loss=1.0, seconds=seconds)
 
     def skip_work(self, job_dir: Path, job: JobAssignment) -> int:
         """Write the job's checkpoint (and any trajectory) into ``job_dir``; returns the shard's samples."""
