@@ -24,6 +24,7 @@ FULL = {
     "bench_encryption.py": ["--size-mib", "256", "--repeat", "5"],
     "bench_datasets.py": ["--sizes-mib", "256,1024,4096", "--plot", "docs/datasets_rss.png"],
     "bench_ipfs_fetch.py": ["--mib", "256", "--repeat", "3"],
+    "bench_verification.py": ["--rounds", "20000", "--real-rounds", "24"],
     "bench_lm.py": ["--steps", "400", "--inner-steps", "50", "--plot", "docs/lm_curves.png"],
 }
 

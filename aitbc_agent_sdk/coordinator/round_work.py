@@ -67,17 +67,27 @@ class RoundWork:
 
     def inspect(self, job: JobAssignment, shard: Shard, blob: bytes, state: State) -> WorkVerdict:
         """The commitment's own checks (run in a thread: hashes the weights when they are whole)."""
-        steps = expected_steps(self.inputs.task, shard.samples, job.config)
         sketch = update_sketch(state, self.inputs.baseline.reference, self.positions)
         try:
-            commitment = read_commitment(blob)
+            commitment, malformed = read_commitment(blob), None
         except TrainingError as exc:
-            self.found[job.job_id] = Work(None, steps, sketch)
-            return WorkVerdict(f"malformed trajectory commitment: {exc}")
+            commitment, malformed = None, exc
+        steps = self._steps(job, shard, commitment)
         self.found[job.job_id] = Work(commitment, steps, sketch)
+        if malformed is not None:
+            return WorkVerdict(f"malformed trajectory commitment: {malformed}")
         end_hash = tensor_digest(state) if job.update_encoding == "weights" else None
         return commitment_verdict(commitment, job_id=job.job_id, worker=job.worker_id, steps=steps,
                                   segments=job.config.segments, start_hash=self.start_hash, end_hash=end_hash)
+
+    def _steps(self, job: JobAssignment, shard: Shard, commitment: TrajectoryCommitment | None) -> int:
+        """The job's steps, counted from the shard's size; for a task that needs the data itself to count
+        them, the commitment's own count (the spot check's replay counts them on the data)."""
+        try:
+            return expected_steps(self.inputs.task, shard.samples, job.config)
+        except Exception:
+            log.warning("steps of job %s not counted from the shard's size", job.job_id)
+            return commitment.steps if commitment is not None else 1
 
     def lower_bound(self, job_id: str, norm: float) -> str | None:
         """Missing work by the update's size, once :meth:`set_median` saw the whole round."""

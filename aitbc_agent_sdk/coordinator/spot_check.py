@@ -84,18 +84,20 @@ class SpotChecker:
                     checks: int) -> SpotCheck:
         segments = pick_segments(commitment.segments, checks, self.rng)
         opened = await self._open(job, segments)
-        if isinstance(opened, WorkVerdict):
-            return SpotCheck(opened, segments, 0.0)
         started = time.perf_counter()
-        verdict = await self._reexecute(job, shard, commitment, segments, opened)
+        verdict = opened if isinstance(opened, WorkVerdict) else await self._reexecute(
+            job, shard, commitment, segments, opened[0])
+        cids = {} if isinstance(opened, WorkVerdict) else opened[1]
         seconds = time.perf_counter() - started
+        # The evidence trail: which segments, and the verdict (the opened states are in the store by CID).
         await self.audit.append("spot_check", worker=job.worker_id, job_id=job.job_id, round=job.round,
                                 segments=list(segments), passed=verdict.problem is None, reason=verdict.problem,
-                                seconds=round(seconds, 3))
+                                slashable=verdict.slashable, opened=cids, seconds=round(seconds, 3))
         return SpotCheck(verdict, segments, seconds)
 
-    async def _open(self, job: JobAssignment, segments: tuple[int, ...]) -> dict[int, bytes] | WorkVerdict:
-        """The boundary states around ``segments``, fetched and checked against nothing yet."""
+    async def _open(self, job: JobAssignment, segments: tuple[int, ...]
+                    ) -> tuple[dict[int, bytes], dict[str, str]] | WorkVerdict:
+        """The boundary states around ``segments`` and their CIDs, fetched and checked against nothing yet."""
         listener = await self.c.listener(job.training_id)
         waiting = listener.expect_opening(job.job_id)
         timeout = self.policy.opening_timeout_s
@@ -120,7 +122,7 @@ class SpotChecker:
                     blobs[boundary] = await self.c.store.cat(cids[boundary], max_bytes=self.max_bytes)
         except Exception as exc:  # missing, too big, corrupt or slow: the worker did not open it
             return WorkVerdict(f"missing work: opened boundary states could not be fetched ({exc})")
-        return blobs
+        return blobs, {str(b): cids[b] for b in wanted}
 
     async def _reexecute(self, job: JobAssignment, shard: Shard, commitment: TrajectoryCommitment,
                          segments: tuple[int, ...], blobs: Mapping[int, bytes]) -> WorkVerdict:

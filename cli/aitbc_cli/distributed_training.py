@@ -31,7 +31,8 @@ from .training_options import (
     FAULTS, JOB, SPEC, AggregationChoiceOption, AssumedSpeedOption, OuterLrOption, OuterMomentumOption, OuterOption,
     UpdateEncodingOption, BatchSizeOption, EpochsOption, FetchTimeoutOption,
     FirstRoundDeadlineOption, LrOption, MinDeadlineOption, MinGpuOption, MinRoundTimeoutOption, ModelType,
-    ModelTypeOption, PartitionOption, PingTimeoutOption, PlotOption, ResendTimeoutOption, RoundsOption, SpotChecksOption,
+    ModelTypeOption, PartitionOption, PingTimeoutOption, PlotOption, ResendTimeoutOption, RoundsOption,
+    SpotChecksOption, OpeningTimeoutOption,
     RoundTimeoutOption, SeedOption, TargetWorkersOption,
 )
 
@@ -80,6 +81,7 @@ def run(
     fetch_timeout: FetchTimeoutOption = FAULTS["fetch_timeout_s"].default,
     resend_timeout: ResendTimeoutOption = FAULTS["resend_timeout_s"].default,
     spot_checks: SpotChecksOption = FAULTS["spot_checks"].default,
+    opening_timeout: OpeningTimeoutOption = FAULTS["opening_timeout_s"].default,
     target_throughput: TargetThroughputOption = None,
     min_workers: MinWorkersOption = 1,
     max_workers: MaxWorkersOption = 64,
@@ -123,7 +125,8 @@ def run(
                             first_round_deadline_s=first_round_deadline, assumed_samples_per_s=assumed_samples_per_s,
                             min_deadline_s=min_deadline, round_timeout_s=round_timeout,
                             min_round_timeout_s=min_round_timeout, fetch_timeout_s=fetch_timeout,
-                            resend_timeout_s=resend_timeout, spot_checks=spot_checks),
+                            resend_timeout_s=resend_timeout, spot_checks=spot_checks,
+                            opening_timeout_s=opening_timeout),
                         elastic=elastic_policy(target_throughput, min_workers, max_workers, scale_window),
                         job=JobConfig(batch_size=batch_size, learning_rate=lr, epochs=epochs))
     settings: dict[str, Any] = {"providers": target_workers + spares if providers is None else providers,

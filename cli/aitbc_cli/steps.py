@@ -27,7 +27,8 @@ from .training_options import (
     FAULTS, JOB, SPEC, AggregationChoiceOption, AssumedSpeedOption, OuterLrOption, OuterMomentumOption, OuterOption,
     UpdateEncodingOption, BatchSizeOption, EpochsOption, FetchTimeoutOption,
     FirstRoundDeadlineOption, LrOption, MinDeadlineOption, MinGpuOption, MinRoundTimeoutOption, ModelType,
-    ModelTypeOption, PartitionOption, PingTimeoutOption, AlphaOption, ResendTimeoutOption, RoundsOption, SpotChecksOption, RoundTimeoutOption,
+    ModelTypeOption, PartitionOption, PingTimeoutOption, AlphaOption, ResendTimeoutOption, RoundsOption,
+    SpotChecksOption, OpeningTimeoutOption, RoundTimeoutOption,
     SeedOption, Strategy, TrainingIdArgument, TrainingIdOption,
 )
 
@@ -81,6 +82,7 @@ def init(
     fetch_timeout: FetchTimeoutOption = FAULTS["fetch_timeout_s"].default,
     resend_timeout: ResendTimeoutOption = FAULTS["resend_timeout_s"].default,
     spot_checks: SpotChecksOption = FAULTS["spot_checks"].default,
+    opening_timeout: OpeningTimeoutOption = FAULTS["opening_timeout_s"].default,
     target_throughput: TargetThroughputOption = None,
     min_workers: MinWorkersOption = 1,
     max_workers: MaxWorkersOption = 64,
@@ -104,7 +106,8 @@ def init(
                             first_round_deadline_s=first_round_deadline, assumed_samples_per_s=assumed_samples_per_s,
                             min_deadline_s=min_deadline, round_timeout_s=round_timeout,
                             min_round_timeout_s=min_round_timeout, fetch_timeout_s=fetch_timeout,
-                            resend_timeout_s=resend_timeout, spot_checks=spot_checks),
+                            resend_timeout_s=resend_timeout, spot_checks=spot_checks,
+                            opening_timeout_s=opening_timeout),
                         elastic=elastic_policy(target_throughput, min_workers, max_workers, scale_window),
                         job=JobConfig(batch_size=batch_size, learning_rate=lr, epochs=epochs))
 

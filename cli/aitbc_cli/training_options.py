@@ -101,6 +101,9 @@ MinRoundTimeoutOption = Annotated[float, typer.Option(
 FetchTimeoutOption = Annotated[float, typer.Option(
     "--fetch-timeout", min=0.1, metavar="SECONDS",
     help="seconds to fetch a worker's checkpoint from the content store before asking it to re-send")]
+OpeningTimeoutOption = Annotated[float, typer.Option(
+    "--opening-timeout", min=0.1, metavar="SECONDS",
+    help="seconds a worker has to open the committed segments a spot check asks for")]
 SpotChecksOption = Annotated[int, typer.Option(
     "--spot-checks", min=0, max=16, help="committed segments of each result re-executed by the coordinator "
     "(0: no spot checks)")]
