@@ -18,12 +18,21 @@ import {ProviderRegistry, Signatures} from "./ProviderRegistry.sol";
 ///      training's id is `keccak256(abi.encode(coordinator, salt))` (`trainingIdOf`), so an id
 ///      seen in a pending transaction cannot be taken by anybody else, and a consent is good
 ///      only for the one coordinator it names through the id.
+///
+///      The coordinator's acceptance of a round is a receipt it signs (EIP-191, or EIP-1271 for a
+///      contract coordinator) over `receiptDigest(trainingId, worker, round, cumulative)`, where
+///      `cumulative` is everything it owes that worker in the training so far. Anyone may `redeem`
+///      a receipt for the worker, so a coordinator that stops paying cannot keep accepted work
+///      unpaid. `refund` therefore keeps back what active slots could still claim (`held`) until
+///      `closedAt + CLAIM_WINDOW`; `reclaim` returns what is left after that. At every point
+///      `deposited == paid + refunded + held`.
 contract TrainingEscrow {
     struct Training {
         address coordinator; // also the depositor: refunds go here
         uint64 deadline;
         bool closed;
         address token; // address(0) for native ETH
+        uint64 closedAt; // when `refund` closed it; receipts are redeemable until closedAt + CLAIM_WINDOW
         uint256 deposited;
         uint256 paid;
         uint256 refunded;
@@ -51,6 +60,10 @@ contract TrainingEscrow {
     uint256 public constant MAX_DURATION = 30 days;
     /// @notice Domain tag of the consent digest (see `consentDigest`).
     bytes32 public constant CONSENT_TAG = keccak256("aitbc.consent.v1");
+    /// @notice Domain tag of the payment receipt digest (see `receiptDigest`).
+    bytes32 public constant RECEIPT_TAG = keccak256("aitbc.receipt.v1");
+    /// @notice How long after a refund receipts can still be redeemed against the held slots.
+    uint256 public constant CLAIM_WINDOW = 1 hours;
 
     /// @dev Plain storage, not immutable: the runtime code stays equal to the artifact's, which
     ///      is how the SDK recognises a deployment.
@@ -79,6 +92,9 @@ contract TrainingEscrow {
     event Released(bytes32 indexed trainingId, address indexed worker, uint256 amount, bytes32 resultHash);
     event PaymentDeferred(bytes32 indexed trainingId, address indexed to, uint256 amount);
     event Refunded(bytes32 indexed trainingId, address indexed to, uint256 amount);
+    event Redeemed(bytes32 indexed trainingId, address indexed worker, uint64 round, uint256 amount);
+    /// @dev What `reclaim` returns to the depositor once the claim window is over.
+    event Reclaimed(bytes32 indexed trainingId, address indexed to, uint256 amount);
     event Withdrawn(address indexed to, address indexed token, uint256 amount);
 
     error TrainingExists(bytes32 trainingId);
@@ -99,6 +115,11 @@ contract TrainingEscrow {
     error SlotAlreadyPaid(address worker);
     error OverRelease(address worker, uint256 remaining, uint256 requested);
     error RefundTooEarly(bytes32 trainingId, uint256 allowedAt);
+    error NothingToRedeem(address worker, uint256 paid, uint256 cumulative);
+    error ClaimWindowOver(bytes32 trainingId, uint256 claimableUntil);
+    error ClaimWindowOpen(bytes32 trainingId, uint256 claimableUntil);
+    error TrainingOpen(bytes32 trainingId);
+    error NothingHeld(bytes32 trainingId);
     error NothingOwed(address account);
     error TransferFailed(address to, uint256 amount);
     error Reentrancy();
@@ -135,6 +156,16 @@ contract TrainingEscrow {
     /// @notice What `worker` signs to accept a slot in `trainingId` (EIP-191 personal_sign).
     function consentDigest(bytes32 trainingId, address worker) public view returns (bytes32) {
         return keccak256(abi.encode(CONSENT_TAG, block.chainid, address(this), trainingId, worker));
+    }
+
+    /// @notice What the coordinator signs (EIP-191 personal_sign) to owe `worker` a total of
+    ///         `cumulative` in `trainingId` once it accepted `round`; the newest receipt supersedes older ones.
+    function receiptDigest(bytes32 trainingId, address worker, uint64 round, uint256 cumulative)
+        public
+        view
+        returns (bytes32)
+    {
+        return keccak256(abi.encode(RECEIPT_TAG, block.chainid, address(this), trainingId, worker, round, cumulative));
     }
 
     /// @notice Open the training `trainingIdOf(msg.sender, salt)` with one capped slot per worker,
@@ -179,6 +210,7 @@ contract TrainingEscrow {
             deadline: deadline,
             closed: false,
             token: token,
+            closedAt: 0,
             deposited: total,
             paid: 0,
             refunded: 0
@@ -311,9 +343,42 @@ contract TrainingEscrow {
         }
     }
 
-    /// @notice Close the training and return the unreleased budget to the depositor (the
-    ///         coordinator). The coordinator may close at any time (declaring the training
-    ///         complete); anyone else only after `deadline + GRACE_PERIOD`.
+    /// @notice Pay `worker` what the coordinator's signed receipt owes it beyond what the slot
+    ///         was paid already. Anyone may submit it; the money goes to the worker only. Works
+    ///         while the training is open and until `CLAIM_WINDOW` after it was closed.
+    function redeem(bytes32 trainingId, address worker, uint64 round, uint256 cumulative, bytes calldata signature)
+        external
+        nonReentrant
+    {
+        Training storage t = _trainings[trainingId];
+        address coordinator = t.coordinator;
+        if (coordinator == address(0)) revert UnknownTraining(trainingId);
+        if (t.closed) {
+            uint256 until = uint256(t.closedAt) + CLAIM_WINDOW;
+            if (block.timestamp >= until) revert ClaimWindowOver(trainingId, until);
+        }
+        Slot storage s = _slots[trainingId][worker];
+        if (s.status != SLOT_ACTIVE) revert NotAWorker(trainingId, worker);
+        Signatures.check(
+            Signatures.ethSignedMessageHash(receiptDigest(trainingId, worker, round, cumulative)), signature, coordinator
+        );
+        uint256 slotPaid = s.paid;
+        if (cumulative > s.amount) revert OverRelease(worker, s.amount - slotPaid, cumulative - slotPaid);
+        if (cumulative <= slotPaid) revert NothingToRedeem(worker, slotPaid, cumulative);
+        uint256 amount = cumulative - slotPaid;
+        // cumulative <= s.amount, a uint120, so the cast is exact.
+        s.paid = uint120(cumulative);
+        t.paid += amount;
+        emit Redeemed(trainingId, worker, round, amount);
+        _pay(trainingId, t.token, worker, amount);
+    }
+
+    /// @notice Close the training and return the budget no active slot can still claim to the
+    ///         depositor (the coordinator): `deposited - paid - held`, where `held` is what the
+    ///         active slots were not paid yet. The held part stays redeemable by receipts until
+    ///         `CLAIM_WINDOW` after now, then `reclaim` returns the rest. The coordinator may close
+    ///         at any time (declaring the training complete); anyone else only after
+    ///         `deadline + GRACE_PERIOD`.
     function refund(bytes32 trainingId) external nonReentrant {
         Training storage t = _trainings[trainingId];
         address coordinator = t.coordinator;
@@ -323,31 +388,51 @@ contract TrainingEscrow {
             uint256 allowedAt = uint256(t.deadline) + GRACE_PERIOD;
             if (block.timestamp < allowedAt) revert RefundTooEarly(trainingId, allowedAt);
         }
-        uint256 amount = t.deposited - t.paid;
-        t.closed = true;
-        t.refunded = amount;
-        emit Refunded(trainingId, coordinator, amount);
-
         // Every still-assigned worker is released in the registry with what it was paid
         // (paid at all = completed); reputation adds up the value, not the number of trainings.
+        // The same pass sums what the active slots could still claim with a receipt.
         address[] storage list = _workers[trainingId];
         address[] memory active = new address[](list.length);
         uint256[] memory paid = new uint256[](list.length);
         uint256 n;
+        uint256 heldBack;
         for (uint256 i; i < list.length; ++i) {
             Slot storage s = _slots[trainingId][list[i]];
             if (s.status != SLOT_ACTIVE) continue;
             active[n] = list[i];
             paid[n] = s.paid;
+            heldBack += s.amount - s.paid;
             ++n;
         }
         assembly {
             mstore(active, n)
             mstore(paid, n)
         }
+        uint256 amount = t.deposited - t.paid - heldBack;
+        t.closed = true;
+        t.closedAt = uint64(block.timestamp);
+        t.refunded = amount;
+        emit Refunded(trainingId, coordinator, amount);
+
         registryRef.unassign(trainingId, active, paid, t.token == address(0));
 
         if (amount != 0) _pay(trainingId, t.token, coordinator, amount);
+    }
+
+    /// @notice Once the claim window after the refund is over, return what receipts did not
+    ///         claim to the depositor (the coordinator). Anyone may call.
+    function reclaim(bytes32 trainingId) external nonReentrant {
+        Training storage t = _trainings[trainingId];
+        address coordinator = t.coordinator;
+        if (coordinator == address(0)) revert UnknownTraining(trainingId);
+        if (!t.closed) revert TrainingOpen(trainingId);
+        uint256 until = uint256(t.closedAt) + CLAIM_WINDOW;
+        if (block.timestamp < until) revert ClaimWindowOpen(trainingId, until);
+        uint256 amount = t.deposited - t.paid - t.refunded;
+        if (amount == 0) revert NothingHeld(trainingId);
+        t.refunded += amount;
+        emit Reclaimed(trainingId, coordinator, amount);
+        _pay(trainingId, t.token, coordinator, amount);
     }
 
     /// @notice Pull funds of `token` (address(0) = ETH) whose push failed. Reverts if the
@@ -383,6 +468,15 @@ contract TrainingEscrow {
     {
         Training storage t = _trainings[trainingId];
         return (t.coordinator, t.token, t.deadline, t.deposited, t.paid, t.refunded, t.closed);
+    }
+
+    /// @notice What the training still holds (`deposited - paid - refunded`: the whole unpaid budget
+    ///         while open, what receipts may still claim once closed) and, once closed, until when
+    ///         receipts can be redeemed (0 while open: no end yet).
+    function held(bytes32 trainingId) external view returns (uint256 amount, uint256 claimableUntil) {
+        Training storage t = _trainings[trainingId];
+        amount = t.deposited - t.paid - t.refunded;
+        if (t.closed) claimableUntil = uint256(t.closedAt) + CLAIM_WINDOW;
     }
 
     /// @notice (amount, paid) of a worker's slot; (0, 0) when the worker has none.

@@ -125,8 +125,8 @@ flow() {
 import json, sys
 snap, hired, device, peak = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3], int(sys.argv[4])
 escrow = snap["escrow"]
-deposited, paid, refunded = (int(escrow[k]) for k in ("deposited_wei", "paid_wei", "refunded_wei"))
-if snap["phase"] != "complete" or not paid or deposited != paid + refunded:
+deposited, paid, refunded, held = (int(escrow[k]) for k in ("deposited_wei", "paid_wei", "refunded_wei", "held_wei"))
+if snap["phase"] != "complete" or not paid or deposited != paid + refunded + held:
     raise SystemExit(f"phase {snap['phase']}, escrow {escrow}")
 if device == "cuda" and (hired == "cpu" or peak == 0):
     raise SystemExit(f"trained, but not on the GPU: offer {hired!r}, peak GPU memory {peak} MiB")

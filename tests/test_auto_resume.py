@@ -71,8 +71,9 @@ def test_an_agent_with_auto_resume_finishes_a_training_whose_coordinator_died(ai
                 settlement = await asyncio.wait_for(agent.resumed[tid], 180)
                 record = await agent.coordinator.db.training(tid)
                 assert record.phase == TrainingPhase.COMPLETE and record.round == ROUNDS
-                state = await agent.stack.escrow.training(training_key(agent.stack.account.address, tid))
-                assert state.closed and state.deposited == state.paid + state.refunded
+                key = training_key(agent.stack.account.address, tid)
+                state, held = await agent.stack.escrow.training(key), await agent.stack.escrow.held(key)
+                assert state.closed and state.deposited == state.paid + state.refunded + held.amount
                 assert settlement.escrow.paid_wei == state.paid > 0
                 # three workers, each paid once: nothing paid twice across the two coordinators
                 released = [e for e in await agent.stack.escrow.events(training_key(agent.stack.account.address, tid)) if e.name == "Released"]

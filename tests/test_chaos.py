@@ -51,7 +51,8 @@ def _common(result: ScenarioResult, reference: float) -> None:
     assert result.complete and result.phase == "complete"
     assert result.delta is not None and abs(result.delta) <= CONFIG.accuracy_tolerance
     assert abs(result.accuracy - reference) <= CONFIG.accuracy_tolerance
-    assert result.conservation_ok and result.deposited_wei == result.paid_wei + result.refunded_wei
+    assert result.conservation_ok
+    assert result.deposited_wei == result.paid_wei + result.refunded_wei + result.held_wei
     assert result.audit_ok and result.event_seen
 
 
@@ -118,7 +119,7 @@ class _State:
 
 
 def _judged(tmp_path: Path, *, released: dict[str, int], refunded: int, deposited: int,
-            replaced: list[tuple[str, str]], events: list[dict], accuracy: float) -> ScenarioResult:
+            replaced: list[tuple[str, str]], events: list[dict], accuracy: float, held: int = 0) -> ScenarioResult:
     run_ = harness.ScenarioRun("kill-provider", CONFIG, tmp_path)
     run_.tid = "training_x"
     run_.target = "0xB"
@@ -131,7 +132,7 @@ def _judged(tmp_path: Path, *, released: dict[str, int], refunded: int, deposite
                   {"ok": True, "entries": entries},
                   {"payments": [{"worker_id": w, "amount_wei": a} for w, a in released.items()]},
                   {"state": _State(deposited, sum(released.values()), refunded), "released": released,
-                   "replaced": replaced, "refunded": refunded},
+                   "replaced": replaced, "refunded": refunded, "held": held, "redeemed": 0},
                   0.95)
     return result
 
@@ -156,6 +157,18 @@ def test_checks_catch_a_paid_faulty_worker_lost_wei_and_bad_accuracy(tmp_path):
     assert "paid nothing" in text  # the spare took the slot over and earned nothing
 
 
+def test_checks_count_what_the_refund_holds_for_receipts(tmp_path):
+    events = [{"event": "worker_replaced", "fields": {"worker": "0xB", "replacement": "0xE", "reason": "silent"},
+               "ts": 2.0}]
+    paid = {"0xA": 30, "0xC": 30, "0xD": 30, "0xE": 30}
+    held = _judged(tmp_path / "held", released=paid, refunded=0, deposited=130, held=10, replaced=[("0xB", "0xE")],
+                   events=events, accuracy=0.95)
+    assert not held.failures, held.failures
+    short = _judged(tmp_path / "short", released=paid, refunded=0, deposited=130, held=5, replaced=[("0xB", "0xE")],
+                    events=events, accuracy=0.95)
+    assert any("not conserved" in f for f in short.failures)
+
+
 def test_checks_catch_a_missing_audit_event(tmp_path):
     result = _judged(tmp_path, released={"0xA": 30, "0xC": 30, "0xD": 30, "0xE": 30}, refunded=0, deposited=120,
                      replaced=[("0xB", "0xE")], events=[], accuracy=0.95)
@@ -177,7 +190,8 @@ def _judged_impostor(tmp_path: Path, *, hired_impostor: bool, flagged_event: boo
                   {"phase": "complete", "round_metrics": [{"round": r, "accuracy": 0.95} for r in (1, 2, 3)]},
                   {"ok": True, "entries": events},
                   {"payments": [{"worker_id": w, "amount_wei": a} for w, a in released.items()]},
-                  {"state": _State(120, 120, 0), "released": released, "replaced": [], "refunded": 0}, 0.95)
+                  {"state": _State(120, 120, 0), "released": released, "replaced": [], "refunded": 0, "held": 0,
+                   "redeemed": 0}, 0.95)
     return result
 
 

@@ -103,11 +103,12 @@ def test_preview_list_logs_and_stop_of_a_detached_coordinator(aitbc_cmd, cli_env
         profile = load_profile(aitbc_home)
         escrow = EscrowClient(await connect_rpc(profile.chain.rpc_url), profile.chain.escrow)
         (key, _), = await escrow.trainings_named(tid)
-        return await escrow.training(key)
+        return await escrow.training(key), await escrow.held(key)
 
-    state = asyncio.run(escrow_state())
-    assert state.closed and state.deposited == state.paid + state.refunded
-    assert state.refunded == int(stopped["refunded_wei"]) > 0  # the rounds never run are refunded
+    state, held = asyncio.run(escrow_state())
+    assert state.closed and state.deposited == state.paid + state.refunded + held.amount
+    assert state.refunded == int(stopped["refunded_wei"])  # what came back at once
+    assert held.amount > 0  # the rounds never run: held for the workers' receipts, then reclaimed
     assert state.paid == int(stopped["paid_wei"]) > 0  # the accepted rounds are paid
 
     again = cli(aitbc_cmd, cli_env, "distributed-training", "resume", "--training-id", tid)

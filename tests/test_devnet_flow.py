@@ -67,8 +67,8 @@ def test_five_commands_across_processes(aitbc_cmd, cli_env, aitbc_home, tmp_path
         w3 = await connect_rpc(profile.chain.rpc_url)
         escrow = EscrowClient(w3, profile.chain.escrow)
         (key, _), = await escrow.trainings_named(tid)  # the id derives from the coordinator
-        state = await escrow.training(key)
-        assert state.closed and state.deposited == state.paid + state.refunded
+        state, held = await escrow.training(key), await escrow.held(key)
+        assert state.closed and state.deposited == state.paid + state.refunded + held.amount
         released = [e for e in await escrow.events(key) if e.name == "Released"]
         paid = {e.args["worker"]: e.args["amount"] for e in released}
         assert set(paid) == {w["worker_id"] for w in hired["workers"]}

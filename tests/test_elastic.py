@@ -122,7 +122,7 @@ async def test_a_slow_pool_hires_and_moves_data_off_the_throttled_worker(aitbc_h
         sizes = await assert_round_is_the_sample_weighted_average(agent, report.training_id, 2)  # one joined
         assert len(sizes) == 3 and len(set(sizes)) > 1 and sum(sizes) == total
         state = await agent.stack.escrow.training(training_key(agent.stack.account.address, report.training_id))
-        assert state.deposited == state.paid + state.refunded
+        assert state.deposited == state.paid + state.refunded + (await agent.stack.escrow.held(training_key(agent.stack.account.address, report.training_id))).amount
         slots = [e for e in await agent.stack.escrow.events(training_key(agent.stack.account.address, report.training_id)) if e.name == "SlotOpened"]
         assert len(slots) == 4
 
@@ -145,4 +145,6 @@ async def test_a_fast_pool_releases_its_slowest_worker_after_paying_it(aitbc_hom
         by_address = {w.address: w for w in report.workers}
         assert by_address[slow.address].role == "released" and by_address[slow.address].paid_wei == 9 * 10**15
         state = await agent.stack.escrow.training(training_key(agent.stack.account.address, report.training_id))
-        assert state.deposited == state.paid + state.refunded and state.refunded == 2 * 9 * 10**15
+        # The released worker's slot is still active: its unpaid two rounds are held for its receipts.
+        held = await agent.stack.escrow.held(training_key(agent.stack.account.address, report.training_id))
+        assert state.deposited == state.paid + state.refunded + held.amount and held.amount == 2 * 9 * 10**15

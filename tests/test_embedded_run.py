@@ -48,7 +48,8 @@ async def test_four_workers_five_rounds_train_and_get_paid(aitbc_home):
         state = await escrow.training(training_key(agent.stack.account.address, report.training_id))
         assert state.closed
         assert state.deposited == report.escrow.deposited_wei == sum(w.price_wei * 5 for w in report.workers)
-        assert state.deposited == state.paid + state.refunded
+        held = await escrow.held(training_key(agent.stack.account.address, report.training_id))
+        assert state.deposited == state.paid + state.refunded + held.amount
         assert state.paid == sum(w.paid_wei for w in report.workers)
         released = [e for e in await escrow.events(training_key(agent.stack.account.address, report.training_id)) if e.name == "Released"]
         assert len(released) == 4
@@ -91,7 +92,7 @@ async def test_dirichlet_partition_trains_too(aitbc_home):
     assert report.status == TrainingPhase.COMPLETE
     assert len({w.samples for w in shards_skewed}) > 1  # label skew gives unequal shards
     assert report.final_accuracy > 0.5
-    assert report.escrow.deposited_wei == report.escrow.paid_wei + report.escrow.refunded_wei
+    assert report.escrow.deposited_wei == report.escrow.paid_wei + report.escrow.refunded_wei + report.escrow.held_wei
 
 
 @pytest.mark.parametrize("model", ["cnn", "transformer"])

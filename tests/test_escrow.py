@@ -26,6 +26,7 @@ from aitbc_agent_sdk.chain import (
     load_artifact,
     result_hash,
     sign_consent,
+    sign_receipt,
     start_embedded_chain,
     training_salt,
 )
@@ -153,8 +154,9 @@ async def assert_conserved(env: Env, owed_accounts: tuple[str, ...] = ()) -> Non
     held = 0
     for tid in env.trainings:
         state = await env.escrow.training(tid)
-        assert state.paid + state.refunded <= state.deposited
-        held += state.deposited - state.paid - state.refunded
+        amount, _ = await env.escrow.held(tid)
+        assert state.paid + state.refunded + amount == state.deposited
+        held += amount
     owed = sum([await env.escrow.owed(a) for a in owed_accounts])
     assert await env.chain.balance(env.escrow.address) == held + owed
 
@@ -185,12 +187,23 @@ async def test_open_release_partial_and_full_then_refund(env: Env) -> None:
     assert await env.escrow.slot(tid, w0) == (ETH, ETH)
     await assert_conserved(env)
 
+    # w2's slot is active and unpaid: a receipt could still claim it, so the refund holds it back.
     before = await env.chain.balance(env.coordinator.address)
     receipt = await env.escrow.refund(env.coordinator, tid)
+    closed_at = int((await env.chain.w3.eth.get_block("latest"))["timestamp"])
     after = await env.chain.balance(env.coordinator.address)
-    assert after == before - _gas_cost(receipt) + 3 * ETH
+    assert after == before - _gas_cost(receipt)
     state = await env.escrow.training(tid)
-    assert (state.paid, state.refunded, state.closed, state.remaining) == (3 * ETH, 3 * ETH, True, 0)
+    assert (state.paid, state.refunded, state.closed, state.remaining) == (3 * ETH, 0, True, 3 * ETH)
+    window = int(await env.escrow._call("CLAIM_WINDOW"))
+    assert await env.escrow.held(tid) == (3 * ETH, closed_at + window)
+    await assert_conserved(env)
+    # Once the claim window is over, the held part goes back to the depositor.
+    await advance_time(env.chain, window)
+    receipt = await env.escrow.reclaim(env.coordinator, tid)
+    assert await env.chain.balance(env.coordinator.address) == after - _gas_cost(receipt) + 3 * ETH
+    state = await env.escrow.training(tid)
+    assert (state.paid, state.refunded, state.remaining) == (3 * ETH, 3 * ETH, 0)
     await assert_conserved(env)
 
     # Workers held nothing before and sent nothing, so balances equal their payments exactly.
@@ -198,9 +211,10 @@ async def test_open_release_partial_and_full_then_refund(env: Env) -> None:
 
     events = await env.escrow.events(tid)
     names = [e.name for e in events]
-    assert names == ["SlotOpened"] * 3 + ["TrainingOpened"] + ["Released"] * 3 + ["Refunded"]
+    assert names == ["SlotOpened"] * 3 + ["TrainingOpened"] + ["Released"] * 3 + ["Refunded", "Reclaimed"]
     released = [(e.args["worker"], e.args["amount"], e.args["resultHash"]) for e in events if e.name == "Released"]
     assert released == [(w0, ETH * 4 // 10, h0), (w1, 2 * ETH, h1), (w0, ETH * 6 // 10, h0)]
+    assert events[-2].args == {"trainingId": tid, "to": env.coordinator.address, "amount": 0}
     assert events[-1].args == {"trainingId": tid, "to": env.coordinator.address, "amount": 3 * ETH}
     # Another training's events are not mixed in.
     await _open(env, "training-2", [ETH])
@@ -256,7 +270,8 @@ async def test_double_refund_and_release_after_refund_revert(env: Env) -> None:
         await env.escrow.release(env.coordinator, tid, [env.workers[1].address], [1], [result_hash("b")])
     assert info.value.reason == "TrainingClosed"
     state = await env.escrow.training(tid)
-    assert (state.paid, state.refunded) == (ETH, 2 * ETH)
+    assert (state.paid, state.refunded) == (ETH, 0)
+    assert (await env.escrow.held(tid)).amount == 2 * ETH  # w1's and w2's unpaid slots, for their receipts
     await assert_conserved(env)
 
 
@@ -435,7 +450,9 @@ async def test_replace_into_a_funded_slot_only_retires_the_old_one(env: Env) -> 
     assert {w: (p.assigned, p.completed, p.failed, p.earned) for w, p in states.items()} == {
         w0: (0, 0, 1, 0), w1: (0, 0, 0, 0), w2: (0, 1, 0, ETH)}
     state = await env.escrow.training(tid)
-    assert (state.deposited, state.paid, state.refunded) == (4 * ETH, ETH, 3 * ETH)
+    # Back at once: the retired and dropped slots; held: the rest of w2's active slot.
+    assert (state.deposited, state.paid, state.refunded) == (4 * ETH, ETH, 2 * ETH)
+    assert (await env.escrow.held(tid)).amount == ETH
     await assert_conserved(env)
 
 
@@ -443,8 +460,9 @@ async def test_refund_by_anyone_only_after_deadline_and_grace(env: Env) -> None:
     stranger = await _new_sender(env.chain, ETH)
     now = int((await env.chain.w3.eth.get_block("latest"))["timestamp"])
     tid = tkey(env.coordinator, "deadline")
-    await env.escrow.open(env.coordinator, training_salt("deadline"), [env.workers[0].address], [2 * ETH],
-                          deadline=now + 3600)
+    w1 = env.workers[1].address
+    await env.escrow.open(env.coordinator, training_salt("deadline"), [env.workers[0].address, w1],
+                          [2 * ETH, 3 * ETH], deadline=now + 3600)
     env.trainings.append(tid)
     await env.escrow.release(env.coordinator, tid, [env.workers[0].address], [ETH], [result_hash("d")])
 
@@ -458,20 +476,32 @@ async def test_refund_by_anyone_only_after_deadline_and_grace(env: Env) -> None:
     assert info.value.reason == "RefundTooEarly"
     await advance_time(env.chain, grace)
 
+    await env.escrow.drop_worker(env.coordinator, tid, w1)  # unpaid and dropped: refunded at once
+
     coordinator_before = await env.chain.balance(env.coordinator.address)
     stranger_before = await env.chain.balance(stranger.address)
     receipt = await env.escrow.refund(stranger, tid)
-    # The remainder goes to the depositor, never to whoever triggered the refund.
-    assert await env.chain.balance(env.coordinator.address) == coordinator_before + ETH
+    # The remainder goes to the depositor, never to whoever triggered the refund; the part the
+    # active slot could still claim with a receipt is held for the claim window.
+    assert await env.chain.balance(env.coordinator.address) == coordinator_before + 3 * ETH
     assert await env.chain.balance(stranger.address) == stranger_before - _gas_cost(receipt)
     state = await env.escrow.training(tid)
-    assert (state.closed, state.refunded) == (True, ETH)
+    assert (state.closed, state.refunded) == (True, 3 * ETH)
+    assert (await env.escrow.held(tid)).amount == ETH
     with pytest.raises(ContractRevertError) as info:
         await env.escrow.release(env.coordinator, tid, [env.workers[0].address], [1], [result_hash("late")])
     assert info.value.reason == "TrainingClosed"
     with pytest.raises(ContractRevertError) as info:
         await env.escrow.refund(stranger, tid)
     assert info.value.reason == "TrainingClosed"
+    await assert_conserved(env)
+    # After the claim window the stranger can return the held part, again to the depositor only.
+    await advance_time(env.chain, int(await env.escrow._call("CLAIM_WINDOW")))
+    stranger_before = await env.chain.balance(stranger.address)
+    receipt = await env.escrow.reclaim(stranger, tid)
+    assert await env.chain.balance(env.coordinator.address) == coordinator_before + 4 * ETH
+    assert await env.chain.balance(stranger.address) == stranger_before - _gas_cost(receipt)
+    assert (await env.escrow.training(tid)).refunded == 4 * ETH
     await assert_conserved(env)
 
 
@@ -543,9 +573,19 @@ async def test_erc20_budget_pays_defers_and_refunds(env: Env) -> None:
     await env.escrow.withdraw(TransactionSender(env.chain.w3, env.workers[1]), token.address)
     assert await token.balance(w1) == 2 * ETH and await env.escrow.owed(w1, token.address) == 0
 
+    # w2's slot (1 of 3 paid) is held for its receipts; a receipt redeemed in the window pays in the token.
     coordinator_tokens = await token.balance(env.coordinator.address)
     await env.escrow.refund(env.coordinator, tid)
-    assert await token.balance(env.coordinator.address) == coordinator_tokens + 2 * ETH
+    assert await token.balance(env.coordinator.address) == coordinator_tokens
+    assert await token.balance(env.escrow.address) == 2 * ETH
+    await assert_token_conserved(env, token, [tid], owed=[w1])
+    chain_id = await env.escrow.chain_id()
+    signature = sign_receipt(KEYS[env.coordinator.address], chain_id, env.escrow.address, tid, w2, 2, 2 * ETH)
+    await env.escrow.redeem(env.coordinator, tid, w2, 2, 2 * ETH, signature)
+    assert await token.balance(w2) == 2 * ETH
+    await advance_time(env.chain, int(await env.escrow._call("CLAIM_WINDOW")))
+    await env.escrow.reclaim(env.coordinator, tid)
+    assert await token.balance(env.coordinator.address) == coordinator_tokens + ETH
     assert await token.balance(env.escrow.address) == 0
     await assert_token_conserved(env, token, [tid], owed=[w1])
     await assert_conserved(env)  # no ETH moved through the escrow for this training
@@ -600,27 +640,37 @@ async def test_reentrant_coordinator_cannot_refund_twice(env: Env) -> None:
     attacker = await deploy_attacker(env)
     salt = training_salt("reenter-coordinator")
     tid = key_of(attacker.address, salt)
-    w0 = env.workers[0].address
+    w0, w1 = env.workers[0].address, env.workers[1].address
     deadline = int((await env.chain.w3.eth.get_block("latest"))["timestamp"]) + 3600
-    consent = await env.escrow.consent(tid, w0)
-    open_data = env.escrow.build("open", salt, ETH_TOKEN, [w0], [2 * ETH], [consent], deadline)["data"]
-    await attacker.exec(env.escrow.address, open_data, value=2 * ETH, abi=env.escrow.abi)
+    consents = [await env.escrow.consent(tid, w) for w in (w0, w1)]
+    open_data = env.escrow.build("open", salt, ETH_TOKEN, [w0, w1], [2 * ETH, ETH], consents, deadline)["data"]
+    await attacker.exec(env.escrow.address, open_data, value=3 * ETH, abi=env.escrow.abi)
     env.trainings.append(tid)
     assert (await env.escrow.training(tid)).coordinator == attacker.address
     release = env.escrow.build("release", tid, [w0], [ETH], [result_hash("x")])["data"]
     await attacker.exec(env.escrow.address, release, abi=env.escrow.abi)
+    # w1's dropped slot comes back at once; the rest of w0's active slot is held, then reclaimed.
+    await attacker.exec(env.escrow.address, env.escrow.build("dropWorker", tid, w1)["data"], abi=env.escrow.abi)
 
-    refund = env.escrow.build("refund", tid)["data"]
-    await attacker.arm(env.escrow.address, refund)
-    await attacker.exec(env.escrow.address, refund, abi=env.escrow.abi)
-    if await env.escrow.owed(attacker.address):
-        await attacker.arm(env.escrow.address, refund)
-        await attacker.exec(env.escrow.address, env.escrow.build("withdraw", ETH_TOKEN)["data"], abi=env.escrow.abi)
-    assert await attacker.view("successes") == 0
+    async def pay_out(call: str) -> None:
+        """``call`` with the attacker re-entering the same call when it is paid (also for a pulled deferral)."""
+        data = env.escrow.build(call, tid)["data"]
+        await attacker.arm(env.escrow.address, data)
+        await attacker.exec(env.escrow.address, data, abi=env.escrow.abi)
+        if await env.escrow.owed(attacker.address):
+            await attacker.arm(env.escrow.address, data)
+            await attacker.exec(env.escrow.address, env.escrow.build("withdraw", ETH_TOKEN)["data"],
+                                abi=env.escrow.abi)
+
+    await pay_out("refund")
     assert await attacker.view("received") == ETH
-    assert await env.chain.balance(attacker.address) == ETH
+    await advance_time(env.chain, int(await env.escrow._call("CLAIM_WINDOW")))
+    await pay_out("reclaim")
+    assert await attacker.view("attempts") >= 2 and await attacker.view("successes") == 0
+    assert await attacker.view("received") == 2 * ETH
+    assert await env.chain.balance(attacker.address) == 2 * ETH
     state = await env.escrow.training(tid)
-    assert (state.paid, state.refunded, state.closed) == (ETH, ETH, True)
+    assert (state.paid, state.refunded, state.closed) == (ETH, 2 * ETH, True)
     await assert_conserved(env, owed_accounts=(attacker.address,))
 
 
@@ -648,6 +698,8 @@ async def test_add_worker_funds_one_more_slot_in_an_open_training(env: Env) -> N
         await env.escrow.add_worker(env.coordinator, tid, w3, ETH)
     assert info.value.reason == "TrainingClosed"
     state = await env.escrow.training(tid)
-    assert (state.deposited, state.paid, state.refunded) == (5 * ETH, 2 * ETH, 3 * ETH)
+    # Nothing back at once: every unpaid wei is in an active slot that a receipt could still claim.
+    assert (state.deposited, state.paid, state.refunded) == (5 * ETH, 2 * ETH, 0)
+    assert (await env.escrow.held(tid)).amount == 3 * ETH
     assert (await env.registry.provider(w2)).completed == 1
     await assert_conserved(env)

@@ -2,9 +2,12 @@
 
 Each example runs on a fresh embedded chain (eth-tester): a training with three slots, one of
 them a contract that refuses ETH, then a random mix of releases (some over the cap), slot
-replacements, refunds by the coordinator or a stranger, and clock jumps. After every call:
+replacements, refunds by the coordinator or a stranger, receipts redeemed by a stranger (some
+spent or over the cap), reclaims and clock jumps. After every call:
 
 * the escrow's balance is exactly what it still holds for the training plus what it owes;
+* ``deposited == paid + refunded + held``, and once closed the training holds exactly what the
+  active slots were not paid (what receipts can still claim);
 * what workers hold plus what they are owed equals what was released;
 * the coordinator's balance is its start minus the deposit and its gas plus the refund;
 * the contract agreed with a plain Python model on which calls must revert.
@@ -25,6 +28,7 @@ from aitbc_agent_sdk.chain import (
     deploy,
     load_artifact,
     result_hash,
+    sign_receipt,
     start_embedded_chain,
     training_salt,
 )
@@ -35,6 +39,9 @@ from test_escrow import ETH, TEST_ARTIFACTS, ConsentingEscrow, _gas_cost, advanc
 SLOTS = [ETH, 2 * ETH, 3 * ETH]
 DEADLINE_S = 3600
 GRACE_S = 24 * 3600
+CLAIM_WINDOW_S = 3600
+# A call sent now is mined at a later block time; near a time limit either outcome is right.
+CLOCK_SLACK_S = 15
 
 release_op = st.tuples(
     st.just("release"),
@@ -43,8 +50,11 @@ release_op = st.tuples(
 replace_op = st.tuples(st.just("replace"), st.tuples(st.integers(0, 4), st.integers(0, 4)))
 drop_op = st.tuples(st.just("drop"), st.integers(0, 4))
 refund_op = st.tuples(st.just("refund"), st.booleans())  # True: a stranger calls
-advance_op = st.tuples(st.just("advance"), st.sampled_from([60, DEADLINE_S, GRACE_S]))
-operations = st.lists(st.one_of(release_op, release_op, replace_op, drop_op, refund_op, advance_op), max_size=10)
+redeem_op = st.tuples(st.just("redeem"), st.tuples(st.integers(0, 4), st.integers(1, 4 * ETH // 3)))
+reclaim_op = st.tuples(st.just("reclaim"), st.none())
+advance_op = st.tuples(st.just("advance"), st.sampled_from([60, DEADLINE_S, CLAIM_WINDOW_S, GRACE_S]))
+operations = st.lists(st.one_of(release_op, release_op, replace_op, drop_op, refund_op, redeem_op, redeem_op,
+                                reclaim_op, advance_op), max_size=10)
 
 
 @dataclass
@@ -52,7 +62,15 @@ class Model:
     slots: dict[str, list[int]]  # worker -> [amount, paid]; replaced workers keep amount 0
     replaced: set[str] = field(default_factory=set)
     closed: bool = False
+    closed_at: int = 0
+    reclaimed: bool = False
     deadline: int = 0
+
+    def active(self, worker: str) -> bool:
+        return worker in self.slots and worker not in self.replaced
+
+    def claimable(self, now: int) -> bool:
+        return not self.closed or now < self.closed_at + CLAIM_WINDOW_S
 
 
 async def _scenario(ops: list[tuple]) -> None:
@@ -68,6 +86,7 @@ async def _scenario(ops: list[tuple]) -> None:
     people = [receiver] + [worker_account().address for _ in range(4)]  # 0-2 open with slots, 3-4 spare
 
     start = await chain.balance(coordinator.address)
+    chain_id = await escrow.chain_id()
     gas = 0
     tid = key_of(coordinator.address, training_salt("prop"))
     now = int((await chain.w3.eth.get_block("latest"))["timestamp"])
@@ -75,11 +94,22 @@ async def _scenario(ops: list[tuple]) -> None:
     gas += _gas_cost(receipt)
     model = Model({w: [a, 0] for w, a in zip(people[:3], SLOTS)}, deadline=now + DEADLINE_S)
 
+    async def pending_time() -> int:
+        return int((await chain.w3.eth.get_block("pending"))["timestamp"])
+
+    async def mined_time(receipt: dict) -> int:
+        return int((await chain.w3.eth.get_block(receipt["blockNumber"]))["timestamp"])
+
     async def check() -> None:
         state = await escrow.training(tid)
         owed = sum([await escrow.owed(p) for p in people])
-        held = state.deposited - state.paid - state.refunded
-        assert held >= 0
+        held, until = await escrow.held(tid)
+        assert held >= 0 and state.deposited == state.paid + state.refunded + held
+        if model.closed:
+            assert until == model.closed_at + CLAIM_WINDOW_S
+            unpaid = sum(a - p for w, (a, p) in model.slots.items() if model.active(w))
+            reclaimed = model.reclaimed
+            assert held == (0 if reclaimed else unpaid)
         assert await chain.balance(escrow.address) == held + owed
         assert sum([await chain.balance(p) for p in people]) + owed == state.paid
         assert await chain.balance(coordinator.address) == start - state.deposited - gas + state.refunded
@@ -150,6 +180,30 @@ async def _scenario(ops: list[tuple]) -> None:
                 if not by_stranger:
                     gas += _gas_cost(receipt)
                 model.closed = True
+                model.closed_at = await mined_time(receipt)
+        elif op == "redeem":
+            worker, cumulative = people[arg[0]], arg[1]
+            signature = sign_receipt(coordinator_account, chain_id, escrow.address, tid, worker, 1, cumulative)
+            fits = model.active(worker) and model.slots[worker][1] < cumulative <= model.slots[worker][0]
+            now = await pending_time()
+            try:
+                receipt = await escrow.redeem(stranger, tid, worker, 1, cumulative, signature)
+            except ContractRevertError:
+                assert not (fits and model.claimable(now + CLOCK_SLACK_S)), (worker, cumulative)
+            else:
+                assert fits and model.claimable(await mined_time(receipt)), (worker, cumulative)
+                model.slots[worker][1] = cumulative
+        elif op == "reclaim":
+            now = await pending_time()
+            unpaid = sum(a - p for w, (a, p) in model.slots.items() if model.active(w))
+            due = model.closed and not model.reclaimed and unpaid > 0
+            try:
+                receipt = await escrow.reclaim(stranger, tid)
+            except ContractRevertError:
+                assert not (due and not model.claimable(now))
+            else:
+                assert due and not model.claimable(await mined_time(receipt))
+                model.reclaimed = True
         else:
             await advance_time(chain, arg)
         await check()

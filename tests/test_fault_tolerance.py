@@ -51,7 +51,8 @@ async def check_settled(agent: Agent, report: TrainingReport, faulty: str) -> No
     """Complete, the faulty worker replaced and unpaid, every wei accounted for on chain."""
     assert report.status == TrainingPhase.COMPLETE
     state = await agent.stack.escrow.training(training_key(agent.stack.account.address, report.training_id))
-    assert state.closed and state.deposited == state.paid + state.refunded
+    held = await agent.stack.escrow.held(training_key(agent.stack.account.address, report.training_id))  # unpaid rests of active slots, for their receipts
+    assert state.closed and state.deposited == state.paid + state.refunded + held.amount
     released = [e for e in await agent.stack.escrow.events(training_key(agent.stack.account.address, report.training_id)) if e.name == "Released"]
     assert faulty not in {e.args["worker"] for e in released}
     assert {e.args["worker"] for e in released} == {w.address for w in report.workers if w.role == "worker"}
@@ -219,7 +220,8 @@ async def test_a_second_straggler_gets_a_copy_when_the_only_spare_is_taken(aitbc
         replaced = [e["worker"] for e in log if e["event"] == "worker_replaced"]
         assert stalled.address in replaced and set(replaced) <= {stalled.address, brief.address}
         state = await agent.stack.escrow.training(training_key(agent.stack.account.address, report.training_id))
-        assert state.closed and state.deposited == state.paid + state.refunded
+        held = await agent.stack.escrow.held(training_key(agent.stack.account.address, report.training_id))
+        assert state.closed and state.deposited == state.paid + state.refunded + held.amount
         released = [e for e in await agent.stack.escrow.events(training_key(agent.stack.account.address, report.training_id))
                     if e.name == "Released"]
         assert stalled.address not in {e.args["worker"] for e in released}

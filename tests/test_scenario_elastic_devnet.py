@@ -85,8 +85,8 @@ def test_the_elastic_pool_hires_under_load_shrinks_the_straggler_and_releases_wh
             profile = load_profile(aitbc_home)
             escrow = EscrowClient(await connect_rpc(profile.chain.rpc_url), profile.chain.escrow)
             (key, _), = await escrow.trainings_named(summary["training_id"])  # the id derives from the coordinator
-            state = await escrow.training(key)
-            assert state.closed and state.deposited == state.paid + state.refunded
+            state, held = await escrow.training(key), await escrow.held(key)
+            assert state.closed and state.deposited == state.paid + state.refunded + held.amount
             slots = [e.args["worker"] for e in await escrow.events(key) if e.name == "SlotOpened"]
             # three at the start, the one hired, and one per spare funded for a straggler's copy
             # (on a busy host a round can pass a worker's adaptive deadline): each slot audited

@@ -19,7 +19,7 @@ def test_the_seed_fault_tolerant_loop_watches_a_stalled_worker_get_replaced(cli_
     assert summary["phase"] == "complete" and summary["accuracy"] >= 0.9
     assert summary["faulty_paid_wei"] == 0
     escrow = summary["escrow"]
-    assert escrow["deposited_wei"] == escrow["paid_wei"] + escrow["refunded_wei"]
+    assert escrow["deposited_wei"] == escrow["paid_wei"] + escrow["refunded_wei"] + escrow["held_wei"]
     # the seed's own straggler rule saw it, and the round loop duplicated and replaced it
     assert f"Straggler detected: {faulty}" in out
     # In this order, though not always adjacent: on a loaded machine another worker can be

@@ -7,8 +7,9 @@ from .._lazy import lazy_exports
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "artifacts": ("ContractArtifact", "deploy", "load_artifact"),
     "devchain": ("DevChain", "connect_rpc", "start_embedded_chain"),
-    "escrow": ("ETH_TOKEN", "EscrowClient", "EscrowEvent", "EscrowState", "SlotState", "consent_digest",
-               "consent_signer", "result_hash", "sign_consent", "training_key", "training_salt"),
+    "escrow": ("ETH_TOKEN", "EscrowClient", "EscrowEvent", "EscrowState", "HeldFunds", "SlotState", "consent_digest",
+               "consent_signer", "receipt_digest", "receipt_signer", "result_hash", "sign_consent", "sign_receipt",
+               "training_key", "training_salt"),
     "registry": ("EvidenceDomain", "ProviderState", "RegistryClient", "SlashEvidence", "is_canonical_signature",
                  "result_digest", "sign_result", "signature_signer"),
     "tx": ("TransactionSender", "decode_revert_data", "map_chain_error"),
@@ -18,8 +19,9 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
 if TYPE_CHECKING:
     from .artifacts import ContractArtifact, deploy, load_artifact
     from .devchain import DevChain, connect_rpc, start_embedded_chain
-    from .escrow import (ETH_TOKEN, EscrowClient, EscrowEvent, EscrowState, SlotState, consent_digest,
-                         consent_signer, result_hash, sign_consent, training_key, training_salt)
+    from .escrow import (ETH_TOKEN, EscrowClient, EscrowEvent, EscrowState, HeldFunds, SlotState, consent_digest,
+                         consent_signer, receipt_digest, receipt_signer, result_hash, sign_consent, sign_receipt,
+                         training_key, training_salt)
     from .registry import (EvidenceDomain, ProviderState, RegistryClient, SlashEvidence, is_canonical_signature,
                            result_digest, sign_result, signature_signer)
     from .tx import TransactionSender, decode_revert_data, map_chain_error

@@ -10,11 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
-from eth_abi import encode as abi_encode
-from eth_account.messages import encode_defunct
-from eth_account.signers.local import LocalAccount
 from eth_typing import ChecksumAddress
-from eth_utils import keccak
 from hexbytes import HexBytes
 from web3 import AsyncWeb3
 from web3.types import BlockIdentifier, TxReceipt
@@ -22,7 +18,12 @@ from web3.types import BlockIdentifier, TxReceipt
 from aitbc_agent_sdk.errors import ConfigError
 
 from .contract import ContractClient
-from .registry import is_canonical_signature, signature_signer
+from .escrow_digests import UINT64_MAX
+from .escrow_digests import as_address as _address
+from .escrow_digests import as_bytes32 as _bytes32
+# Re-exported: the escrow's ids and signatures are part of its client's API.
+from .escrow_digests import (consent_digest, consent_signer, key_of, receipt_digest, receipt_signer, result_hash,
+                             sign_consent, sign_receipt, training_key, training_salt)
 from .tx import CHAIN_EXCEPTIONS, TransactionSender, map_chain_error
 
 __all__ = [
@@ -30,26 +31,31 @@ __all__ = [
     "EscrowClient",
     "EscrowEvent",
     "EscrowState",
+    "HeldFunds",
     "SlotState",
     "consent_digest",
     "consent_signer",
     "key_of",
+    "receipt_digest",
+    "receipt_signer",
     "result_hash",
     "sign_consent",
+    "sign_receipt",
     "training_key",
     "training_salt",
 ]
 
 ZERO_ADDRESS = "0x0000000000000000000000000000000000000000"
 ETH_TOKEN = ZERO_ADDRESS  # the escrow's token address for native ETH
-CONSENT_TAG = keccak(text="aitbc.consent.v1")
+# The contract's CLAIM_WINDOW: receipts stay redeemable this long after a refund.
+CLAIM_WINDOW_S = 3600
 # The contract's MAX_DURATION: no training's deadline may be further away than this.
 MAX_DURATION_S = 30 * 24 * 3600
 # Without an explicit deadline a training may run this long (from the chain's latest block)
 # before anyone may force the refund (after the contract's grace period on top).
 DEFAULT_DEADLINE_S = 24 * 3600
 EventName = Literal["TrainingOpened", "SlotOpened", "WorkerReplaced", "SlotDropped", "Released", "PaymentDeferred",
-                    "Refunded"]
+                    "Refunded", "Redeemed", "Reclaimed"]
 # Every per-training event has trainingId as its first indexed topic.
 TRAINING_EVENTS: tuple[EventName, ...] = (
     "TrainingOpened",
@@ -59,50 +65,9 @@ TRAINING_EVENTS: tuple[EventName, ...] = (
     "Released",
     "PaymentDeferred",
     "Refunded",
+    "Redeemed",
+    "Reclaimed",
 )
-
-
-def training_salt(training_id: str) -> bytes:
-    """The salt a coordinator opens its training with: keccak256 of the string id (utf-8)."""
-    return keccak(text=training_id)
-
-
-def key_of(coordinator: str, salt: bytes) -> bytes:
-    """The contract's ``trainingIdOf(coordinator, salt)``: ``keccak256(abi.encode(coordinator, salt))``."""
-    return keccak(abi_encode(["address", "bytes32"], [_address(coordinator, "coordinator"), _bytes32(salt, "salt")]))
-
-
-def training_key(coordinator: str, training_id: str) -> bytes:
-    """The on-chain bytes32 id of a coordinator's training (:func:`key_of` its salt).
-
-    The contract derives it from the sender, so nobody else can open (squat) the same id.
-    """
-    return key_of(coordinator, training_salt(training_id))
-
-
-def consent_digest(chain_id: int, escrow: str, key: bytes, worker: str) -> bytes:
-    """What a worker signs to accept a slot: the contract's ``consentDigest(trainingId, worker)``."""
-    return keccak(abi_encode(["bytes32", "uint256", "address", "bytes32", "address"],
-                             [CONSENT_TAG, chain_id, _address(escrow, "escrow"), _bytes32(key, "training_id"),
-                              _address(worker, "worker")]))
-
-
-def sign_consent(account: LocalAccount, chain_id: int, escrow: str, key: bytes) -> bytes:
-    """The worker's EIP-191 signature over :func:`consent_digest` (canonical: low s, v in {27, 28})."""
-    digest = consent_digest(chain_id, escrow, key, account.address)
-    return bytes(account.sign_message(encode_defunct(primitive=digest)).signature)
-
-
-def consent_signer(chain_id: int, escrow: str, key: bytes, worker: str, signature: bytes) -> str | None:
-    """The address a consent recovers to, or None unless it is canonical (the contract's rule)."""
-    if not is_canonical_signature(signature):
-        return None
-    return signature_signer(consent_digest(chain_id, escrow, key, worker), signature)
-
-
-def result_hash(cid: str) -> bytes:
-    """The bytes32 recorded with a payment: keccak256 of the accepted checkpoint's CID (utf-8)."""
-    return keccak(text=cid)
 
 
 @dataclass(frozen=True)
@@ -125,6 +90,16 @@ class EscrowState:
     def remaining(self) -> int:
         """Wei still held for this training (not paid, not refunded)."""
         return self.deposited - self.paid - self.refunded
+
+
+class HeldFunds(NamedTuple):
+    """What a training still holds and, once closed, until when receipts can claim it (unix time).
+
+    While the training is open ``amount`` is its whole unpaid budget and ``claimable_until`` is 0.
+    """
+
+    amount: int
+    claimable_until: int
 
 
 class SlotState(NamedTuple):
@@ -228,11 +203,29 @@ class EscrowClient(ContractClient):
         return await self._transact(sender, "release", [tid, addrs, list(amounts), hashes])
 
     async def refund(self, sender: TransactionSender, training_id: bytes) -> TxReceipt:
-        """Close the training and return the unreleased budget to the coordinator (the depositor).
+        """Close the training and return to the coordinator (the depositor) what no active slot
+        can still claim; the slots' unpaid rest is held for receipts (:meth:`held`, :meth:`reclaim`).
 
         The coordinator may call it at any time; anyone else after ``deadline + GRACE_PERIOD``.
         """
         return await self._transact(sender, "refund", [_bytes32(training_id, "training_id")])
+
+    async def redeem(self, sender: TransactionSender, training_id: bytes, worker: str, round: int, cumulative: int,
+                     signature: bytes) -> TxReceipt:
+        """Pay ``worker`` what the coordinator's receipt owes it beyond what its slot was paid.
+
+        Anyone may send it (the money goes to the worker); it works while the training is open
+        and until the claim window after its refund is over.
+        """
+        if not 0 <= round <= UINT64_MAX:
+            raise ConfigError(f"round {round} is not a uint64")
+        return await self._transact(sender, "redeem", [_bytes32(training_id, "training_id"),
+                                                       _address(worker, "worker"), round, cumulative,
+                                                       bytes(signature)])
+
+    async def reclaim(self, sender: TransactionSender, training_id: bytes) -> TxReceipt:
+        """Return what receipts did not claim to the coordinator, once the claim window is over (anyone)."""
+        return await self._transact(sender, "reclaim", [_bytes32(training_id, "training_id")])
 
     async def withdraw(self, sender: TransactionSender, token: str = ETH_TOKEN) -> TxReceipt:
         """Pull payments of ``token`` that could not be pushed to the sender's address."""
@@ -248,6 +241,11 @@ class EscrowClient(ContractClient):
             AsyncWeb3.to_checksum_address(coordinator), int(deposited), int(paid), int(refunded), bool(closed),
             token=AsyncWeb3.to_checksum_address(token), deadline=int(deadline),
         )
+
+    async def held(self, training_id: bytes) -> HeldFunds:
+        """What the training still holds and until when receipts can claim it (0 while open)."""
+        amount, until = await self._call("held", _bytes32(training_id, "training_id"))
+        return HeldFunds(int(amount), int(until))
 
     async def slot(self, training_id: bytes, worker: str) -> SlotState:
         amount, paid = await self._call(
@@ -346,20 +344,6 @@ class EscrowClient(ContractClient):
             return int((await self._w3.eth.get_block("latest"))["timestamp"])
         except CHAIN_EXCEPTIONS as exc:
             raise map_chain_error(exc, action="read the latest block") from exc
-
-
-def _bytes32(value: bytes, what: str) -> bytes:
-    raw = bytes(value)
-    if len(raw) != 32:
-        raise ConfigError(f"{what} must be 32 bytes, got {len(raw)}")
-    return raw
-
-
-def _address(value: str, what: str) -> ChecksumAddress:
-    try:
-        return AsyncWeb3.to_checksum_address(value)
-    except ValueError as exc:
-        raise ConfigError(f"invalid {what} address: {exc}") from exc
 
 
 def _addresses(workers: Sequence[str]) -> list[ChecksumAddress]:

@@ -116,8 +116,9 @@ class EscrowSteps:
         payments = await self.pay(training_id)
         await self.drop_unused_spares(training_id)
         refund_wei, refund_tx = await self.escrow.refund(training_id)
-        await self.logs.note(training_id, "refund", amount_wei=refund_wei, tx=refund_tx)
         summary = await self.escrow.summary(training_id)
+        await self.logs.note(training_id, "refund", amount_wei=refund_wei, tx=refund_tx, held_wei=summary.held_wei,
+                             held_until=summary.held_until)
         await self.db.save_escrow(training_id, summary)
         return Settlement(training_id=training_id, payments=tuple(payments), refund_wei=refund_wei,
                           refund_tx=refund_tx, escrow=summary)

@@ -49,6 +49,10 @@ class EscrowSummary(Record):
     deposited_wei: Wei
     paid_wei: Wei
     refunded_wei: Wei
+    held_wei: Wei = Field(default=0, description="still in the escrow: all that is unpaid while open, what "
+                                                   "payment receipts can claim once refunded")
+    held_until: int | None = Field(default=None, ge=0, description="unix time until which receipts can claim "
+                                                                   "held_wei after the refund (None while open)")
 
 
 class TrainingStatus(Record):

@@ -8,8 +8,9 @@ injecting one fault, then checks the outcome against the chain and the audit log
 * the training completed, and its final accuracy is within ``accuracy_tolerance`` of ``clean``;
 * the faulty worker was paid nothing (chain ``Released`` events and ``payments --json``);
   in the scenarios without a faulty worker every hired worker was paid in full;
-* wei are conserved on chain: the escrow is closed and deposited == paid + refunded,
-  and the ``Released`` events add up to ``paid``;
+* wei are conserved on chain: the escrow is closed and deposited == paid + refunded + held
+  (held: what active slots were not paid, redeemable by receipts for the claim window), and
+  the ``Released`` and ``Redeemed`` events add up to ``paid``;
 * the scenario's audit event is in the hash-chained audit log, and the log verifies.
 
 The devnet is always torn down (stopped processes are SIGCONT-ed first, then ``devnet
@@ -100,6 +101,7 @@ class ScenarioResult:
     deposited_wei: int | None = None
     paid_wei: int | None = None
     refunded_wei: int | None = None
+    held_wei: int | None = None
     expected_event: str = ""
     event_seen: bool = False
     audit_ok: bool | None = None
@@ -655,6 +657,7 @@ async def chain_view(run: ScenarioRun) -> dict[str, Any]:
         # The on-chain id is derived from the coordinator's address: find it by the training's name.
         (key, _), *_ = await escrow.trainings_named(run.tid)
         state = await escrow.training(key)
+        held = await escrow.held(key)
         events = await escrow.events(key)
     finally:
         with contextlib.suppress(Exception):
@@ -663,9 +666,10 @@ async def chain_view(run: ScenarioRun) -> dict[str, Any]:
     for e in events:
         if e.name == "Released":
             released[e.args["worker"]] = released.get(e.args["worker"], 0) + int(e.args["amount"])
-    return {"state": state, "released": released,
+    return {"state": state, "released": released, "held": held.amount,
+            "redeemed": sum(int(e.args["amount"]) for e in events if e.name == "Redeemed"),
             "replaced": [(e.args["oldWorker"], e.args["newWorker"]) for e in events if e.name == "WorkerReplaced"],
-            "refunded": sum(int(e.args["amount"]) for e in events if e.name == "Refunded")}
+            "refunded": sum(int(e.args["amount"]) for e in events if e.name in ("Refunded", "Reclaimed"))}
 
 
 def reconnected_clients(run: ScenarioRun) -> set[str]:
@@ -719,13 +723,15 @@ def judge(run: ScenarioRun, result: ScenarioResult, final: dict[str, Any], audit
     # -- money, from the chain
     state, released = chain["state"], chain["released"]
     result.deposited_wei, result.paid_wei, result.refunded_wei = state.deposited, state.paid, state.refunded
-    conserved = (state.exists and state.closed and state.deposited == state.paid + state.refunded
-                 and sum(released.values()) == state.paid and chain["refunded"] == state.refunded)
+    result.held_wei = chain["held"]
+    conserved = (state.exists and state.closed and state.deposited == state.paid + state.refunded + chain["held"]
+                 and sum(released.values()) + chain["redeemed"] == state.paid and chain["refunded"] == state.refunded)
     result.conservation_ok = conserved
     if not conserved:
         fail(f"escrow not conserved: exists={state.exists} closed={state.closed} deposited={state.deposited} "
-             f"paid={state.paid} refunded={state.refunded} sum(Released)={sum(released.values())} "
-             f"sum(Refunded)={chain['refunded']}")
+             f"paid={state.paid} refunded={state.refunded} held={chain['held']} "
+             f"sum(Released)={sum(released.values())} sum(Redeemed)={chain['redeemed']} "
+             f"sum(Refunded, Reclaimed)={chain['refunded']}")
     events = audit["entries"]
     funded = _by(events, "escrow_funded")
     # Slots added later (a spare funded for a speculative copy, an elastic pool growing) add to the deposit.

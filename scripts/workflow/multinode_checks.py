@@ -426,6 +426,7 @@ async def payments(args: argparse.Namespace) -> str:
         escrow = EscrowClient(w3, profile.chain.escrow)
         (key, _), *_ = await escrow.trainings_named(tid, from_block=profile.chain.deployed_block)
         state = await escrow.training(key)
+        held = (await escrow.held(key)).amount  # unpaid rests of active slots, redeemable by receipts for a while
         events = await escrow.events(key, from_block=profile.chain.deployed_block)
         head = int(await w3.eth.block_number)
         tracked = sorted(before["balances"])
@@ -438,21 +439,23 @@ async def payments(args: argparse.Namespace) -> str:
     def named(name: str) -> list[Any]:
         return [e for e in events if e.name == name]
 
-    # the totals: deposit = paid + refunded, and the events add up to the contract's books
+    # the totals: deposit = paid + refunded + held, and the events add up to the contract's books
     # Every slot, opened with the training or added later (a spare funded for a speculative
     # copy), is one SlotOpened; together they are the deposit.
     deposit = sum(int(e.args["amount"]) for e in named("SlotOpened"))
     released: dict[str, int] = {}
     for e in named("Released"):
         released[e.args["worker"].lower()] = released.get(e.args["worker"].lower(), 0) + int(e.args["amount"])
-    refunded = sum(int(e.args["amount"]) for e in named("Refunded"))
+    redeemed = sum(int(e.args["amount"]) for e in named("Redeemed"))
+    refunded = sum(int(e.args["amount"]) for e in (*named("Refunded"), *named("Reclaimed")))
     if not (state.exists and state.closed):
         problems.append(f"escrow not closed (exists={state.exists}, closed={state.closed})")
-    if not (deposit == state.deposited == state.paid + state.refunded):
-        problems.append(f"deposit {deposit} / deposited {state.deposited} != paid {state.paid} + refunded {state.refunded}")
-    if sum(released.values()) != state.paid or refunded != state.refunded:
-        problems.append(f"events (released {sum(released.values())}, refunded {refunded}) differ from the "
-                        f"contract (paid {state.paid}, refunded {state.refunded})")
+    if not (deposit == state.deposited == state.paid + state.refunded + held):
+        problems.append(f"deposit {deposit} / deposited {state.deposited} != paid {state.paid} + refunded "
+                        f"{state.refunded} + held {held}")
+    if sum(released.values()) + redeemed != state.paid or refunded != state.refunded:
+        problems.append(f"events (released {sum(released.values())}, redeemed {redeemed}, refunded {refunded}) "
+                        f"differ from the contract (paid {state.paid}, refunded {state.refunded})")
     if named("PaymentDeferred"):
         problems.append(f"deferred payments: {[e.args for e in named('PaymentDeferred')]}")
 
@@ -485,13 +488,14 @@ async def payments(args: argparse.Namespace) -> str:
         problems.append(f"no WorkerReplaced event moved {short(killed)}'s slot")
 
     # balances: each provider gained exactly its payments (it sent nothing meanwhile), the escrow
-    # holds nothing more than before, and the coordinator lost the deposit less the refund, plus gas
+    # holds only what it still holds for receipts, and the coordinator lost the deposit less the refund, plus gas
     for address in tracked:
         b, a = before["balances"][address], after[address]
         delta = a["wei"] - b["wei"]
         if address == profile.chain.escrow.lower():
-            if delta != 0:
-                problems.append(f"the escrow's balance changed by {delta} wei over a closed training")
+            if delta != held:
+                problems.append(f"the escrow's balance changed by {delta} wei over a closed training "
+                                f"holding {held} for receipts")
         elif address == results["coordinator"].lower():
             expected = -sent - fees + refunded
             if delta != expected or sent != deposit:
@@ -502,12 +506,13 @@ async def payments(args: argparse.Namespace) -> str:
                             f"{released.get(address, 0)}")
         elif a["nonce"] != b["nonce"]:
             problems.append(f"{short(address)} sent transactions during the training: balance not checkable")
-    data = {"state": state.__dict__, "released": released, "refunded": refunded, "deposit": deposit,
+    data = {"state": state.__dict__, "released": released, "redeemed": redeemed, "refunded": refunded,
+            "held": held, "deposit": deposit,
             "balances_before": before, "balances_after": after, "coordinator_fees": fees, "problems": problems}
     write_out(args, data)
     if problems:
         raise CheckFailed("; ".join(problems))
-    return (f"deposit {eth(deposit)} = paid {eth(state.paid)} + refunded {eth(refunded)} ETH; "
+    return (f"deposit {eth(deposit)} = paid {eth(state.paid)} + refunded {eth(refunded)} + held {eth(held)} ETH; "
             f"{len(released)} paid workers, each for its accepted results (result hash = its checkpoint); "
             f"killed provider paid 0; {len(tracked)} balances match the events (blocks {before['block']}..{head})")
 
