@@ -108,6 +108,14 @@ def test_update_norms_are_judged_against_the_rounds_median():
     assert norm_problem(1e9, 0.0, POLICY) is None  # nobody moved: nothing to compare with
 
 
+def test_a_number_that_is_no_number_fails_the_checks_closed(setting):
+    """Issue #25: every comparison with a NaN is False, so "above the limit?" passed a NaN (fails closed now)."""
+    assert norm_problem(math.inf, math.inf, POLICY) is not None  # huge float64 weights: an infinite norm
+    spec, reference, honest, validation, _ = setting
+    found = inspect((spec, reference, honest, validation, math.nan), honest)  # a round model with a NaN loss
+    assert found.problem is not None and "validation loss" in found.problem
+
+
 def test_update_norm_is_the_l2_norm_over_floating_tensors():
     ref = {"w": torch.zeros(2, 2), "steps": torch.tensor(3)}
     state = {"w": torch.tensor([[3.0, 0.0], [0.0, 4.0]]), "steps": torch.tensor(9)}

@@ -84,6 +84,7 @@ def test_lower_bound_rejects_noise_and_a_tenth_of_the_work_but_not_an_uneven_sha
     assert missing_work(6.4, 24, median, 30.0, policy) is None
     assert missing_work(0.01, 24, 0.0, 30.0, policy) is None  # one worker: only the floor applies
     assert missing_work(0.01, 24, 0.0, 1e6, policy) is not None
+    assert missing_work(float("nan"), 24, median, 30.0, policy) is not None  # no number shows no work
 
 
 def test_near_copies_find_the_pair_and_only_it():

@@ -22,8 +22,8 @@ from .service import Coordinator
 from .spot_check import SpotCheck, SpotChecker
 from .verification import validation_loss
 from .work_checks import (
-    WorkVerdict, commitment_verdict, expected_steps, median_per_step, missing_work, near_copies, sketch_positions,
-    state_norm, update_sketch,
+    PASS, WorkVerdict, bounded, check_crashed, commitment_verdict, expected_steps, median_per_step, missing_work,
+    near_copies, sketch_positions, state_norm, unverifiable, update_sketch,
 )
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,9 @@ class RoundWork:
     def lower_bound(self, job_id: str, norm: float) -> str | None:
         """Missing work by the update's size, once :meth:`set_median` saw the whole round."""
         work = self.found.get(job_id)
-        if work is None or self.median_per_step is None:
+        if work is None:  # never inspected: nothing shows its work
+            return "missing work: the result's commitment was never inspected"
+        if self.median_per_step is None:
             return None
         return missing_work(norm, work.steps, self.median_per_step, self.reference_norm, self.policy)
 
@@ -107,28 +109,25 @@ class RoundWork:
         return near_copies(sketches, self.policy.near_copy_distance)
 
     # -- spot checks beside the loop -------------------------------------------------------------
-    def start_check(self, index: int, job: JobAssignment, shard: Shard, held: bool) -> bool:
-        """Start the winner's spot check; False when there is nothing to check (checks off, or no commitment)."""
-        work = self.found.get(job.job_id)
-        if self.policy.spot_checks == 0 or work is None or work.commitment is None:
-            return False
+    def start_check(self, index: int, job: JobAssignment | None, shard: Shard, held: bool) -> WorkVerdict | None:
+        """Start the winner's spot check: None when one runs, else the verdict now: a pass when checks are off,
+        unverifiable when there is nothing to check (no job, no commitment), which fails closed."""
+        if self.policy.spot_checks == 0:
+            return PASS
+        work = self.found.get(job.job_id) if job is not None else None
+        if job is None or work is None or work.commitment is None:
+            return unverifiable("the spot check could not start: no job or no committed trajectory to check")
         checks = min(2 * self.policy.spot_checks if held else self.policy.spot_checks, 16)
         self.checks[index] = asyncio.create_task(self.checker.check(job, shard, work.commitment, checks))
-        return True
+        return None
 
     def finished(self) -> list[tuple[int, WorkVerdict]]:
-        """Spot checks that ended since the last call. One that crashed on the coordinator's side proves nothing
-        against the worker: it passes (logged), and never crashes the round."""
+        """Spot checks that ended since the last call, with their verdicts (:func:`ended_check`)."""
         done = []
         for index, task in list(self.checks.items()):
-            if not task.done():
-                continue
-            del self.checks[index]
-            try:
-                done.append((index, task.result().verdict))
-            except Exception:
-                log.exception("spot check of shard %d could not run; its result is accepted unchecked", index)
-                done.append((index, WorkVerdict(None)))
+            if task.done():
+                del self.checks[index]
+                done.append((index, ended_check(task)))
         return done
 
     def cancel(self, index: int) -> None:
@@ -141,3 +140,15 @@ class RoundWork:
             task.cancel()
         await asyncio.gather(*self.checks.values(), return_exceptions=True)
         self.checks.clear()
+
+
+def ended_check(task: asyncio.Task[SpotCheck]) -> WorkVerdict:
+    """The verdict of a spot check that ended. One that raised (the checker turns its own errors into
+    verdicts, so this is a bug) or was cancelled proves nothing against the worker and shows no work
+    either: it fails closed, unverifiable (unpaid, not slashed), and never crashes the round."""
+    if task.cancelled():
+        return unverifiable("the spot check was cancelled")
+    if (exc := task.exception()) is not None:
+        log.error("a spot check could not run; its result is unverifiable", exc_info=exc)
+        return bounded(check_crashed(exc))
+    return task.result().verdict

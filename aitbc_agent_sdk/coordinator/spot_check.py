@@ -10,6 +10,12 @@ the segment's own change when it trained on a GPU (whose kernels are not bit-rep
 A mismatch, or a batch order that is not the job's, contradicts the trajectory the worker signed
 (inside the checkpoint's CID): slashable. A worker that does not open its trajectory in time is
 unpaid for the round, but not slashed: it may just be gone.
+
+A check that cannot decide fails closed. Every opened state must be one the task's own model,
+optimizer and scheduler could be in (:mod:`~aitbc_agent_sdk.training.opened_state`) before anything
+is replayed; one that is not, and any error while checking (a hostile state that slipped through, or
+the coordinator's own failure), makes the result unverifiable: unpaid, not slashed, and the audit
+log says why.
 """
 
 from __future__ import annotations
@@ -25,16 +31,18 @@ from typing import Any
 
 import torch
 
-from ..errors import AitbcError, TrainingError
+from ..errors import AitbcError
 from ..messaging import topics
 from ..models import JobAssignment, Shard, TrajectoryChallenge, TrajectoryCommitment, TrajectoryOpening
 from ..training import decode_state
 from ..training.trajectory import boundary_hashes
-from ..training.trajectory_replay import Reexecution, reexecute_segments, relative_distance
+from ..training.trajectory_replay import Reexecution, reexecute_segments, relative_distance, unfit_states
 from .inputs import RoundInputs
 from .logbook import AuditSink
 from .service import Coordinator
-from .work_checks import PASS, WorkVerdict, pick_segments, reexecution_verdict
+from .work_checks import (
+    PASS, WorkVerdict, bounded, check_crashed, pick_segments, reexecution_verdict, unverifiable,
+)
 
 log = logging.getLogger(__name__)
 BOUNDARY_SLACK = 1 << 20  # a boundary file's header and the optimizer's scalars
@@ -83,11 +91,20 @@ class SpotChecker:
     async def check(self, job: JobAssignment, shard: Shard, commitment: TrajectoryCommitment,
                     checks: int) -> SpotCheck:
         segments = pick_segments(commitment.segments, checks, self.rng)
-        opened = await self._open(job, segments)
+        cids: dict[str, str] = {}
         started = time.perf_counter()
-        verdict = opened if isinstance(opened, WorkVerdict) else await self._reexecute(
-            job, shard, commitment, segments, opened[0])
-        cids = {} if isinstance(opened, WorkVerdict) else opened[1]
+        try:
+            opened = await self._open(job, segments)
+            started = time.perf_counter()
+            if isinstance(opened, WorkVerdict):
+                verdict = opened
+            else:
+                blobs, cids = opened
+                verdict = await self._reexecute(job, shard, commitment, segments, blobs)
+        except Exception as exc:  # fail closed: an error is a verdict, never a pass (cancelling still works)
+            log.warning("spot check of job %s could not run", job.job_id, exc_info=True)
+            verdict = check_crashed(exc)
+        verdict = bounded(verdict)
         seconds = time.perf_counter() - started
         # The evidence trail: which segments, and the verdict (the opened states are in the store by CID).
         await self.audit.append("spot_check", worker=job.worker_id, job_id=job.job_id, round=job.round,
@@ -134,16 +151,27 @@ class SpotChecker:
             if state_hash != commitment.state_hashes[boundary]:
                 return WorkVerdict(f"missing work: opened boundary {boundary} does not match the commitment")
         data = await self.c.data.load(shard.cid)
+        # Every opened state, start or end, must be one the task could be in before anything is replayed.
+        unfit = await asyncio.to_thread(unfit_states, self.inputs.task, job.model, data, job.config, blobs)
+        if unfit:
+            boundary, problem = next(iter(unfit.items()))
+            return unverifiable(f"opened boundary {boundary} is not a state of this task: {problem}")
+        again = await asyncio.to_thread(
+            reexecute_with_threads, commitment.threads, self.inputs.task, job.model, data, job.config,
+            job.seed, commitment, {s: blobs[s] for s in segments})
+        return await self._compare(commitment, segments, blobs, again)
+
+    async def _compare(self, commitment: TrajectoryCommitment, segments: tuple[int, ...],
+                       blobs: Mapping[int, bytes], again: Mapping[int, Reexecution]) -> WorkVerdict:
+        """Each re-executed segment against its committed end; a proven contradiction first."""
+        problems = [(s, again[s]) for s in segments if again[s].problem is not None]
+        if lie := next((found for _, found in problems if found.contradicts), None):
+            return WorkVerdict(f"spot check: {lie.problem}", slashable=True)
+        if problems:
+            segment, found = problems[0]
+            return unverifiable(f"segment {segment} could not be re-executed: {found.problem}")
         exact = commitment.device == "cpu"
-        try:
-            again = await asyncio.to_thread(
-                reexecute_with_threads, commitment.threads, self.inputs.task, job.model, data, job.config,
-                job.seed, commitment, {s: blobs[s] for s in segments})
-        except (TrainingError, RuntimeError, ValueError, KeyError) as exc:  # an opened state that does not load
-            return WorkVerdict(f"missing work: an opened boundary does not load ({exc})")
         for segment in segments:
-            if again[segment].problem is not None:
-                return WorkVerdict(f"spot check: {again[segment].problem}", slashable=True)
             distance = None
             if not exact:
                 distance = await asyncio.to_thread(relative_distance, again[segment].model,

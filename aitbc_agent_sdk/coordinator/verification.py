@@ -109,7 +109,7 @@ def inspect_result(*, job_id: str, worker_id: str, domain: EvidenceDomain, key: 
     norm = update_norm(state, reference)
     loss = validation_loss(spec, state, validation, task)
     limit = loss_limit(start_loss, policy)
-    if not math.isfinite(loss) or loss > limit:
+    if not math.isfinite(loss) or not loss <= limit:  # a NaN limit fails closed, as a NaN loss does
         return reject(f"validation loss {loss:.4g} above the limit {limit:.4g} "
                       f"(round started at {start_loss:.4g})", norm=norm, val_loss=loss)
     return Inspection(job_id, worker_id, cid, None, norm=norm, val_loss=loss)
@@ -121,6 +121,8 @@ def round_median(norms: Sequence[float]) -> float:
 
 def norm_problem(norm: float, median_norm: float, policy: FaultPolicy) -> str | None:
     """Reject updates far larger than the round's typical one (a scaled or boosted update)."""
+    if not math.isfinite(norm):  # huge finite float64 weights overflow their sum of squares
+        return f"update norm {norm:.4g} is not finite"
     if median_norm <= 0.0:
         return None
     if norm > policy.norm_bound * median_norm:

@@ -8,7 +8,9 @@
   model or does not end at the checkpoint, or a checkpoint another worker of the round published
   first, contradicts what the worker signed: slashable, since the signed CID's content proves it;
 * an update whose norm per committed step is far below the round's median is missing work;
-* two updates of a round that are (nearly) the same are both held for a spot check.
+* two updates of a round that are (nearly) the same are both held for a spot check;
+* a check that cannot decide (it crashed, the opening is missing, late or not a state the task could
+  be in) fails closed: the result is *unverifiable*, unpaid but not slashed, since it proves nothing.
 
 The re-execution that settles a spot check is :mod:`.spot_check`'s.
 """
@@ -40,6 +42,26 @@ class WorkVerdict:
 
 
 PASS = WorkVerdict(None)
+UNVERIFIABLE = "unverifiable"
+REASON_CHARS = 512  # a reason ends up in a signed JobCancel (1,024 characters at most) after a prefix
+
+
+def bounded(verdict: WorkVerdict) -> WorkVerdict:
+    """``verdict`` with its reason cut to :data:`REASON_CHARS` (it may quote a stranger's error text)."""
+    if verdict.problem is None or len(verdict.problem) <= REASON_CHARS:
+        return verdict
+    return WorkVerdict(verdict.problem[:REASON_CHARS], verdict.slashable)
+
+
+def unverifiable(why: str) -> WorkVerdict:
+    """A check that could not decide: the work is not shown, so it is not paid; nothing is proven, so
+    nothing is slashed."""
+    return WorkVerdict(f"{UNVERIFIABLE}: {why}")
+
+
+def check_crashed(exc: BaseException) -> WorkVerdict:
+    """A check that raised: on the worker's side (a hostile state) or the coordinator's, it is not a pass."""
+    return unverifiable(f"the spot check could not run ({type(exc).__name__}: {exc})")
 
 
 class _Sized:
@@ -92,7 +114,7 @@ def missing_work(norm: float, steps: int, median_per_step: float, reference_norm
                  policy: FaultPolicy) -> str | None:
     """An update too small for the steps its job took: below ``min_update_ratio`` x the round's median per
     step, or negligible beside the model itself (a copy of the round's model plus noise)."""
-    if norm <= MIN_RELATIVE_UPDATE * reference_norm:
+    if not norm > MIN_RELATIVE_UPDATE * reference_norm:  # NaN too: a norm that is no number shows no work
         return f"missing work: update norm {norm:.3g} is negligible beside the model's {reference_norm:.3g}"
     if median_per_step > 0 and per_step(norm, steps) < policy.min_update_ratio * median_per_step:
         return (f"missing work: update norm {per_step(norm, steps):.3g} per step is below "

@@ -8,7 +8,8 @@ them (:mod:`.trajectory_replay`). Each segment starts with the global RNG seeded
 seed and the segment's index, so dropout replays from the boundary state alone.
 
 Boundary files arrive from strangers: decoding bounds the header, never unpickles, and a file
-whose tensors or JSON do not have the shape of the task's own optimizer and scheduler is refused.
+whose tensors or JSON are not a state the task's own model, optimizer and scheduler could be in
+(shapes, fields, and values within bounds: :mod:`.opened_state`) is refused before it is loaded.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ from torch import nn
 from aitbc_agent_sdk.errors import TrainingError
 from aitbc_agent_sdk.models import COMMITMENT_KEY, MAX_COMMITMENT_BYTES, MAX_SEGMENTS, TrajectoryCommitment
 from aitbc_agent_sdk.training.checkpoint import decode_metadata, decode_state, encode_state
+from aitbc_agent_sdk.training.opened_state import (
+    model_problem, optimizer_state_problem, param_groups_problem, scheduler_problem,
+)
 from aitbc_agent_sdk.training.task_state import split_optimizer_state
 
 Scheduler = torch.optim.lr_scheduler.LRScheduler
@@ -169,75 +173,60 @@ def boundary_hashes(blob: bytes) -> tuple[str, str]:
     return _hashes(*_decode_parts(blob))
 
 
-def _same_structure(fresh: Any, saved: Any) -> bool:
-    """Whether JSON ``saved`` has the shape of ``fresh`` (keys, lengths, leaf types; numbers interchange)."""
-    if isinstance(fresh, dict):
-        return (isinstance(saved, dict) and set(saved) == {str(k) for k in fresh}
-                and all(_same_structure(v, saved[str(k)]) for k, v in fresh.items()))
-    if isinstance(fresh, (list, tuple)):
-        return (isinstance(saved, list) and len(saved) == len(fresh)
-                and all(_same_structure(a, b) for a, b in zip(fresh, saved, strict=True)))
-    if isinstance(fresh, bool) or fresh is None or isinstance(fresh, str):
-        return type(saved) is type(fresh)
-    if isinstance(fresh, (int, float)):
-        return isinstance(saved, (int, float)) and not isinstance(saved, bool)
-    return False
+OpenedParts = tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], Any, Any, Any]
+
+
+def _opened_parts(blob: bytes) -> OpenedParts:
+    """A boundary file's model tensors, optimizer tensors, param groups, optimizer scalars and scheduler state."""
+    model_tensors, optim, metadata = _decode_parts(blob)
+    try:
+        groups, scalars, saved = (json.loads(metadata[k]) for k in ("param_groups", "scalars", "scheduler"))
+    except (ValueError, RecursionError) as exc:
+        raise TrainingError(f"the boundary state's metadata is not JSON: {str(exc)[:128]}") from exc
+    return model_tensors, optim, groups, scalars, saved
+
+
+def _fit_problem(parts: OpenedParts, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 scheduler: Scheduler | None) -> str | None:
+    model_tensors, optim, groups, scalars, saved = parts
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    return (model_problem(model_tensors, model.state_dict())
+            or param_groups_problem(groups, optimizer.state_dict()["param_groups"])
+            or optimizer_state_problem(optim, scalars, params)
+            or scheduler_problem(saved, scheduler.state_dict() if scheduler is not None else None))
+
+
+def opened_state_problem(blob: bytes, model: nn.Module, optimizer: torch.optim.Optimizer,
+                         scheduler: Scheduler | None) -> str | None:
+    """Why the task's model, optimizer and scheduler (built by its own code) could not be in the boundary
+    state ``blob`` (:mod:`.opened_state`); None when they could. Loads nothing."""
+    try:
+        return _fit_problem(_opened_parts(blob), model, optimizer, scheduler)
+    except TrainingError as exc:
+        return str(exc)
 
 
 def load_boundary(blob: bytes, model: nn.Module, optimizer: torch.optim.Optimizer,
                   scheduler: Scheduler | None) -> None:
-    """Restore a boundary file into a freshly built model, optimizer and scheduler of the job's task."""
-    model_tensors, optim, metadata = _decode_parts(blob)
+    """Restore a boundary file into a freshly built model, optimizer and scheduler of the job's task, once
+    :func:`opened_state_problem` finds nothing wrong with it."""
+    parts = _opened_parts(blob)
+    if (problem := _fit_problem(parts, model, optimizer, scheduler)) is not None:
+        raise TrainingError(f"the boundary state does not fit this task: {problem}")
+    model_tensors, optim, groups, scalars, saved = parts
+    state: dict[int, dict[str, Any]] = {}
+    for index, values in scalars.items():
+        state.setdefault(int(index), {}).update(values)
+    for key, tensor in optim.items():
+        index, name = key.split(".", 1)
+        state.setdefault(int(index), {})[name] = tensor
     try:
-        _load_model(model, model_tensors)
-        _load_optimizer(optimizer, optim, metadata)
-        saved = json.loads(metadata["scheduler"])
-        fresh = scheduler.state_dict() if scheduler is not None else None
-        if not _same_structure(fresh, saved):
-            raise ValueError("the scheduler's state does not have this task's scheduler's fields")
+        model.load_state_dict(dict(model_tensors), strict=True)
+        optimizer.load_state_dict({"state": state, "param_groups": groups})
         if scheduler is not None:
             scheduler.load_state_dict(saved)
     except (KeyError, ValueError, TypeError, RuntimeError) as exc:
         raise TrainingError(f"the boundary state does not fit this task: {exc}") from exc
-
-
-def _load_model(model: nn.Module, tensors: Mapping[str, torch.Tensor]) -> None:
-    own = model.state_dict()
-    if set(own) != set(tensors):
-        raise ValueError(f"model keys differ: extra {sorted(set(tensors) - set(own))[:5]}, "
-                         f"missing {sorted(set(own) - set(tensors))[:5]}")
-    for key, tensor in tensors.items():
-        if tensor.dtype != own[key].dtype or tensor.shape != own[key].shape:
-            raise ValueError(f"{key} is {tensor.dtype}{tuple(tensor.shape)}, the model's "
-                             f"{own[key].dtype}{tuple(own[key].shape)}")
-    model.load_state_dict(dict(tensors), strict=True)
-
-
-def _load_optimizer(optimizer: torch.optim.Optimizer, tensors: Mapping[str, torch.Tensor],
-                    metadata: Mapping[str, str]) -> None:
-    fresh_groups = optimizer.state_dict()["param_groups"]
-    groups = json.loads(metadata["param_groups"])
-    if not _same_structure(fresh_groups, groups) or [g["params"] for g in groups] != [
-            g["params"] for g in fresh_groups]:
-        raise ValueError("the optimizer's param groups are not this task's")
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    state: dict[int, dict[str, Any]] = {}
-    scalars = json.loads(metadata["scalars"])
-    if not isinstance(scalars, dict):
-        raise ValueError("scalars are not a map")
-    for index, values in scalars.items():
-        if not isinstance(values, dict) or not all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) for v in values.values()):
-            raise ValueError(f"optimizer scalars of {index!r} are not numbers")
-        if not 0 <= int(index) < len(params):
-            raise ValueError(f"optimizer state for parameter {index!r} of {len(params)}")
-        state.setdefault(int(index), {}).update(values)
-    for key, tensor in tensors.items():
-        index, name = key.split(".", 1)
-        if not 0 <= int(index) < len(params) or (tensor.ndim and tensor.shape != params[int(index)].shape):
-            raise ValueError(f"{key} has shape {tuple(tensor.shape)}, not its parameter's")
-        state.setdefault(int(index), {})[name] = tensor
-    optimizer.load_state_dict({"state": state, "param_groups": groups})
 
 
 # --- recording in the training loop

@@ -23,7 +23,8 @@ from aitbc_agent_sdk.training.bound_task import BoundTask
 from aitbc_agent_sdk.training.task import Batch
 from aitbc_agent_sdk.training.task_loop import train_step
 from aitbc_agent_sdk.training.trajectory import (
-    boundary_hashes, encode_boundary, hash_batch, isolated_rng, load_boundary, seed_segment, segment_steps,
+    boundary_hashes, encode_boundary, hash_batch, isolated_rng, load_boundary, opened_state_problem, seed_segment,
+    segment_steps,
 )
 
 
@@ -36,6 +37,9 @@ class Reexecution:
     state_hash: str = ""
     model: dict[str, torch.Tensor] = field(default_factory=dict)
     problem: str | None = None
+    # True: the problem contradicts the commitment itself (its step count, its batches); False: the opened
+    # state is not one the task could be in, so the segment could not be replayed at all.
+    contradicts: bool = False
 
 
 def _stream(bound: BoundTask, data: Any, config: JobConfig, batch_size: int, generator: torch.Generator,
@@ -59,29 +63,62 @@ def reexecute_segments(task: BoundTask, spec: ModelSpec, data: Any, config: JobC
                        commitment: TrajectoryCommitment, starts: Mapping[int, bytes], *,
                        device: torch.device = torch.device("cpu")) -> dict[int, Reexecution]:
     """:func:`reexecute_segment` for several segments in one pass over the job's batch stream (the batches
-    before the last one are drawn and hashed once, not once per segment). A problem found on the way
-    (the stream, the batch order) ends the pass: it and every segment not reached carry it."""
+    before the last one are drawn and hashed once, not once per segment). Every opened start state is
+    checked against the task's freshly built model, optimizer and scheduler before anything is replayed
+    (:func:`~.trajectory.opened_state_problem`). A problem found on the way (the stream, the batch order)
+    ends the pass: it and every segment not reached carry it."""
     for segment in starts:
         if not 0 <= segment < commitment.segments:
             raise ValueError(f"segment {segment} outside the commitment's {commitment.segments}")
     done = _opened_problems(commitment, starts)
-    batch_size = min(config.batch_size, len(data))
-    total = config.epochs * task.task.steps_per_epoch(data, task.params, batch_size)
+    batch_size, total = _steps(task, data, config)
     k = segment_steps(total, config.segments)
     if (commitment.steps, commitment.segment_steps) != (total, k):
         problem = (f"commits {commitment.steps} steps in segments of {commitment.segment_steps}; the job has "
                    f"{total} in segments of {k}")
-        return {s: done.get(s, Reexecution(problem=problem)) for s in starts}
-    wanted = sorted(s for s in starts if s not in done)
-    if not wanted:
-        return done
-    batches = _stream(task, data, config, batch_size, torch.Generator().manual_seed(seed), device)
+        return {s: done.get(s, Reexecution(problem=problem, contradicts=True)) for s in starts}
     with isolated_rng(device):
-        problem = _replay(task, spec, len(data), config, seed, commitment, starts, wanted, batches, total, done,
-                          device)
+        job = _fresh(task, spec, len(data), config, total, device)
+        for segment in sorted(set(starts) - set(done)):
+            if (unfit := opened_state_problem(starts[segment], *job)) is not None:
+                done[segment] = Reexecution(problem=f"opened start state cannot be replayed: {unfit}")
+        wanted = sorted(s for s in starts if s not in done)
+        if not wanted:
+            return done
+        batches = _stream(task, data, config, batch_size, torch.Generator().manual_seed(seed), device)
+        problem = _replay(task, job, config, seed, commitment, starts, wanted, batches, total, done, device)
     if problem is not None:  # segments finished before it keep their end states
-        return {s: done.get(s, Reexecution(problem=problem)) for s in starts}
+        return {s: done.get(s, Reexecution(problem=problem, contradicts=True)) for s in starts}
     return done
+
+
+Job = tuple[torch.nn.Module, torch.optim.Optimizer, Any]
+
+
+def _steps(task: BoundTask, data: Any, config: JobConfig) -> tuple[int, int]:
+    """The job's batch size and its steps on ``data``, as train_task counts them."""
+    batch_size = min(config.batch_size, len(data))
+    return batch_size, config.epochs * task.task.steps_per_epoch(data, task.params, batch_size)
+
+
+def unfit_states(task: BoundTask, spec: ModelSpec, data: Any, config: JobConfig,
+                 opened: Mapping[int, bytes]) -> dict[int, str]:
+    """The opened boundary states (by index) that the job's own model, optimizer and scheduler could not be
+    in, and why: what a spot check refuses before it replays anything."""
+    device = torch.device("cpu")
+    with isolated_rng(device):  # building the model draws its initial weights
+        job = _fresh(task, spec, len(data), config, _steps(task, data, config)[1], device)
+    return {i: problem for i, blob in sorted(opened.items())
+            if (problem := opened_state_problem(blob, *job)) is not None}
+
+
+def _fresh(task: BoundTask, spec: ModelSpec, samples: int, config: JobConfig, total: int,
+           device: torch.device) -> Job:
+    """The job's model, optimizer and scheduler as the task's own code builds them."""
+    model = task.build(spec, samples=samples)
+    model.to(device)
+    optimizer, scheduler = task.task.configure_optimizer(model, task.params, config, total)
+    return model, optimizer, scheduler
 
 
 def _opened_problems(commitment: TrajectoryCommitment, starts: Mapping[int, bytes]) -> dict[int, Reexecution]:
@@ -98,14 +135,12 @@ def _opened_problems(commitment: TrajectoryCommitment, starts: Mapping[int, byte
     return found
 
 
-def _replay(task: BoundTask, spec: ModelSpec, samples: int, config: JobConfig, seed: int,
-            commitment: TrajectoryCommitment, starts: Mapping[int, bytes], wanted: list[int],
-            batches: Iterator[Batch], total: int, done: dict[int, Reexecution], device: torch.device) -> str | None:
+def _replay(task: BoundTask, job: Job, config: JobConfig, seed: int, commitment: TrajectoryCommitment,
+            starts: Mapping[int, bytes], wanted: list[int], batches: Iterator[Batch], total: int,
+            done: dict[int, Reexecution], device: torch.device) -> str | None:
     """Draw the job's batches up to the last wanted segment, hashing each segment's; train the wanted ones
     from their opened starts into ``done``. Returns what ended the pass early (stream or batch order)."""
-    model = task.build(spec, samples=samples)
-    model.to(device)
-    optimizer, scheduler = task.task.configure_optimizer(model, task.params, config, total)
+    model, optimizer, scheduler = job
     clip = task.task.grad_clip_norm(task.params)
     model.train()
     k = commitment.segment_steps

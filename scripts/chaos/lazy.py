@@ -133,6 +133,7 @@ class LazyProvider(SkippingProvider):
                 for key, v in sent.items()}
             model.load_state_dict(point)
             optimizer, scheduler = task.task.configure_optimizer(model, task.params, job.config, steps)
+            self.tamper(optimizer)
             blob = encode_boundary(model, optimizer, scheduler)
             (directory / boundary_name(i)).write_bytes(blob)
             model_hash, state_hash = boundary_hashes(blob)
@@ -143,6 +144,9 @@ class LazyProvider(SkippingProvider):
                                           batch_hashes=tuple(honest_batch_hashes(task, data, job, steps)))
         _write_checkpoint(job_dir, job, trained, commitment)
         return len(data)
+
+    def tamper(self, optimizer: torch.optim.Optimizer) -> None:
+        """What the cheater changes in each boundary's optimizer before it commits to it: nothing here."""
 
 
 class LazyHonestProvider(SkippingProvider):
