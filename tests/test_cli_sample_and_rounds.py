@@ -26,6 +26,7 @@ from aitbc_agent_sdk.models import (
     EscrowSummary, RoundMetrics, RoundReport, TaskRef, TrainingPhase, TrainingRecord, TrainingReport, TrainingSpec,
 )
 from aitbc_agent_sdk.models.datasets import TokenLayout
+from aitbc_agent_sdk.models.inert import visible
 from aitbc_agent_sdk.storage import LocalContentStore
 from aitbc_agent_sdk.training import LabeledData, encode_state
 from aitbc_agent_sdk.training.corpus import decode_bytes
@@ -36,7 +37,6 @@ from aitbc_cli.app import main
 from aitbc_cli.plot import plot_report
 from aitbc_cli.render import round_detail
 from aitbc_cli.report_view import bytes_text, final_text, report_tables, round_columns
-from aitbc_cli.sample import printable
 from aitbc_cli.training_views import render_snapshot
 
 CID = "QmULKig5Fxrs2sC4qt9nNduucXfb92AFYQ6Hi3YRqDmrYC"
@@ -149,7 +149,7 @@ def test_prompts_are_byte_tokens_and_an_empty_one_starts_a_document() -> None:
 
 def test_sampled_text_cannot_drive_the_terminal() -> None:
     """A model may emit any byte: escape sequences are shown, not obeyed; newlines, tabs and é stay."""
-    assert printable("a\x1b[31mb\nc\td\u00e9\x07") == "a\\x1b[31mb\nc\td\u00e9\\x07"
+    assert visible("a\x1b[31mb\nc\td\u00e9\x07", multiline=True) == "a\\x1b[31mb\nc\td\u00e9\\x07"
 
 
 # -- rounds ------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from mcp.server import Server
 from mcp.server.context import ServerRequestContext
 from mcp.server.stdio import stdio_server
 
+from ..models.inert import visible, visible_values
 from .audit import AssistantAudit, Secrets
 from .base import PasswordSource, Tool, ToolContext, no_password
 from .executor import Executor, StepOutcome
@@ -52,16 +53,18 @@ def mcp_tool(tool: Tool) -> types.Tool:
 
 
 def call_result(outcome: StepOutcome) -> types.CallToolResult:
+    # The answer goes to a model and on to its user: what other parties wrote is shown, never obeyed.
     if outcome.status == "done" and outcome.result is not None:
-        text = outcome.result.summary
-    elif outcome.status == "dry-run":
+        text = visible(outcome.result.summary, multiline=True)
+    elif outcome.status == "dry-run":  # JSON in ASCII: control characters arrive escaped
         text = f"Dry run: {outcome.tool} would run with {json.dumps(outcome.arguments, sort_keys=True)}; nothing ran."
     elif outcome.status == "needs-confirmation":
-        text = (f"{outcome.tool} {describe_effect(outcome.effect)}: ask the user, then call it again with "
+        text = (f"{visible(outcome.tool)} {describe_effect(outcome.effect)}: ask the user, then call it again with "
                 f"confirm=true. Nothing was done.")
     else:
-        text = f"{outcome.tool} {outcome.status}: {outcome.error}"
-    return types.CallToolResult(content=[types.TextContent(text=text)], structured_content=outcome.as_json(),
+        text = f"{visible(outcome.tool)} {outcome.status}: {visible(outcome.error)}"  # an error is one line
+    return types.CallToolResult(content=[types.TextContent(text=text)],
+                                structured_content=visible_values(outcome.as_json()),
                                 is_error=outcome.status in ("failed", "invalid"))
 
 
@@ -89,7 +92,7 @@ def build_server(home: Path, *, password: PasswordSource = no_password, registry
         request = str(arguments.pop("request", "") or f"(MCP call to {params.name})")
         secrets.add_keys_in(request)
         tool_ctx = ToolContext(home=home, password=unlock_password,
-                               notice=lambda line: print(line, file=sys.stderr, flush=True))
+                               notice=lambda line: print(visible(line), file=sys.stderr, flush=True))
         executor = Executor(tool_ctx, registry=registry, audit=None if dry_run else audit, secrets=secrets)
         outcome = await executor.call(params.name, arguments, request=request, dry_run=dry_run, confirmed=confirmed)
         return call_result(outcome)

@@ -1,4 +1,8 @@
-"""Plain-words answers from plan outcomes (pure)."""
+"""Plain-words answers from plan outcomes (pure).
+
+What a step returns may quote other parties (a worker's error, a provider's hardware name): every such
+piece is made inert here (``models.inert.visible``), so an answer is safe as it is, in a terminal or a
+JSON reply."""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
+from ..models.inert import visible
 from .base import EFFECT_WORDS
 from .executor import StepOutcome
 from .market_tools import InitArgs, describe_training
@@ -13,7 +18,7 @@ from .tools import Registry
 
 
 def not_understood(request: str, registry: Registry) -> str:
-    lines = [f"Sorry, I did not understand \"{request.strip()}\". Here is what I can do:"]
+    lines = [f"Sorry, I did not understand \"{visible(request.strip())}\". Here is what I can do:"]
     lines += [f"  - {line}" for line in registry.capabilities()]
     return "\n".join(lines)
 
@@ -22,9 +27,9 @@ def plan_lines(outcomes: Sequence[StepOutcome]) -> list[str]:
     """One line per step: what will run, with which arguments, and what it does to the world."""
     lines = []
     for n, o in enumerate(outcomes, 1):
-        args = ", ".join(f"{k}={v}" for k, v in o.arguments.items() if v not in (None, [], {}))
+        args = visible(", ".join(f"{k}={v}" for k, v in o.arguments.items() if v not in (None, [], {})))
         gate = " [needs confirmation]" if o.gated else ""
-        lines.append(f"{n}. {o.tool}({args}): {EFFECT_WORDS.get(o.effect, o.effect)}{gate}")
+        lines.append(f"{n}. {visible(o.tool)}({args}): {EFFECT_WORDS.get(o.effect, o.effect)}{gate}")
     return lines
 
 
@@ -41,7 +46,7 @@ def what_it_trains(outcomes: Sequence[StepOutcome]) -> str | None:
         return None  # the step's own error says what is wrong
     stopped = any(o.status in ("invalid", "declined") for o in outcomes)
     return (f"{'You asked for' if stopped else 'What this trains'}: "
-            f"{describe_training(args, data if data != 'digits' else None)}.")
+            f"{visible(describe_training(args, data if data != 'digits' else None))}.")
 
 
 def answer(outcomes: Sequence[StepOutcome]) -> str:
@@ -58,14 +63,15 @@ def _steps_answer(outcomes: Sequence[StepOutcome]) -> str:
         return "Dry run: this is the plan; nothing was run."
     lines = []
     for o in outcomes:
+        tool, error = visible(o.tool), visible(o.error)  # an error is one line: a newline in it is not a new answer
         if o.status == "done" and o.result is not None:
-            lines.append(o.result.summary)
+            lines.append(visible(o.result.summary, multiline=True))
         elif o.status == "failed":
-            lines.append(f"{o.tool} failed: {o.error}")
+            lines.append(f"{tool} failed: {error}")
         elif o.status == "invalid":
-            lines.append(f"I understood that you want {o.tool}, but I cannot run it yet: {o.error}")
+            lines.append(f"I understood that you want {tool}, but I cannot run it yet: {error}")
         elif o.status == "skipped" and any(x.status in ("failed", "invalid") for x in outcomes):
-            lines.append(f"{o.tool} was not run (an earlier step did not succeed).")
+            lines.append(f"{tool} was not run (an earlier step did not succeed).")
         elif o.status == "needs-confirmation":
-            lines.append(f"{o.tool} was not run: it needs confirmation.")
+            lines.append(f"{tool} was not run: it needs confirmation.")
     return "\n".join(lines) or "Nothing to do."

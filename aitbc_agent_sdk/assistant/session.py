@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..models.inert import visible
 from .audit import AssistantAudit, Secrets
 from .base import PasswordSource, ToolContext, no_password
 from .executor import Confirm, Executor, Show, StepOutcome
@@ -74,7 +75,8 @@ class Assistant:
         executor = self.executor(dry_run=dry_run)
         if self.llm is not None:
             got = await converse(request, self.llm, executor, confirm=confirm, show=show, dry_run=dry_run)
-            text = got.text or answer(got.outcomes)
+            # The model may echo what the tools returned, escape sequences and all.
+            text = visible(got.text, multiline=True) if got.text else answer(got.outcomes)
             return Reply(request, got.plan, got.outcomes, self.secrets.text(text), via="llm")
         plan = plan_request(request)
         if not plan.understood:

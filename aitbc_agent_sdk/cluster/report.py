@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
-from html import escape
 
+from ..models.inert import html_text as escape  # hosts' words: control characters shown, then HTML-escaped
 from .inventory import ClusterInventory, HostInventory
 
 _CSS = """

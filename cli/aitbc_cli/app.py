@@ -14,6 +14,7 @@ from rich.console import Console
 from typer._click.exceptions import ClickException
 
 from aitbc_agent_sdk import AitbcError
+from aitbc_agent_sdk.models.inert import terminal_markup
 
 from . import chat, cluster, devnet, distributed_training, ipfs, market, mcp_server, provider, wallet
 from .exits import ExitCode, describe, error_json, exit_code_for, exit_codes_epilog
@@ -87,7 +88,9 @@ def _report(message: str, code: int, kind: str, as_json: bool, usage: ClickExcep
         rich_utils.rich_format_error(usage)  # the usage line and a boxed message, as typer shows them
     else:
         # soft_wrap: a path in the message stays whole, whatever the terminal's width
-        Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {message}", highlight=False)
+        # An error may quote a stranger's words (a worker's reason, a node's answer).
+        Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {terminal_markup(message, multiline=True)}",
+                                                   highlight=False)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from aitbc_agent_sdk.assistant.llm import LlmConfig
 from aitbc_agent_sdk.assistant.reply import plan_lines
 from aitbc_agent_sdk.assistant.session import Assistant, Reply
 from aitbc_agent_sdk.errors import ConfigError
+from aitbc_agent_sdk.models.inert import terminal_markup, visible
 from aitbc_agent_sdk.profile import devnet_password
 
 from .common import HomeOption, JsonOption, print_json, resolve_home
@@ -54,7 +55,7 @@ def chat(
     llm = None if offline else LlmConfig.resolve(llm_base_url, llm_model)
     out = Console(stderr=as_json)  # with --json, stdout carries one JSON object and nothing else
     assistant = Assistant(home=root, password=_password_source(root, interactive=not as_json), llm=llm,
-                          notice=lambda line: out.print(f"  {line}", highlight=False, markup=False))
+                          notice=lambda line: out.print(f"  {visible(line)}", highlight=False, markup=False))
     if request is not None:
         reply = asyncio.run(_handle(assistant, request, out, yes=yes, dry_run=dry_run, as_json=as_json))
         raise typer.Exit(_exit_code(reply))
@@ -80,7 +81,7 @@ def _repl(assistant: Assistant, out: Console, *, yes: bool, dry_run: bool, as_js
         try:
             asyncio.run(_handle(assistant, text, out, yes=yes, dry_run=dry_run, as_json=as_json))
         except ConfigError as exc:
-            out.print(f"[red]error:[/] {exc}")
+            out.print(f"[red]error:[/] {terminal_markup(exc)}")
 
 
 async def _handle(assistant: Assistant, request: str, out: Console, *, yes: bool, dry_run: bool,
@@ -116,7 +117,7 @@ async def _handle(assistant: Assistant, request: str, out: Console, *, yes: bool
     for o in reply.outcomes:
         if o.status == "done" and o.result is not None:
             _render(out, o.tool, o.result.data)
-    out.print(reply.text, highlight=False, markup=False)
+    out.print(reply.text, highlight=False, markup=False)  # inert already (assistant.reply)
     return reply
 
 
@@ -178,10 +179,10 @@ def _render(out: Console, tool: str, data: dict[str, Any]) -> None:
 
 
 def _table(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> Table:
-    table = Table(title=title)
+    table = Table(title=terminal_markup(title))
     for col in columns:
         table.add_column(col)
-    for row in rows:
-        table.add_row(*row)
+    for row in rows:  # offers, payments, hosts: other parties' words, shown as written
+        table.add_row(*map(terminal_markup, row))
     return table
 

@@ -16,6 +16,7 @@ from aitbc_agent_sdk.cluster.report import inventory_html
 from aitbc_agent_sdk.cluster.spec import ClusterSpec, HostSpec, list_clusters, load_cluster, save_cluster
 from aitbc_agent_sdk.cluster.transport import DEFAULT_TIMEOUT_S
 from aitbc_agent_sdk.models import id_path
+from aitbc_agent_sdk.models.inert import terminal_markup
 from aitbc_agent_sdk.profile import BusSettings
 
 from .cluster_options import (
@@ -307,7 +308,7 @@ def monitor(
         if as_json:
             print_json(row)
         else:
-            console.print(f"{row['host']} {row['job']} {metric_text(row)}")
+            console.print(terminal_markup(f"{row['host']} {row['job']} {metric_text(row)}"))
 
     try:
         watched = asyncio.run(watch_cluster(root, spec, job, timeout if follow else wait,

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
-from rich.markup import escape
 
 from aitbc_agent_sdk.cluster.errors import ClusterConfigError
+from aitbc_agent_sdk.models.inert import terminal_markup
 
 from .cluster_render import event_printer
 from .common import unlock
@@ -63,7 +63,7 @@ async def run_train(root: Path, spec: ClusterSpec, wallet: str, request: TrainRe
             SignedChannel(bus, account), spec, audit=AuditLog(job_dir / "audit.jsonl"),
             events_log=job_dir / "events.jsonl", on_event=event_printer(out, verbose=verbose),
             host_timeout_s=host_timeout,
-            on_notice=lambda text: out.print(f"[bold magenta]coordinator[/] {escape(text)}"))
+            on_notice=lambda text: out.print(f"[bold magenta]coordinator[/] {terminal_markup(text)}"))
         return await coordinator.run(request)
 
 

@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from aitbc_agent_sdk.models.inert import terminal_markup
 
 from .common import ExitCode, HomeOption, JsonOption, cli_parser, eth_amount_option, print_json, resolve_home
 from .params import parse_ipfs_api
@@ -154,7 +155,7 @@ def status(home: HomeOption = None, as_json: JsonOption = False) -> None:
         for col in ("part", "ok", "detail"):
             table.add_column(col)
         for check in checks:
-            table.add_row(check.part, "[green]ok[/]" if check.ok else "[red]FAIL[/]", check.detail)
+            table.add_row(check.part, "[green]ok[/]" if check.ok else "[red]FAIL[/]", terminal_markup(check.detail))
         Console().print(table)
     if not all(c.ok for c in checks):
         raise typer.Exit(ExitCode.FAILED)

@@ -7,6 +7,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 
 from aitbc_agent_sdk import Payment, RoundMetrics, TrainingPhase, TrainingSpec
 from aitbc_agent_sdk.models import Progress as JobProgress
+from aitbc_agent_sdk.models.inert import terminal_markup
 
 from .report_view import bytes_text, is_classifier, metric_text, task_metric_names
 
@@ -24,7 +25,7 @@ def short(address: str) -> str:
 def round_detail(event: RoundMetrics) -> str:
     """A finished round in a line: accuracy (a classifier's) or the task's metrics, loss, bytes each way."""
     parts = [f"accuracy {event.accuracy:.4f}"] if is_classifier([event]) else [
-        f"{name} {metric_text(event.metrics[name])}" for name in task_metric_names([event])]
+        f"{terminal_markup(name)} {metric_text(event.metrics[name])}" for name in task_metric_names([event])]
     parts.append(f"val loss {event.loss:.4f}")
     if event.bytes_sent is not None or event.bytes_received is not None:
         parts.append(f"sent {bytes_text(event.bytes_sent)} received {bytes_text(event.bytes_received)}")

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from aitbc_agent_sdk import TrainingReport
 from aitbc_agent_sdk.flow import eth_text
+from aitbc_agent_sdk.models.inert import terminal_markup
 
 _VENDOR_WORDS = ("nvidia", "geforce", "amd", "radeon", "intel", "tesla")
 
@@ -88,7 +89,9 @@ def round_columns(rounds: Sequence[Any]) -> list[RoundColumn]:
     if is_classifier(rounds):
         columns.append(("accuracy", lambda r: f"{r.accuracy:.4f}"))
     columns.append(("val loss", lambda r: f"{r.loss:.4f}"))
-    columns += [(name, lambda r, n=name: metric_text(r.metrics.get(n))) for name in task_metric_names(rounds)]
+    # A metric's name is the task's (a user's code): shown as written, never as markup.
+    columns += [(terminal_markup(name), lambda r, n=name: metric_text(r.metrics.get(n)))
+                for name in task_metric_names(rounds)]
     if any(r.bytes_sent is not None or r.bytes_received is not None for r in rounds):
         columns += [("sent", lambda r: bytes_text(r.bytes_sent)), ("received", lambda r: bytes_text(r.bytes_received))]
     return columns
@@ -97,7 +100,7 @@ def round_columns(rounds: Sequence[Any]) -> list[RoundColumn]:
 def report_tables(report: TrainingReport) -> list[Any]:
     measures = round_columns(report.rounds)
     names = [name for name, _ in measures]
-    rounds = narrow_table(f"Training {report.training_id}", "round", *names, "workers", "model CID",
+    rounds = narrow_table(f"Training {terminal_markup(report.training_id)}", "round", *names, "workers", "model CID",
                           right=("round", *names, "workers"))
     for r in report.rounds:
         rounds.add_row(str(r.round), *(cell(r) for _, cell in measures), str(r.workers or "-"),
@@ -107,8 +110,9 @@ def report_tables(report: TrainingReport) -> list[Any]:
                            right=("samples", "rounds", "ETH/round", "paid ETH"))
     for w in report.workers:  # "paid in": the payment's tx, else why not (replaced, unpaid)
         why_not = w.role if w.role != "worker" else w.status
-        workers.add_row(short(w.address), hardware(w.gpu_type, 8), str(w.samples), str(w.rounds_accepted),
-                        eth_text(w.price_wei), eth_text(w.paid_wei), short(w.tx_hash) if w.tx_hash else why_not)
+        paid_in = short(w.tx_hash) if w.tx_hash else why_not
+        workers.add_row(short(w.address), terminal_markup(hardware(w.gpu_type, 8)), str(w.samples),
+                        str(w.rounds_accepted), eth_text(w.price_wei), eth_text(w.paid_wei), terminal_markup(paid_in))
 
     e = report.escrow
     escrow = narrow_table(f"Escrow {short(e.address)}", "deposited ETH", "paid ETH", "refunded ETH", "refund tx",

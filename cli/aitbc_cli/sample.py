@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.text import Text
 
 from aitbc_agent_sdk.models import MAX_SAMPLE_TOKENS, SampleResult
+from aitbc_agent_sdk.models.inert import visible
 
 from .common import HomeOption, JsonOption, print_json, resolve_home
 from .training_options import TrainingIdOption
@@ -45,15 +46,11 @@ def sample(
     Console().print(sample_text(result))
 
 
-def printable(text: str) -> str:
-    """Control characters other than newline and tab shown as escapes: a model's bytes never drive the terminal."""
-    return "".join(ch if ch in "\n\t" or ch.isprintable() else ch.encode("unicode_escape").decode() for ch in text)
-
-
 def sample_text(result: SampleResult) -> Text:
     """The prompt dimmed, the model's continuation, and where it came from."""
-    text = Text(printable(result.prompt), style="dim")
-    text.append(printable(result.text))
+    # A model's bytes never drive the terminal; a Text is not parsed as markup.
+    text = Text(visible(result.prompt, multiline=True), style="dim")
+    text.append(visible(result.text, multiline=True))
     text.append(f"\n\n{result.tokens} tokens from {result.model_cid} after round {result.round}", style="dim italic")
     return text
 

@@ -16,6 +16,7 @@ from rich.live import Live
 from aitbc_agent_sdk import flow
 from aitbc_agent_sdk.coordinator.monitor import Snapshot, snapshot
 from aitbc_agent_sdk.errors import ConfigError
+from aitbc_agent_sdk.models.inert import terminal_markup, visible
 from aitbc_agent_sdk.profile import training_dir
 
 from .common import ExitCode, HomeOption, JsonOption, print_json, resolve_home
@@ -36,7 +37,8 @@ def list_trainings(home: HomeOption = None, as_json: JsonOption = False) -> None
                          "created", right=("round", "workers"))
     for r in rows:
         created = datetime.fromtimestamp(r.created_at).strftime("%m-%d %H:%M")
-        table.add_row(r.training_id, r.model_type, r.phase, f"{r.round}/{r.rounds}",
+        table.add_row(terminal_markup(r.training_id), terminal_markup(r.model_type), terminal_markup(r.phase),
+                      f"{r.round}/{r.rounds}",
                       f"{r.workers}/{r.target_workers}", "yes" if r.driven else "no", created)
     Console().print(table)
 
@@ -59,7 +61,7 @@ def logs(
 
     async def show() -> None:
         async for line in flow.log_lines(root, training_id, source, follow=follow):  # type: ignore[arg-type]
-            typer.echo(line)
+            typer.echo(visible(line))  # the log holds workers' reasons
 
     try:
         asyncio.run(show())
@@ -113,7 +115,8 @@ def payments(training_id: TrainingIdOption, home: HomeOption = None, as_json: Js
     table = narrow_table(f"Payments of {training_id}", "worker", "amount ETH", "result hash", "tx hash",
                          right=("amount ETH",))
     for p in snap.payments:
-        table.add_row(short(p.worker_id), flow.eth_text(p.amount_wei), short(p.result_hash, 10), short(p.tx_hash, 10, 8))
+        table.add_row(terminal_markup(short(p.worker_id)), flow.eth_text(p.amount_wei),
+                      terminal_markup(short(p.result_hash, 10)), terminal_markup(short(p.tx_hash, 10, 8)))
     console = Console()
     console.print(table)
     if snap.escrow is not None:
@@ -146,15 +149,17 @@ def audit(
         print_json({"training_id": training_id, "ok": result.ok, "entries": [e.model_dump() for e in entries],
                     "first_bad_line": result.first_bad_line, "reason": result.reason})
     else:
-        table = narrow_table(f"audit log of {training_id}", "seq", "time", "event", "details", right=("seq",))
+        table = narrow_table(f"audit log of {terminal_markup(training_id)}", "seq", "time", "event", "details",
+                             right=("seq",))
         table.columns[-1].no_wrap = False
         for e in entries:
             details = ", ".join(f"{k}={v}" for k, v in e.fields.items())
-            table.add_row(str(e.seq), time.strftime("%H:%M:%S", time.localtime(e.ts)), e.event, details)
+            table.add_row(str(e.seq), time.strftime("%H:%M:%S", time.localtime(e.ts)), terminal_markup(e.event),
+                          terminal_markup(details))
         console = Console()
         console.print(table)
         console.print("[green]chain verified[/]" if result.ok else
-                      f"[red]chain broken at line {result.first_bad_line}: {result.reason}[/]")
+                      f"[red]chain broken at line {result.first_bad_line}: {terminal_markup(result.reason)}[/]")
     if not result.ok:
         raise typer.Exit(ExitCode.FAILED)
 
@@ -174,11 +179,13 @@ def _escrow_line(snap: Snapshot) -> str:
 
 
 def render_snapshot(snap: Snapshot) -> Group:
-    workers = narrow_table(f"{snap.training_id}: {snap.phase.value}, round {snap.round}/{snap.rounds}", "worker",
+    workers = narrow_table(f"{terminal_markup(snap.training_id)}: {snap.phase.value}, round {snap.round}/{snap.rounds}",
+                           "worker",
                            "role", "round", "status", "epoch", "done", "loss", "samples/s", "paid ETH",
                            right=("round", "epoch", "done", "loss", "samples/s", "paid ETH"))
     for w in snap.workers:
-        workers.add_row(short(w.worker_id), w.role, str(w.round), w.status, f"{w.epoch}/{w.epochs}",
+        workers.add_row(terminal_markup(short(w.worker_id)), terminal_markup(w.role), str(w.round),
+                        terminal_markup(w.status), f"{w.epoch}/{w.epochs}",
                         f"{w.progress:.0f}%", f"{w.loss:.4f}" if w.loss is not None else "-",
                         f"{w.samples_per_s:,.0f}" if w.samples_per_s else "-", flow.eth_text(w.paid_wei))
     target = f", target {snap.target_throughput:,.0f} samples/s" if snap.target_throughput else ""
@@ -198,8 +205,10 @@ def render_snapshot(snap: Snapshot) -> Group:
             detail = e.get("reason") or (f"moved {e['moved']} samples" if "moved" in e else "") or (
                 f"throughput {e['throughput']}/s" if "throughput" in e else "") or (
                 f"segments {e['segments']} re-executed: passed" if e.get("passed") else "")
-            events.add_row(e["event"], short(e["worker"]) if e.get("worker") else "-", str(e.get("round", "-")),
-                           str(detail)[:70])
+            # The audit log's fields are other parties' words (a worker's error as the reason): cut, then escaped.
+            worker = short(str(e["worker"])) if e.get("worker") else "-"
+            events.add_row(terminal_markup(e["event"]), terminal_markup(worker), terminal_markup(e.get("round", "-")),
+                           terminal_markup(str(detail)[:70]))
         parts.append(events)
     if snap.escrow is not None:
         parts.append(_escrow_line(snap))
