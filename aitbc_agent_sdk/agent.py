@@ -67,6 +67,8 @@ class Agent:
                 settings = settings.model_copy(update={"task_dir": cfg.home / "tasks"})
             if settings.data_dir is None:
                 settings = settings.model_copy(update={"data_dir": cfg.home / "datasets"})
+            if settings.min_stake_wei is None and cfg.network == "embedded":  # its providers are our processes
+                settings = settings.model_copy(update={"min_stake_wei": 0})
             coordinator = Coordinator(
                 channel=SignedChannel(stack.bus, stack.account), store=stack.store, db=db,
                 escrow=EscrowAccount(stack.sender, stack.escrow), scoring=self.scoring, aggregation=FedAvg,
@@ -169,10 +171,11 @@ class Agent:
 
     async def discover_gpu_workers(self, *, min_gpu: str | None = None, required_workers: int | None = None,
                                    max_price_wei: int | None = None, include_busy: bool = False,
-                                   task: TaskRef | None = None) -> list[Worker]:
-        """Providers that fit; with ``task``, only those that run it (user code: their offer says so)."""
+                                   task: TaskRef | None = None, min_stake_wei: int | None = None) -> list[Worker]:
+        """Providers that fit; with ``task``, only those that run it (user code: their offer says so); only
+        those bonded with ``min_stake_wei`` (None: the network's minimum)."""
         workers = await self.coordinator.discover(min_gpu=min_gpu, max_price_wei=max_price_wei,
-                                                  include_busy=include_busy, task=task)
+                                                  include_busy=include_busy, task=task, min_stake_wei=min_stake_wei)
         if required_workers is not None and len(workers) < required_workers:
             raise NotEnoughWorkersError(f"asked for {required_workers} workers, found {len(workers)}")
         return workers

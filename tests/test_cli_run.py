@@ -151,6 +151,7 @@ def test_a_dry_run_shows_the_cost_and_touches_neither_home_nor_chain(aitbc_cmd, 
     assert len(workers) == 2 and len(spares) == 1
     deposit = sum(int(w["price_wei"]) for w in workers) * 3
     assert plan["cost"]["deposit_wei"] == str(deposit)  # workers x price x rounds, as a string
+    assert plan["cost"]["min_stake_wei"] == "0"  # the embedded network's providers are this machine's processes
     assert int(plan["total_wei"]) == deposit + int(spares[0]["price_wei"]) * 3  # plus what the spare could take
     assert "escrow deposit: 2 workers" in done.stderr and "dry run: nothing spent" in done.stderr
     assert not aitbc_home.exists()  # no database, no wallet, nothing

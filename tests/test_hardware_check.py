@@ -188,7 +188,9 @@ async def market(tmp_path: Path, **settings: object) -> AsyncIterator[SimpleName
             escrow = EscrowAccount(SimpleNamespace(address=account.address), None, None)  # type: ignore[arg-type]
             coordinator = Coordinator(channel=SignedChannel(bus, account), store=store, db=db, escrow=escrow,
                                       scoring=WeightedScore(),
-                                      settings=CoordinatorSettings(discovery_timeout_s=1.0, **settings))
+                                      # no registry here: no bonds to require (test_min_stake.py does)
+                                      settings=CoordinatorSettings(discovery_timeout_s=1.0, min_stake_wei=0,
+                                                                   **settings))
             yield SimpleNamespace(coordinator=coordinator, store=store, provider=provider)
     finally:
         for task in tasks:

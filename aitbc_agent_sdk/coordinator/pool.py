@@ -49,8 +49,9 @@ async def _hire(coordinator: Coordinator, tid: str, pool: list[WorkerContract], 
     record = await coordinator.db.training(tid)
     remaining = record.spec.rounds - record.round
     known = {c.worker_id for c in await coordinator.db.contracts(tid)}
-    found = [w for w in await coordinator.discover(max_price_wei=record.spec.max_price_wei,
-                                                        task=record.spec.task) if w.worker_id not in known]
+    found = [w for w in await coordinator.discover(max_price_wei=record.spec.max_price_wei, task=record.spec.task,
+                                                   min_stake_wei=record.spec.min_stake_wei)
+             if w.worker_id not in known]
     for worker in coordinator.select(found, len(found)):
         amount = worker.price * remaining
         try:
@@ -69,8 +70,8 @@ async def _hire(coordinator: Coordinator, tid: str, pool: list[WorkerContract], 
         tx = await coordinator.escrow.add_slot(tid, contract, amount)
         await coordinator.logs.note(tid, "worker_added", worker=worker.worker_id, slot_wei=amount, tx=tx, **measured)
         return contract.worker_id
-    await coordinator.logs.note(tid, "scale_up_refused", reason=str(NotEnoughWorkersError("no free provider")),
-                                **measured)
+    refusal = NotEnoughWorkersError("no free provider" + coordinator.stake_note(record.spec.min_stake_wei))
+    await coordinator.logs.note(tid, "scale_up_refused", reason=str(refusal), **measured)
     return None
 
 

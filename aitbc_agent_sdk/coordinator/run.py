@@ -60,10 +60,12 @@ async def prepare(coordinator: Coordinator, request: RunRequest) -> Prepared:
     sample = await coordinator.data.load_sample(manifest, spec, REHEARSAL_TOKENS if manifest.kind == "tokens"
                                                 else REHEARSAL_SAMPLES)
     await asyncio.to_thread(task.rehearse, sample, spec.job, spec.seed)  # and a broken task, before funding
-    found = await coordinator.discover(min_gpu=request.min_gpu, max_price_wei=spec.max_price_wei, task=spec.task)
+    found = await coordinator.discover(min_gpu=request.min_gpu, max_price_wei=spec.max_price_wei, task=spec.task,
+                                       min_stake_wei=spec.min_stake_wei)
     if len(found) < spec.target_workers:
         raise NotEnoughWorkersError(
-            f"asked for {spec.target_workers} workers but only {len(found)} suitable providers answered")
+            f"asked for {spec.target_workers} workers but only {len(found)} suitable providers answered"
+            f"{coordinator.stake_note(spec.min_stake_wei)}")
     ranked = coordinator.select(found, spec.target_workers + spec.spare_workers)
     selected, spares = ranked[:spec.target_workers], ranked[spec.target_workers:]
     await coordinator.money.ensure_funds(sum(w.price for w in selected) * spec.rounds,

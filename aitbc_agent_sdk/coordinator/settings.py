@@ -7,6 +7,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..models import MAX_HARDWARE_FLOPS, MAX_HARDWARE_PRODUCT, HardwareChallenge
+from ..market.discovery import DEFAULT_MIN_STAKE_WEI
 
 
 class CoordinatorSettings(BaseModel):
@@ -16,6 +17,11 @@ class CoordinatorSettings(BaseModel):
         default=2.0, gt=0, le=600, description="how long to collect providers' offers from the market")
     reply_timeout_s: float = Field(
         default=10.0, gt=0, le=600, description="how long a provider has to answer a contract proposal")
+    min_stake_wei: int | None = Field(
+        default=None, ge=0, description=f"the least bond a provider must hold in the registry to be hired, for "
+                                        f"trainings that name none; None: the network's ({DEFAULT_MIN_STAKE_WEI} "
+                                        f"wei, 0.01 ETH; an Agent on the embedded network, whose providers are "
+                                        f"its own processes, uses 0)")
     gas_reserve_wei: int = Field(
         default=10**16, ge=0, le=10**21,
         description="kept back in the wallet for the escrow's open, release and refund transactions")

@@ -44,6 +44,7 @@ class DevnetOptions(BaseModel):
     provider_price_wei: int = Field(default=ETH // 100, ge=0)
     coordinator_funding_wei: int = Field(default=1000 * ETH, ge=0)
     provider_funding_wei: int = Field(default=ETH, ge=0)
+    # Ten times the coordinators' default minimum (market.discovery.DEFAULT_MIN_STAKE_WEI): a slash burns half.
     provider_stake_wei: int = Field(default=ETH // 10, ge=0, description="bond each provider posts in the registry")
     host: str = Field(default=LOCALHOST, description="the one local IPv4 address every server binds to (never 0.0.0.0)")
     tls: bool | None = Field(default=None, description="broker TLS with a generated CA; None: on unless host is loopback")

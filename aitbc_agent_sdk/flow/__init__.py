@@ -5,8 +5,8 @@ Above the coordinator (it starts agents and daemons), below the front ends."""
 from .costs import CostPreview, eth_text, preview
 from .steps import (
     HiredWorker, Started, check_dataset, coordinator_log, create_training, dataset_source, db_path, devnet_agent,
-    distribute, distribution_cost, hire_workers, load_training, resume, resume_blocker, start_coordinator,
-    upload_data, wait_for_daemon, wallet_of,
+    distribute, distribution_cost, hire_workers, load_training, min_stake_of, resume, resume_blocker,
+    start_coordinator, upload_data, wait_for_daemon, wallet_of,
 )
 from .tasks import TaskChoice, attach_task, check_task_source, parse_task_params
 from .trainings import (
@@ -19,6 +19,6 @@ __all__ = [
     "audit_text", "check_task_source", "parse_task_params",
     "check_dataset", "coordinator_log", "create_training", "daemon_pid", "dataset_source", "db_path",
     "devnet_agent", "distribute", "distribution_cost", "end_daemon", "eth_text", "hire_workers", "is_driven_now",
-    "list_trainings", "load_training", "log_file", "log_lines", "preview", "resume", "resume_blocker",
+    "list_trainings", "load_training", "log_file", "log_lines", "min_stake_of", "preview", "resume", "resume_blocker",
     "start_coordinator", "stop_training", "upload_data", "wait_for_daemon", "wallet_of", "wind_down",
 ]

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..market.discovery import eth_amount, stake_skip_text
+
 WEI_PER_ETH = 10**18
 
 
@@ -18,13 +20,16 @@ def eth_text(wei: int, decimals: int = 4) -> str:
 
 @dataclass(frozen=True)
 class CostPreview:
-    """The escrow deposit (every worker's price x rounds) and the most the spares can add."""
+    """The escrow deposit (every worker's price x rounds) and the most the spares can add; the bond every
+    hired provider holds, and how many offers were skipped for holding less."""
 
     workers: int
     rounds: int
     prices_wei: tuple[int, ...]  # per worker, per round
     spares: int
     spare_prices_wei: tuple[int, ...]
+    min_stake_wei: int = 0
+    stake_skipped: int = 0
 
     @property
     def deposit_wei(self) -> int:
@@ -48,12 +53,22 @@ class CostPreview:
             lines.append((f"at most, if the {self.spares} spare(s) step in", self.spares_wei))
         return lines
 
+    def notes(self) -> list[str]:
+        """Lines that cost nothing but decide who is paid: the minimum bond, and the offers it left out."""
+        lines = [f"hired providers hold at least {eth_amount(self.min_stake_wei)} ETH of bond (--min-stake)"]
+        if self.stake_skipped:
+            lines.append(stake_skip_text(self.stake_skipped, self.min_stake_wei))
+        return lines
+
     def as_json(self) -> dict[str, object]:
         return {"workers": self.workers, "rounds": self.rounds, "spares": self.spares,
                 "deposit_wei": str(self.deposit_wei), "spares_wei": str(self.spares_wei),
-                "most_wei": str(self.most_wei)}
+                "most_wei": str(self.most_wei), "min_stake_wei": str(self.min_stake_wei),
+                "stake_skipped": self.stake_skipped}
 
 
-def preview(prices_wei: Sequence[int], spare_prices_wei: Sequence[int], rounds: int) -> CostPreview:
+def preview(prices_wei: Sequence[int], spare_prices_wei: Sequence[int], rounds: int, *, min_stake_wei: int = 0,
+            stake_skipped: int = 0) -> CostPreview:
     return CostPreview(workers=len(prices_wei), rounds=rounds, prices_wei=tuple(prices_wei),
-                       spares=len(spare_prices_wei), spare_prices_wei=tuple(spare_prices_wei))
+                       spares=len(spare_prices_wei), spare_prices_wei=tuple(spare_prices_wei),
+                       min_stake_wei=min_stake_wei, stake_skipped=stake_skipped)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import AitbcError, ConfigError, DatasetError, NotEnoughWorkersError, NotFoundError
+from ..market.discovery import resolve_min_stake
 from ..models import TrainingPhase, TrainingRecord, TrainingSpec
 from ..profile import training_dir
 from .costs import CostPreview, preview
@@ -132,11 +133,13 @@ async def hire_workers(agent: Agent, training_id: str, required: int | None = No
 
     record = await agent.coordinator.db.training(training_id)
     wanted = required or record.spec.target_workers
-    workers = await agent.discover_gpu_workers(min_gpu=min_gpu, max_price_wei=max_price_wei, task=record.spec.task)
+    workers = await agent.discover_gpu_workers(min_gpu=min_gpu, max_price_wei=max_price_wei, task=record.spec.task,
+                                               min_stake_wei=record.spec.min_stake_wei)
     if len(workers) < wanted:
         cap = f" at or under {max_price_wei} wei" if max_price_wei is not None else ""
         raise NotEnoughWorkersError(f"asked for {wanted} workers ({min_gpu or 'any hardware'}{cap}); "
-                                    f"{len(workers)} suitable offers on the market")
+                                    f"{len(workers)} suitable offers on the market"
+                                    f"{agent.coordinator.stake_note(record.spec.min_stake_wei)}")
     scores = dict(zip([w.worker_id for w in workers], agent.scoring.score(workers), strict=True))
     ranked = await agent.select_best_workers(workers, wanted + record.spec.spare_workers)
     by_id = {w.worker_id: w for w in ranked}
@@ -157,7 +160,14 @@ async def distribution_cost(home: Path, training_id: str) -> CostPreview:
         spares = await db.contracts(training_id, "spare")
     if not workers:
         raise ConfigError(f"no workers under contract for {training_id}; run discover-workers first")
-    return preview([c.price_wei for c in workers], [c.price_wei for c in spares], record.spec.rounds)
+    return preview([c.price_wei for c in workers], [c.price_wei for c in spares], record.spec.rounds,
+                   min_stake_wei=min_stake_of(record.spec))
+
+
+def min_stake_of(spec: TrainingSpec) -> int:
+    """The bond a step-by-step (devnet) training hires at: its own minimum, else the default; the devnet is
+    never the embedded network."""
+    return resolve_min_stake(spec.min_stake_wei, None)
 
 
 def _check_distributable(record: TrainingRecord) -> None:

@@ -156,6 +156,9 @@ class TrainingSpec(Record):
     test_fraction: float = Field(default=0.2, gt=0.0, lt=1.0)
     seed: int = 0
     max_price_wei: Wei | None = None
+    min_stake_wei: Wei | None = Field(default=None, description=(
+        "hire only providers with at least this bond in the registry; None: the network's "
+        "(0.01 ETH, 0 on the embedded network)"))
     dataset_size: ByteSize | None = Field(default=None, description=(
         "the most bytes the dataset may hold (100GB, 512MiB or bytes); a larger upload is refused"))
     aggregation: AggregationName = "fedavg"

@@ -198,6 +198,7 @@ class SpendPreview:
 
     action: str
     items: tuple[tuple[str, int], ...]
+    notes: tuple[str, ...] = ()  # what decides who is paid, at no cost (the minimum bond): shown, not summed
 
     @property
     def total_wei(self) -> int:
@@ -205,7 +206,7 @@ class SpendPreview:
 
     def as_json(self) -> dict[str, Any]:
         return {"action": self.action, "items": [{"what": what, "wei": str(wei)} for what, wei in self.items],
-                "total_wei": str(self.total_wei)}
+                "total_wei": str(self.total_wei), **({"notes": list(self.notes)} if self.notes else {})}
 
 
 def confirm_spend(preview: SpendPreview, *, yes: bool, dry_run: bool) -> bool:
@@ -215,6 +216,8 @@ def confirm_spend(preview: SpendPreview, *, yes: bool, dry_run: bool) -> bool:
     err.print(f"[bold]{preview.action}[/]: {format_eth(preview.total_wei)} ETH", highlight=False)
     for what, wei in preview.items:
         err.print(f"  {what}: {format_eth(wei)} ETH", highlight=False, markup=False)
+    for note in preview.notes:
+        err.print(f"  {note}", highlight=False, markup=False)
     if dry_run:
         err.print("dry run: nothing spent")
         return False

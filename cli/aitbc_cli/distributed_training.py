@@ -16,6 +16,7 @@ from aitbc_agent_sdk import flow
 from aitbc_agent_sdk.config import AgentConfig
 from aitbc_agent_sdk.errors import ConfigError
 from aitbc_agent_sdk.models import FaultPolicy, JobConfig, TrainingReport, TrainingSpec
+from aitbc_agent_sdk.models.inert import terminal_markup
 
 from . import sample, steps, training_views
 from .common import (
@@ -32,7 +33,7 @@ from .training_options import (
     UpdateEncodingOption, BatchSizeOption, EpochsOption, FetchTimeoutOption,
     FirstRoundDeadlineOption, LrOption, MinDeadlineOption, MinGpuOption, MinRoundTimeoutOption, ModelType,
     ModelTypeOption, PartitionOption, PingTimeoutOption, PlotOption, ResendTimeoutOption, RoundsOption,
-    SpotChecksOption, OpeningTimeoutOption,
+    SpotChecksOption, OpeningTimeoutOption, MinStakeOption,
     RoundTimeoutOption, SeedOption, TargetWorkersOption,
 )
 
@@ -87,6 +88,7 @@ def run(
     max_workers: MaxWorkersOption = 64,
     scale_window: ScaleWindowOption = 2,
     min_gpu: MinGpuOption = None,
+    min_stake: MinStakeOption = None,
     providers: Annotated[Optional[int], typer.Option(
         min=0, help="local provider agents on the embedded stack [default: workers + spares]")] = None,
     wallet_funds: Annotated[int, eth_amount_option("--wallet-funds", "--wallet-funds-eth",
@@ -118,6 +120,7 @@ def run(
     spec = TrainingSpec(model_type=ModelType(model_type).value, target_workers=target_workers, rounds=rounds,
                         partition=getattr(partition, "value", partition), dirichlet_alpha=alpha, seed=seed,
                         spare_workers=spares, encrypt=encrypt, outer=getattr(outer, "value", outer), outer_lr=outer_lr, outer_momentum=outer_momentum,
+                        min_stake_wei=min_stake,
                         update_encoding=getattr(update_encoding, "value", update_encoding),
                         aggregation=getattr(aggregation, "value", aggregation),
                         faults=FaultPolicy(
@@ -152,7 +155,7 @@ def run(
     out = Console()
     for table in report_tables(report):
         out.print(table)
-    out.print(f"[bold green]complete[/]: {final_text(report)}, model {report.model_cid}")
+    out.print(f"[bold green]complete[/]: {terminal_markup(final_text(report))}, model {report.model_cid}")
     if plot is not None:
         out.print(f"plot written to {plot}")
 
@@ -187,7 +190,10 @@ async def _cost(agent: Agent, spec: TrainingSpec, source: str | Path, label_colu
     request = RunRequest(spec=spec, dataset=source, label_column=label_column, min_gpu=min_gpu)
     prepared = await prepare(agent.coordinator, request)
     _, selected, spares = prepared
-    return flow.preview([w.price for w in selected], [w.price for w in spares], spec.rounds), prepared
+    cost = flow.preview([w.price for w in selected], [w.price for w in spares], spec.rounds,
+                        min_stake_wei=agent.coordinator.min_stake(spec.min_stake_wei),
+                        stake_skipped=len(agent.coordinator.stake_skipped))
+    return cost, prepared
 
 
 async def _plan(config: AgentConfig, spec: TrainingSpec, task: flow.TaskChoice, source: str | Path,
@@ -203,9 +209,10 @@ async def _plan(config: AgentConfig, spec: TrainingSpec, task: flow.TaskChoice, 
         planned = spec_for_dataset(spec, (await agent.coordinator.data.manifest(dataset_cid)).kind)
     finally:
         await agent.stop()
-    spend = SpendPreview("fund the escrow of a new training", tuple(cost.items()))
+    spend = SpendPreview("fund the escrow of a new training", tuple(cost.items()), tuple(cost.notes()))
     confirm_spend(spend, yes=False, dry_run=True)
-    console.print(f"task: {task_ref_of(planned).name}, outer: {planned.outer}, uploads: {planned.upload_encoding}")
+    console.print(f"task: {terminal_markup(task_ref_of(planned).name)}, outer: {planned.outer}, "
+                  f"uploads: {planned.upload_encoding}")
     workers = [{"worker_id": w.worker_id, "role": role, "gpu": w.gpu_type, "price_wei": w.price}
                for role, group in (("worker", selected), ("spare", spares)) for w in group]
     return {"cost": cost.as_json(), "workers": workers, "task": task_ref_of(planned).name, "outer": planned.outer,
@@ -221,7 +228,7 @@ async def _run(config: AgentConfig, spec: TrainingSpec, task: flow.TaskChoice, s
         spec = await flow.attach_task(agent, spec, task.source, task.params)
         # The workers priced are the workers hired: the run reuses what the preview checked.
         cost, prepared = await _cost(agent, spec, source, label_column, min_gpu)
-        spend = SpendPreview("fund the escrow of a new training", tuple(cost.items()))
+        spend = SpendPreview("fund the escrow of a new training", tuple(cost.items()), tuple(cost.notes()))
         # Asked off the event loop: the embedded providers keep answering meanwhile.
         await asyncio.to_thread(confirm_spend, spend, yes=yes, dry_run=False)
         if view is None:

@@ -10,6 +10,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from aitbc_agent_sdk.models.inert import terminal_markup
+
 from .common import HomeOption, JsonOption, NetworkOption, network_or_default, print_json, resolve_home, unlock
 from .render import eth
 
@@ -70,6 +72,6 @@ def list_offers(
                 "free", "score"):
         table.add_column(col)
     for r in rows:
-        table.add_row(r["provider"], r["hardware"], eth(r["price_wei"]), eth(r["stake_wei"]), f"{r['reputation']:.2f}",
+        table.add_row(terminal_markup(r["provider"]), terminal_markup(r["hardware"]), eth(r["price_wei"]), eth(r["stake_wei"]), f"{r['reputation']:.2f}",
                       f"{r['completed']}/{r['failed']}/{r['slashes']}", str(r["free_slots"]), f"{r['score']:.3f}")
     Console().print(table)

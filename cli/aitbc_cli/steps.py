@@ -16,19 +16,21 @@ from rich.table import Table
 from aitbc_agent_sdk import flow
 from aitbc_agent_sdk.errors import ConfigError
 from aitbc_agent_sdk.models import FaultPolicy, JobConfig, TrainingSpec, format_size, parse_size
+from aitbc_agent_sdk.models.inert import terminal_markup
 
 from .common import (
     DryRunOption, HeartbeatOption, HomeOption, JsonOption, MaxWorkersOption, MinWorkersOption, ScaleWindowOption,
     SparesOption, SpendPreview, TargetThroughputOption, YesOption, confirm_spend, elastic_policy,
     eth_amount_option, print_json, resolve_home, unlock, EncryptOption,
 )
+from .params import format_eth
 from .task_options import TaskOption, TaskParamOption
 from .training_options import (
     FAULTS, JOB, SPEC, AggregationChoiceOption, AssumedSpeedOption, OuterLrOption, OuterMomentumOption, OuterOption,
     UpdateEncodingOption, BatchSizeOption, EpochsOption, FetchTimeoutOption,
     FirstRoundDeadlineOption, LrOption, MinDeadlineOption, MinGpuOption, MinRoundTimeoutOption, ModelType,
     ModelTypeOption, PartitionOption, PingTimeoutOption, AlphaOption, ResendTimeoutOption, RoundsOption,
-    SpotChecksOption, OpeningTimeoutOption, RoundTimeoutOption,
+    SpotChecksOption, OpeningTimeoutOption, RoundTimeoutOption, MinStakeOption,
     SeedOption, Strategy, TrainingIdArgument, TrainingIdOption,
 )
 
@@ -87,6 +89,7 @@ def init(
     min_workers: MinWorkersOption = 1,
     max_workers: MaxWorkersOption = 64,
     scale_window: ScaleWindowOption = 2,
+    min_stake: MinStakeOption = None,
     home: HomeOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -98,7 +101,7 @@ def init(
     root = resolve_home(home)
     spec = TrainingSpec(model_type=ModelType(model_type).value, target_workers=target_workers, rounds=rounds,
                         dataset_size=dataset_size, partition=_value(partition), dirichlet_alpha=alpha, seed=seed, spare_workers=spares,
-                        encrypt=encrypt,
+                        encrypt=encrypt, min_stake_wei=min_stake,
                         outer=getattr(outer, "value", outer), outer_lr=outer_lr, outer_momentum=outer_momentum,
                         update_encoding=getattr(update_encoding, "value", update_encoding),
                         aggregation=_value(aggregation), faults=FaultPolicy(
@@ -123,16 +126,18 @@ def init(
     if as_json:
         print_json({"training_id": record.training_id, "status": record.status, "model_type": record.spec.model_type,
                     "task": record.spec.task.model_dump(mode="json") if record.spec.task else None,
-                    "target_workers": target_workers, "coordinator": record.coordinator})
+                    "target_workers": target_workers, "coordinator": record.coordinator,
+                    "min_stake_wei": flow.min_stake_of(record.spec)})
         return
     console = Console()
     console.print("Distributed training initialized")
     console.print(f"Training ID: {record.training_id}")
-    console.print(f"Model Type: {record.spec.model_type}")
+    console.print(f"Model Type: {terminal_markup(record.spec.model_type)}")
     if record.spec.task is not None and record.spec.task.cid is not None:
-        console.print(f"Task: {record.spec.task.name} ({record.spec.task.cid})")
+        console.print(f"Task: {terminal_markup(record.spec.task.name)} ({record.spec.task.cid})")
     console.print(f"Dataset Size: {format_size(dataset_size) if dataset_size is not None else '-'}")
     console.print(f"Target Workers: {target_workers}")
+    console.print(f"Min Stake: {format_eth(flow.min_stake_of(record.spec))} ETH")
     console.print(f"Status: {record.status}")
 
 
@@ -176,19 +181,26 @@ def discover_workers(
     Example: aitbc distributed-training discover-workers --training-id training_... --required-workers 3 --min-gpu cpu
     """
     root = resolve_home(home)
-    hired = run_as(root, training_id, lambda agent: flow.hire_workers(
-        agent, training_id, required_workers, min_gpu=min_gpu, max_price_wei=max_price))
+
+    async def hire(agent: Agent) -> tuple[list[flow.HiredWorker], str | None]:
+        hired = await flow.hire_workers(agent, training_id, required_workers, min_gpu=min_gpu, max_price_wei=max_price)
+        spec = (await agent.coordinator.db.training(training_id)).spec
+        return hired, agent.coordinator.stake_skips(spec.min_stake_wei)
+
+    hired, skipped = run_as(root, training_id, hire)
     if as_json:
-        print_json({"training_id": training_id, "workers": [h.as_dict() for h in hired]})
+        print_json({"training_id": training_id, "workers": [h.as_dict() for h in hired], "stake_skipped": skipped})
         return
+    if skipped:
+        Console(stderr=True).print(skipped, markup=False, highlight=False)
     from .report_view import short
 
     table = Table(title=f"Selected {len(hired)} workers")
     for col in ("worker", "role", "hardware", "ETH/round", "reputation", "score", "contract"):
         table.add_column(col)
     for h in hired:
-        table.add_row(short(h.worker_id), h.role, h.gpu, flow.eth_text(h.price_wei), f"{h.reputation:.2f}",
-                      f"{h.score:.3f}", h.contract_id)
+        table.add_row(terminal_markup(short(h.worker_id)), terminal_markup(h.role), terminal_markup(h.gpu),
+                      flow.eth_text(h.price_wei), f"{h.reputation:.2f}", f"{h.score:.3f}", terminal_markup(h.contract_id))
     Console().print(table)
 
 
@@ -209,7 +221,7 @@ def distribute(
     """
     root = resolve_home(home)
     cost = asyncio.run(flow.distribution_cost(root, training_id))
-    spend = SpendPreview(f"fund the escrow of {training_id}", tuple(cost.items()))
+    spend = SpendPreview(f"fund the escrow of {training_id}", tuple(cost.items()), tuple(cost.notes()))
     if not confirm_spend(spend, yes=yes, dry_run=dry_run):
         if as_json:
             print_json({"training_id": training_id, "dry_run": True, "cost": cost.as_json(), **spend.as_json()})

@@ -9,7 +9,11 @@ from typing import Annotated, Optional, get_args
 
 import typer
 
+from aitbc_agent_sdk.market.discovery import DEFAULT_MIN_STAKE_WEI
 from aitbc_agent_sdk.models import AggregationName, FaultPolicy, JobConfig, OuterName, Partition, TrainingSpec, UpdateEncoding
+
+from .common import eth_amount_option
+from .params import format_eth
 
 JOB = JobConfig.model_fields  # the tuned defaults: one place, shared with the assistant
 
@@ -72,6 +76,10 @@ TrainingIdOption = Annotated[str, typer.Option("--training-id", metavar="ID", he
 TrainingIdArgument = Annotated[str, typer.Argument(metavar="TRAINING_ID", help="the training (training_...)")]
 MinGpuOption = Annotated[Optional[str], typer.Option(
     "--min-gpu", "--gpu", help="slowest GPU accepted, e.g. RTX3090; 'cpu' or omitted accepts any")]
+MinStakeOption = Annotated[Optional[int], eth_amount_option(
+    "--min-stake", help=f"hire only providers bonded in the registry with at least this much (default "
+                        f"{format_eth(DEFAULT_MIN_STAKE_WEI)} ETH; 0 on the embedded network, whose providers are "
+                        f"this machine's own processes): an identity costs nothing, a bond makes a sybil pay")]
 PlotOption = Annotated[Optional[Path], typer.Option(
     "--plot", metavar="PNG", help="write accuracy/loss curves to this PNG (checked before anything is paid)")]
 
