@@ -123,6 +123,11 @@ class TransactionSender:
         return self._account.address
 
     @property
+    def account(self) -> LocalAccount:
+        """The signing account: a coordinator signs its payment receipts with the key it pays from."""
+        return self._account
+
+    @property
     def w3(self) -> AsyncWeb3:
         return self._w3
 

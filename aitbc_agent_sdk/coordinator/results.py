@@ -17,6 +17,7 @@ from ..storage import DEFAULT_MAX_BYTES, ContentStore
 from ..training import AggregationStrategy, decode_state, encode_state, sample_weights
 from .inputs import CHECKPOINT_HEADER_SLACK
 from .logbook import AuditLogs
+from .receipts import ReceiptIssuer
 from .round_model import decoded
 from .settlement import EscrowAccount
 from .store import TrainingStore
@@ -29,6 +30,7 @@ class ResultChecks:
     escrow: EscrowAccount
     logs: AuditLogs
     aggregation: Callable[[], AggregationStrategy]
+    receipts: ReceiptIssuer
 
     async def collect_checkpoint(self, worker_id: str, job_id: str) -> CheckpointRef:
         """Fetch the job's checkpoint by CID (integrity-checked), check it fits the model, accept it."""
@@ -54,6 +56,7 @@ class ResultChecks:
                                  round=ref.round, reason=problem)
             raise TrainingError(f"checkpoint {ref.cid} from {worker_id} rejected: {problem}")
         await self.db.save_checkpoint(ref, "accepted")
+        await self.receipts.issue(ref.training_id, [worker_id])  # redeemable even if it is never paid
         return ref
 
     async def checkpoint_fits(self, ref: CheckpointRef) -> bool:

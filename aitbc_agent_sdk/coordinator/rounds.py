@@ -337,11 +337,11 @@ class RoundRunner(Resends):
             if held and verdict.job_id in held:
                 await self.audit.append("held_for_checking", worker=verdict.worker_id, job_id=verdict.job_id,
                                         round=self.round, reason="its update (nearly) equals another's this round")
-            job = slot.jobs.get(verdict.job_id)
-            if job is not None and self.work.start_check(index, job, slot.shard, verdict.job_id in held):
+            settled = self.work.start_check(index, slot.jobs.get(verdict.job_id), slot.shard, verdict.job_id in held)
+            if settled is None:
                 slot.verifying = True
-            else:
-                await self._settle_check(slot, None, False)
+            else:  # checks off (a pass), or nothing to check (unverifiable: fails closed)
+                await self._settle_check(slot, settled.problem, settled.slashable)
 
     async def _collect_spot_checks(self) -> None:
         for index, verdict in self.work.finished():
@@ -387,6 +387,7 @@ class RoundRunner(Resends):
             await self.c.fold(strategy, slot.winner_ref, float(slot.shard.samples),
                               max_bytes=self.inputs.checkpoint_limit, decode=self.decode)
             await self.c.db.save_checkpoint(slot.winner_ref, "accepted")
+        await self.c.receipts.issue(self.tid, [s.winner_ref.worker_id for s in slots if s.winner_ref])
         new = await outer_step(self.c.store, self.inputs.record, self.baseline.reference, strategy)
         seconds = time.monotonic() - self.started
         return RoundStats(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from ..errors import ConfigError, MessagingError, NotFoundError
 from ..market import (
     ScoringStrategy, collect_offers, meets_min_gpu, rank_workers, reputation_unit,
 )
+from ..market.discovery import resolve_min_stake, split_by_stake, stake_skip_text
 from ..market.scoring import rate_worker
 from ..messaging import SignedChannel, topics
 from ..models import (
@@ -37,6 +39,7 @@ from .listener import Observer, TrainingListener
 from .logbook import AuditLogs, audit_path
 from .money import EscrowSteps
 from .phases import check_transition
+from .receipts import ReceiptIssuer
 from .results import ResultChecks
 from .settings import CoordinatorSettings
 from .settlement import EscrowAccount
@@ -46,6 +49,7 @@ from .stats import RoundStats
 from .store import TrainingStore
 
 __all__ = ["Coordinator", "CoordinatorSettings", "audit_path"]  # audit_path: where tests and tools read a log
+log = logging.getLogger(__name__)
 ROUND_TIMES_KEPT = 256  # per provider, loaded on start: its adaptive deadline needs recent rounds only
 
 
@@ -65,11 +69,14 @@ class Coordinator(ResultChecks):
     _listeners: dict[str, TrainingListener] = field(default_factory=dict)
     # provider -> why the latest discovery flagged its offer (the hardware challenge); hiring logs them
     hardware_flags: dict[str, str] = field(default_factory=dict)
+    # provider -> its bond, for the offers the latest discovery skipped as bonded below the minimum
+    stake_skipped: dict[str, int] = field(default_factory=dict)
     logs: AuditLogs = field(init=False)  # one audit log per training, under settings.audit_dir
     data: DatasetStore = field(init=False)  # datasets by manifest, and the splits this coordinator reads
     tasks: TaskCache = field(init=False)  # the trainings' tasks, built-in or user code by CID
     money: EscrowSteps = field(init=False)  # budget, funding, paying, settling
     job_keys: JobKeys = field(init=False)  # sealed datasets: each job carries the key wrapped for its worker
+    receipts: ReceiptIssuer = field(init=False)  # each accepted round's signed, redeemable payment receipts
 
     def __post_init__(self) -> None:
         self.logs = AuditLogs(self.settings.audit_dir)
@@ -78,6 +85,7 @@ class Coordinator(ResultChecks):
         self.job_keys = JobKeys(self.db, self.data, self.escrow)
         self.money = EscrowSteps(self.db, self.escrow, self.logs, gas_reserve_wei=self.settings.gas_reserve_wei,
                                  observer=self.observer)
+        self.receipts = ReceiptIssuer(self.channel, self.db, self.escrow, self.logs)
 
     @property
     def address(self) -> str:
@@ -170,8 +178,10 @@ class Coordinator(ResultChecks):
 
     # -- market ----------------------------------------------------------------------------
     async def discover(self, *, min_gpu: str | None = None, max_price_wei: int | None = None,
-                       include_busy: bool = False, task: TaskRef | None = None) -> list[Worker]:
+                       include_busy: bool = False, task: TaskRef | None = None,
+                       min_stake_wei: int | None = None) -> list[Worker]:
         """Providers on the market that fit; with ``task``, only those whose offer says they run it.
+        Only providers bonded with ``min_stake(min_stake_wei)`` or more; ``stake_skipped`` names the others.
         Offers that claim a GPU take the timed hardware challenge (``coordinator.hardware``) first."""
         offers = await collect_offers(self.channel, timeout=self.settings.discovery_timeout_s)
         unit = reputation_unit([o.price_wei for o in offers])
@@ -184,9 +194,28 @@ class Coordinator(ResultChecks):
             if max_price_wei is not None and offer.price_wei > max_price_wei:
                 continue
             workers.append(await self._worker(offer, unit))
+        floor = self.min_stake(min_stake_wei)
+        workers, self.stake_skipped = split_by_stake(workers, floor)
+        if self.stake_skipped:  # before the hardware challenge: an unbonded stranger costs no GPU check
+            log.warning("%s: %s", stake_skip_text(len(self.stake_skipped), floor), sorted(self.stake_skipped))
         workers = await check_hardware(self.channel, self.store, workers, self.settings)
         self.hardware_flags = {w.worker_id: w.hardware_reason or "flagged" for w in workers if w.flagged}
         return workers
+
+    def min_stake(self, requested_wei: int | None = None) -> int:
+        """The bond a hire needs: a training's own minimum, else this network's."""
+        return resolve_min_stake(requested_wei, self.settings.min_stake_wei)
+
+    def stake_skips(self, requested_wei: int | None = None) -> str | None:
+        """What the latest discovery left out for its bond: '2 offers skipped: stake below 0.01 ETH', or None."""
+        if not self.stake_skipped:
+            return None
+        return stake_skip_text(len(self.stake_skipped), self.min_stake(requested_wei))
+
+    def stake_note(self, requested_wei: int | None = None) -> str:
+        """The same for a 'not enough workers' error, naming the flag that lowers it; '' when none was skipped."""
+        skips = self.stake_skips(requested_wei)
+        return f"; {skips} (--min-stake)" if skips else ""
 
     async def _worker(self, offer: Offer, unit_wei: int) -> Worker:
         """Reputation from the value the registry says it was paid (``unit_wei`` a job's worth), its

@@ -33,17 +33,27 @@ def plan_payouts(contracts: Sequence[WorkerContract], accepted: Sequence[Checkpo
     """
     payouts = []
     for contract in contracts:
-        mine = [c for c in accepted if c.worker_id == contract.worker_id and c.training_id == contract.training_id]
-        if not mine:
+        earned = accepted_earnings(contract, accepted,
+                                   None if slot_amounts is None else slot_amounts.get(contract.worker_id, 0))
+        if earned is None:
             continue
-        earned = earned_wei(contract, len({c.round for c in mine}))
-        if slot_amounts is not None:
-            earned = min(earned, slot_amounts.get(contract.worker_id, 0))
-        due = earned - already_paid.get(contract.worker_id, 0)
+        due = earned[0] - already_paid.get(contract.worker_id, 0)
         if due > 0:
-            latest = max(mine, key=lambda c: c.round)
-            payouts.append(Payout(contract.worker_id, contract.contract_id, due, latest.cid))
+            payouts.append(Payout(contract.worker_id, contract.contract_id, due, earned[1].cid))
     return payouts
+
+
+def accepted_earnings(contract: WorkerContract, accepted: Sequence[CheckpointRef],
+                      slot_amount: int | None = None) -> tuple[int, CheckpointRef] | None:
+    """What the contract's worker has earned in all (capped at ``slot_amount``) and its latest accepted
+    checkpoint, or None before its first accepted round. Payouts and payment receipts both use it."""
+    mine = [c for c in accepted if c.worker_id == contract.worker_id and c.training_id == contract.training_id]
+    if not mine:
+        return None
+    earned = earned_wei(contract, len({c.round for c in mine}))
+    if slot_amount is not None:
+        earned = min(earned, slot_amount)
+    return earned, max(mine, key=lambda c: c.round)
 
 
 @dataclass
@@ -83,8 +93,10 @@ class EscrowAccount:
 
     async def summary(self, training_id: str) -> EscrowSummary:
         state = await self.escrow.training(self.key(training_id))
+        held = await self.escrow.held(self.key(training_id))
         return EscrowSummary(address=self.escrow.address, deposited_wei=state.deposited,
-                             paid_wei=state.paid, refunded_wei=state.refunded)
+                             paid_wei=state.paid, refunded_wei=state.refunded, held_wei=held.amount,
+                             held_until=held.claimable_until if state.closed else None)
 
     async def paid_on_chain(self, training_id: str, workers: Sequence[str]) -> dict[str, int]:
         return {w: paid for w, (_, paid) in (await self.slots_on_chain(training_id, workers)).items()}
@@ -149,11 +161,16 @@ class EscrowAccount:
                 for p in payouts]
 
     async def refund(self, training_id: str) -> tuple[int, str | None]:
-        state = await self.escrow.training(self.key(training_id))
-        if state.closed:
+        """Close the training: returns what came back now and the tx hash ((0, None) when already closed).
+
+        What active slots were not paid stays held for their payment receipts until the claim
+        window is over (:meth:`summary`'s ``held_wei`` and ``held_until``), then anyone may reclaim it.
+        """
+        key = self.key(training_id)
+        if (await self.escrow.training(key)).closed:
             return 0, None
-        receipt = await self.escrow.refund(self.sender, self.key(training_id))
-        return state.remaining, receipt["transactionHash"].to_0x_hex()
+        receipt = await self.escrow.refund(self.sender, key)
+        return (await self.escrow.training(key)).refunded, receipt["transactionHash"].to_0x_hex()
 
 
 def _consent(contract: WorkerContract) -> bytes:

@@ -89,3 +89,8 @@ def hardware_check(provider: str) -> str:
 
 def hardware_answer(coordinator: str, nonce: str) -> str:
     return f"{PREFIX}/hwcheck-reply/{level(coordinator)}/{level(nonce)}"
+
+
+def receipts(provider: str) -> str:
+    """The coordinator's signed payment receipts for a provider's accepted rounds."""
+    return f"{PREFIX}/receipts/{level(provider)}"

@@ -44,6 +44,9 @@ class Offer(Record):
     free_slots: int = Field(default=1, ge=0)
     issued_at: Finite = Field(default_factory=time.time)
     tasks: TaskPolicy = Field(default_factory=TaskPolicy, description="what code it runs: discovery respects it")
+    max_unreceipted_rounds: int = Field(default=2, ge=0, le=1000, description=(
+        "the provider refuses a contract's jobs once this many of its delivered rounds lack the coordinator's "
+        "payment receipt (0: it never stops)"))
 
     @model_validator(mode="after")
     def _free_within_slots(self) -> Offer:

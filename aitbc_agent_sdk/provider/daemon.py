@@ -63,7 +63,7 @@ async def open_provider_chain(profile: Profile, exits: AsyncExitStack) -> Provid
 
     w3 = await connect_rpc(profile.chain.rpc_url)
     exits.push_async_callback(w3.provider.disconnect)
-    return await ProviderChain.connect(w3, profile.chain.escrow)
+    return await ProviderChain.connect(w3, profile.chain.escrow, confirmations=profile.chain.confirmations)
 
 
 async def serve_provider(home: Path, account: LocalAccount, *, price_wei: int, slots: int | None = None,
@@ -71,10 +71,11 @@ async def serve_provider(home: Path, account: LocalAccount, *, price_wei: int, s
                          agent_factory: AgentFactory = ProviderAgent,
                          sandbox: TrainingSandbox | None = TrainingSandbox(), threads: int | None = None,
                          tasks: TaskPolicy = TaskPolicy(), cache_dir: Path | None = None,
-                         cache_bytes: int | None = None) -> None:
+                         cache_bytes: int | None = None, max_unreceipted_rounds: int | None = None) -> None:
     """Serve until ``stop``; ``sandbox=None`` trains unconfined (``--no-sandbox``), and says so.
     ``slots=None``: one per GPU (1 on a CPU host); ``threads=None``: the cores shared among the slots;
-    ``cache_dir=None``: the content cache is under the provider's directory; ``cache_bytes=None``: 20 GiB."""
+    ``cache_dir=None``: the content cache is under the provider's directory; ``cache_bytes=None``: 20 GiB;
+    ``max_unreceipted_rounds=None``: :class:`ProviderConfig`'s default."""
     profile = load_profile(home)
     work_dir = provider_dir(home, account.address)
     hardware = await asyncio.to_thread(detect_hardware)
@@ -92,7 +93,9 @@ async def serve_provider(home: Path, account: LocalAccount, *, price_wei: int, s
         chain = await open_provider_chain(profile, exits)
         config = ProviderConfig(price_wei=price_wei, slots=slots, work_dir=work_dir, sandbox=sandbox,
                                 worker_threads=threads, tasks=tasks, cache_dir=cache_dir,
-                                cache_bytes=DEFAULT_CACHE_BYTES if cache_bytes is None else cache_bytes)
+                                cache_bytes=DEFAULT_CACHE_BYTES if cache_bytes is None else cache_bytes,
+                                **({} if max_unreceipted_rounds is None
+                                   else {"max_unreceipted_rounds": max_unreceipted_rounds}))
         provider = agent_factory(account, bus, store, config,
                                  hardware=hardware, chain=chain)
         if stake_wei:
@@ -131,7 +134,8 @@ async def run_daemon(args: argparse.Namespace, agent_factory: Callable[..., Prov
                          stake_wei=args.stake_wei, stop=stop, agent_factory=agent_factory,
                          sandbox=None if args.no_sandbox else TrainingSandbox(hidden_paths=(args.home,)),
                          threads=args.threads, tasks=TaskPolicy(accepts=args.tasks, allowed=tuple(args.allow_task)),
-                         cache_dir=args.cache_dir, cache_bytes=args.cache_size)
+                         cache_dir=args.cache_dir, cache_bytes=args.cache_size,
+                         max_unreceipted_rounds=args.max_unreceipted_rounds)
 
 
 def build_parser(description: str = "aitbc provider daemon (reads the wallet password from stdin)"
@@ -151,6 +155,9 @@ def build_parser(description: str = "aitbc provider daemon (reads the wallet pas
                         help="where fetched shards and weights are kept (default: the provider's directory/cache)")
     parser.add_argument("--cache-size", type=parse_size, default=None, metavar="SIZE",
                         help="the most the cache keeps (default 20GiB; least recently used content goes first)")
+    parser.add_argument("--max-unreceipted-rounds", type=int, default=None, metavar="N",
+                        help="stop working for a coordinator once N delivered rounds lack its payment receipt "
+                             "(default 2; 0: never stop)")
     parser.add_argument("--no-sandbox", action="store_true",
                         help="train jobs without the bwrap sandbox (they can then read this user's files)")
     return parser

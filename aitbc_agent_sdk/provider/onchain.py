@@ -5,20 +5,30 @@ the provider reads the escrow: the training must exist, be open, be paid in nati
 the proposal's sender as its coordinator, and hold a slot for this provider funded with at
 least its price for the contract's rounds. The verdict is cached per contract, so the chain
 is read once. The decision itself is a pure function (:func:`contract_problem`).
+
+The coordinator's payment receipts are checked here too (:meth:`ProviderChain.receipt_ok`), and redeemed
+with the provider's own account when it is owed (:meth:`ProviderChain.redeem`, ``provider.receipts``); a
+training left open past its deadline and grace period is first refunded by the provider
+(:meth:`ProviderChain.refund`), which anyone may do then.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from eth_account.signers.local import LocalAccount
 from web3 import AsyncWeb3
 
-from ..chain.escrow import ETH_TOKEN, EscrowClient, EscrowState, SlotState, sign_consent, training_key
+from ..chain.escrow import (ETH_TOKEN, EscrowClient, EscrowState, HeldFunds, SlotState, receipt_signer, sign_consent,
+                            training_key)
 from ..chain.registry import EvidenceDomain, sign_result
-from ..models import ContractProposal
+from ..chain.tx import CHAIN_EXCEPTIONS, TransactionSender, map_chain_error
+from ..errors import ConfigError
+from ..models import ContractProposal, PaymentReceipt
 
-__all__ = ["ProviderChain", "contract_problem"]
+__all__ = ["GRACE_PERIOD_S", "ProviderChain", "SlotView", "contract_problem"]
+
+GRACE_PERIOD_S = 24 * 3600  # the contract's GRACE_PERIOD: after deadline + this anyone may refund a training
 
 
 def contract_problem(proposal: ContractProposal, provider: str, state: EscrowState, slot: SlotState) -> str | None:
@@ -38,17 +48,30 @@ def contract_problem(proposal: ContractProposal, provider: str, state: EscrowSta
     return None
 
 
+@dataclass(frozen=True)
+class SlotView:
+    """One escrow slot and its training as the chain shows them now (``now``: the latest block's time)."""
+
+    state: EscrowState
+    slot: SlotState
+    held: HeldFunds
+    now: int
+
+
 @dataclass
 class ProviderChain:
-    """The provider's read-only view of one escrow deployment (no signer: it never transacts here)."""
+    """The provider's view of one escrow deployment; it transacts only to redeem its own receipts."""
 
     escrow: EscrowClient
     domain: EvidenceDomain
+    w3: AsyncWeb3 | None = None  # redeeming needs it; a read-only view does not
+    confirmations: int | None = None  # of its transactions (None: the chain's default)
+    _senders: dict[str, TransactionSender] = field(default_factory=dict, repr=False)  # one per account: its nonces
 
     @classmethod
-    async def connect(cls, w3: AsyncWeb3, escrow_address: str) -> ProviderChain:
+    async def connect(cls, w3: AsyncWeb3, escrow_address: str, *, confirmations: int | None = None) -> ProviderChain:
         escrow = EscrowClient(w3, escrow_address)
-        return cls(escrow, EvidenceDomain(await escrow.chain_id(), await escrow.registry()))
+        return cls(escrow, EvidenceDomain(await escrow.chain_id(), await escrow.registry()), w3, confirmations)
 
     def key(self, proposal: ContractProposal) -> bytes:
         return training_key(proposal.coordinator, proposal.training_id)
@@ -64,6 +87,45 @@ class ProviderChain:
     async def closed(self, training_id: str, coordinator: str) -> bool:
         """Whether the chain shows this coordinator's training closed (settled or refunded)."""
         return (await self.escrow.training(training_key(coordinator, training_id))).closed
+
+    def receipt_ok(self, receipt: PaymentReceipt, coordinator: str) -> bool:
+        """Whether ``receipt`` is ``coordinator``'s canonical signature for its training on this chain and
+        escrow, to this worker, round and amount: exactly what ``redeem`` accepts from an EOA coordinator."""
+        signer = receipt_signer(self.domain.chain_id, self.escrow.address,
+                                training_key(coordinator, receipt.training_id), receipt.worker_id, receipt.round,
+                                receipt.cumulative_wei, bytes.fromhex(receipt.signature[2:]))
+        return signer is not None and signer.lower() == coordinator.lower()
+
+    async def slot_view(self, key: bytes, worker: str) -> SlotView:
+        try:
+            now = int((await self.rpc.eth.get_block("latest"))["timestamp"])
+        except CHAIN_EXCEPTIONS as exc:
+            raise map_chain_error(exc, action="read the latest block") from exc
+        return SlotView(await self.escrow.training(key), await self.escrow.slot(key, worker),
+                        await self.escrow.held(key), now)
+
+    async def redeem(self, account: LocalAccount, key: bytes, receipt: PaymentReceipt) -> str:
+        """Send the receipt to the escrow from the provider's own account; returns the tx hash."""
+        tx = await self.escrow.redeem(self._sender(account), key, receipt.worker_id, receipt.round,
+                                      receipt.cumulative_wei, bytes.fromhex(receipt.signature[2:]))
+        return tx["transactionHash"].to_0x_hex()
+
+    async def refund(self, account: LocalAccount, key: bytes) -> str:
+        """Close an overdue training from the provider's own account (the slots' unpaid part stays held for
+        receipts); returns the tx hash."""
+        tx = await self.escrow.refund(self._sender(account), key)
+        return tx["transactionHash"].to_0x_hex()
+
+    @property
+    def rpc(self) -> AsyncWeb3:
+        if self.w3 is None:
+            raise ConfigError("this provider's chain view has no RPC connection to transact with")
+        return self.w3
+
+    def _sender(self, account: LocalAccount) -> TransactionSender:
+        if account.address not in self._senders:
+            self._senders[account.address] = TransactionSender(self.rpc, account, confirmations=self.confirmations)
+        return self._senders[account.address]
 
     async def check(self, proposal: ContractProposal, provider: str) -> str | None:
         """Read the training and the provider's slot; None when it may work under ``proposal``."""

@@ -16,7 +16,9 @@ from rich.console import Console
 from rich.table import Table
 
 from aitbc_agent_sdk.errors import ConfigError
+from aitbc_agent_sdk.market.discovery import DEFAULT_MIN_STAKE_WEI
 from aitbc_agent_sdk.models import TaskPolicy, parse_size
+from aitbc_agent_sdk.models.inert import terminal_markup
 from aitbc_agent_sdk.profile import load_profile
 
 from .common import (
@@ -65,8 +67,10 @@ def start(
              "(always in the sandbox)")] = TaskChoice.builtin,
     allow_task: Annotated[Optional[list[str]], typer.Option(
         "--allow-task", metavar="CID", help="a task CID this provider runs (repeatable; with --tasks allow-list)")] = None,
-    stake: Annotated[int, eth_amount_option("--stake", help="bond to post in the registry if not registered",
-                                            default_wei=0)] = 0,
+    stake: Annotated[int, eth_amount_option("--stake", help="bond to post in the registry if not registered "
+                                            f"(coordinators hire only providers bonded with "
+                                            f"{format_eth(DEFAULT_MIN_STAKE_WEI)} ETH or more unless they choose "
+                                            f"otherwise)", default_wei=0)] = 0,
     no_sandbox: Annotated[bool, typer.Option(
         "--no-sandbox", help="train jobs without the bwrap sandbox: they can then read this user's files")] = False,
     cache_dir: Annotated[Optional[Path], typer.Option(
@@ -76,6 +80,10 @@ def start(
         metavar="SIZE", parser=cli_parser(parse_size),
         help="the most the cache keeps: 20GiB, 500MB or bytes (default 20GiB); least recently used content goes "
              "first, content a running job uses never")] = None,
+    max_unreceipted_rounds: Annotated[Optional[int], typer.Option(
+        min=0, max=1000, metavar="N",
+        help="stop working for a coordinator once N delivered rounds lack its signed payment receipt "
+             "(default 2; 0: never stop, trusting it to pay)")] = None,
     home: HomeOption = None,
 ) -> None:
     """Serve until interrupted: signed offer, heartbeats, jobs in a separate training process.
@@ -98,7 +106,8 @@ def start(
         await serve_provider(root, account, price_wei=price, slots=slots, gpu=gpu.value,
                              stake_wei=stake or None, stop=stop, threads=threads, tasks=policy,
                              sandbox=None if no_sandbox else TrainingSandbox(hidden_paths=(root,)),
-                             cache_dir=cache_dir, cache_bytes=cache_size)
+                             cache_dir=cache_dir, cache_bytes=cache_size,
+                             max_unreceipted_rounds=max_unreceipted_rounds)
 
     asyncio.run(serve())
 
@@ -125,7 +134,8 @@ def status(wallet: WalletOption, home: HomeOption = None, as_json: JsonOption = 
     for col in ("job", "training", "round", "status", "epoch", "loss"):
         table.add_column(col)
     for job in state["jobs"]:
-        table.add_row(job["job_id"], job["training_id"], str(job["round"]), job["status"],
+        table.add_row(terminal_markup(job["job_id"]), terminal_markup(job["training_id"]), str(job["round"]),
+                      terminal_markup(job["status"]),
                       f"{job['epoch']}/{job['epochs']}", f"{job['loss']:.4f}" if job["loss"] is not None else "-")
     console = Console()
     console.print(table)
