@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from aitbc_agent_sdk import Agent, AgentConfig, JobConfig, TrainingPhase, TrainingSpec
+from aitbc_agent_sdk.chain.escrow import training_key
 from aitbc_agent_sdk.chain.keywrap import data_key_info, unwrap_key
 from aitbc_agent_sdk.errors import DecryptionError
 from aitbc_agent_sdk.models import ShardManifest
@@ -40,13 +41,13 @@ async def test_a_sealed_dataset_trains_and_the_store_holds_only_ciphertext(aitbc
         accounts = {p.address: p.account for p in agent.stack.providers}
         job = jobs[0]
         key = unwrap_key(bytes.fromhex(job.data_key), bytes(accounts[job.worker_id].key),
-                         info=data_key_info(job.training_id, job.worker_id))
+                         info=data_key_info(agent.coordinator.escrow.key(job.training_id), job.worker_id))
         assert key == data.keys.key(dataset.root)
         other = next(a for w, a in accounts.items() if w != job.worker_id)
         with pytest.raises(DecryptionError):  # another provider (hired or not) cannot open this worker's copy
-            unwrap_key(bytes.fromhex(job.data_key), bytes(other.key), info=data_key_info(job.training_id, job.worker_id))
+            unwrap_key(bytes.fromhex(job.data_key), bytes(other.key), info=data_key_info(agent.coordinator.escrow.key(job.training_id), job.worker_id))
         with pytest.raises(DecryptionError):  # nor can the worker use it for another training
             unwrap_key(bytes.fromhex(job.data_key), bytes(accounts[job.worker_id].key),
-                       info=data_key_info("training_other", job.worker_id))
+                       info=data_key_info(training_key(agent.coordinator.address, "training_other"), job.worker_id))
         test = await data.load(manifest.test_cid)  # the coordinator reads its test split back in plaintext
         assert np.isin(test.features.numpy()[:3], plain).all()

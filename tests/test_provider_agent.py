@@ -198,7 +198,7 @@ async def test_results_are_signed_by_the_provider_over_training_and_checkpoint(t
     # the signature is bound to the CID: another CID does not recover to the provider
     other = result.model_copy(update={"checkpoint_cid": job.weights_cid})
     assert signer_of(market, other) != provider.address
-    assert provider.completed_jobs == 1 and provider.jobs[job.job_id].status == "complete"
+    assert provider.completed_jobs == 1 and provider.progress(job.job_id).status == "complete"
 
 
 async def test_cancel_kills_a_running_job_and_the_next_job_still_completes(tmp_path):
@@ -216,7 +216,7 @@ async def test_cancel_kills_a_running_job_and_the_next_job_still_completes(tmp_p
         assert cancelled.epoch >= 1 and cancelled.epoch < LONG_JOB.epochs
         assert process_is_gone(training_pid)
         assert provider.process.pid is None  # restarted lazily by the next job
-        assert provider.jobs[long_job.job_id].status == "cancelled"
+        assert provider.progress(long_job.job_id).status == "cancelled"
 
         next_job = await market.assign(provider, contract)
         result = await market.result(next_job)
@@ -240,7 +240,7 @@ async def test_a_cancelled_queued_job_never_runs(tmp_path):
         pid = provider.process.pid
 
         assert market.statuses(queued) == [("cancelled", 0)]
-        assert provider.jobs[running.job_id].status == "running"  # the running job is untouched
+        assert provider.progress(running.job_id).status == "running"  # the running job is untouched
         assert pid is not None and not process_is_gone(pid)
 
 
@@ -278,7 +278,7 @@ async def test_a_cancel_for_an_unknown_or_finished_job_changes_nothing(tmp_path)
             topics.pong(market.coordinator.address, "n1"), Pong, timeout=WAIT_S, expected_sender=provider.address)
         after = await market.assign(provider, contract)
         await market.result(after)
-    assert provider.jobs[done.job_id].status == "complete"
+    assert provider.progress(done.job_id).status == "complete"
     assert provider.completed_jobs == 2
 
 

@@ -58,11 +58,13 @@ async def test_a_broken_job_is_reported_and_the_process_survives(tmp_path):
     await process.start()
     try:
         with pytest.raises(TrainingError):
-            await process.train(job_dir, job_id="j", model=model_spec_for("mlp", data), config=JobConfig(), seed=0)
+            await process.train(job_dir, job_id="j", model=model_spec_for("mlp", data), config=JobConfig(), seed=0,
+                                owner="t1")
         pid = process.pid
         model = build_model(model_spec_for("mlp", data), seed=0)
         (job_dir / WEIGHTS_FILE).write_bytes(encode_state(model.state_dict()))
-        done = await process.train(job_dir, job_id="j", model=model_spec_for("mlp", data), config=JobConfig(), seed=0)
+        done = await process.train(job_dir, job_id="j", model=model_spec_for("mlp", data), config=JobConfig(), seed=0,
+                                owner="t1")
         assert done["samples"] == 50 and process.pid == pid
     finally:
         await process.stop()

@@ -80,7 +80,7 @@ def test_a_policy_is_validated():
 
 def provider_tasks(policy: TaskPolicy, store: LocalContentStore, tmp_path: Path) -> ProviderTasks:
     """As the provider builds it; kept task states are not used by the contract-time checks."""
-    return ProviderTasks(policy, store, tmp_path / "task-state", coordinator_of=lambda job: job.training_id)
+    return ProviderTasks(policy, store, tmp_path / "task-state")
 
 
 @pytest.fixture
@@ -149,7 +149,7 @@ async def test_discovery_skips_offers_whose_policy_does_not_permit_the_task(tmp_
                                                                               ram_bytes=1 << 30), tasks=policy)
         await channel.publish(topics.offer(channel.address), offer, retain=True)
         providers[channel.address] = name
-    settings = CoordinatorSettings(discovery_timeout_s=1.0)
+    settings = CoordinatorSettings(discovery_timeout_s=1.0, min_stake_wei=0)  # no registry: no bonds to require
     try:
         async with TrainingStore(tmp_path / "db.sqlite") as db:
             account = Account.create()

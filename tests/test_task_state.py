@@ -8,6 +8,7 @@ from torch import nn
 from aitbc_agent_sdk import Agent, AgentConfig, TrainingSpec
 from aitbc_agent_sdk.errors import TrainingError
 from aitbc_agent_sdk.models import JobConfig
+from aitbc_agent_sdk.chain.escrow import training_key
 from aitbc_agent_sdk.training.task_state import encode_task_state, restore_task_state
 
 TASK = '''
@@ -74,9 +75,10 @@ async def test_workers_resume_their_state_each_round_and_drop_it_once_the_traini
         by_round = {r: sorted(c.task_state for c in kept if c.round == r) for r in (1, 2, 3)}
         # The coordinator knows which results started fresh: every worker's first round only.
         assert by_round == {1: ["fresh", "fresh"], 2: ["resumed", "resumed"], 3: ["resumed", "resumed"]}, by_round
-        states = [p.config.work_dir / "task-state" / report.training_id for p in agent.stack.providers]
+        owner = training_key(agent.coordinator.address, report.training_id).hex()  # the training's on-chain key
+        states = [p.config.work_dir / "task-state" / owner for p in agent.stack.providers]
         assert sum(any(d.rglob("*.safetensors")) for d in states if d.exists()) == 2
         for provider in agent.stack.providers:  # what each provider's offer refresh runs
             assert provider.chain is not None
-            await provider.tasks.sweep(provider.chain.closed)
+            await provider._sweep()
         assert not any(d.exists() for d in states)  # the escrow is settled: the state is gone

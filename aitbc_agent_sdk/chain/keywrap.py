@@ -164,6 +164,10 @@ def signer_public_key(message: SignableMessage | bytes, signature: bytes | str, 
     return public_key
 
 
-def data_key_info(training_id: str, worker: str) -> bytes:
-    """What a wrapped dataset key is bound to: it opens for this worker in this training only."""
-    return f"aitbc-data-key/1|{training_id}|{worker.lower()}".encode()
+def data_key_info(training: bytes, worker: str) -> bytes:
+    """What a wrapped dataset key is bound to: it opens for this worker in this training only.
+
+    ``training`` is the escrow's key of the training (``training_key``), which names its coordinator:
+    another coordinator's training of the same id string cannot make the worker open it.
+    """
+    return b"aitbc-data-key/2|" + training + f"|{worker.lower()}".encode()

@@ -19,6 +19,7 @@ from ..chain.registry import RegistryClient
 from ..errors import AitbcError, ContractRevertError, MessagingError, NotEnoughWorkersError
 from ..messaging import SignedChannel, topics
 from ..models import ChainIntent, JobCancel, Worker, WorkerContract, new_id
+from ..models.base import clipped
 from .logbook import AuditSink
 from .settlement import EscrowAccount
 from .store import TrainingStore
@@ -53,14 +54,16 @@ async def hire(coordinator: Coordinator, training_id: str, workers: Sequence[Wor
 async def new_replacement(coordinator: Coordinator, training_id: str, exclude: Collection[str], *,
                           max_price_wei: int | None) -> WorkerContract:
     """Discover a provider not yet in this training and contract it as a spare."""
-    task = (await coordinator.db.training(training_id)).spec.task
-    found = [w for w in await coordinator.discover(max_price_wei=max_price_wei, task=task) if w.worker_id not in exclude]
+    spec = (await coordinator.db.training(training_id)).spec
+    found = [w for w in await coordinator.discover(max_price_wei=max_price_wei, task=spec.task,
+                                                   min_stake_wei=spec.min_stake_wei) if w.worker_id not in exclude]
     for worker in coordinator.select(found, len(found)):
         try:
             return await coordinator.negotiate(worker.worker_id, training_id, worker.price, role="spare")
         except MessagingError as exc:
             log.warning("replacement candidate %s declined: %s", worker.worker_id, exc)
-    raise NotEnoughWorkersError(f"no provider is available to replace a worker in training {training_id}")
+    raise NotEnoughWorkersError(f"no provider is available to replace a worker in training {training_id}"
+                                f"{coordinator.stake_note(spec.min_stake_wei)}")
 
 
 def reassigner_for(coordinator: Coordinator, training_id: str) -> Reassigner:
@@ -89,7 +92,7 @@ class Reassigner:
         """
         tid = self.training_id
         intent = ChainIntent(intent_id=new_id("intent"), training_id=tid, kind="replace",
-                             old_contract_id=old.contract_id, new_contract_id=new.contract_id, reason=reason)
+                             old_contract_id=old.contract_id, new_contract_id=new.contract_id, reason=clipped(reason))
         await self.db.save_intent(intent)
         try:
             tx, added = await self.escrow.replace(tid, old.worker_id, new)
@@ -138,7 +141,7 @@ class Reassigner:
         """Tell a worker its job is no longer wanted; a dead worker simply never hears it."""
         try:
             await self.channel.publish(topics.cancel(worker_id),
-                                       JobCancel(job_id=job_id, training_id=self.training_id, reason=reason))
+                                       JobCancel(job_id=job_id, training_id=self.training_id, reason=clipped(reason)))
         except AitbcError as exc:
             log.warning("cancel of %s not sent: %s", job_id, exc)
         await self.audit.append("job_cancelled", worker=worker_id, job_id=job_id, reason=reason)

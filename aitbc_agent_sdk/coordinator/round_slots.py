@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from ..errors import AitbcError
 from ..messaging import topics
 from ..models import CheckpointRef, FaultPolicy, JobAssignment, ResendRequest, Shard, WorkerContract
+from ..models.base import clipped
 from .logbook import AuditSink
 from .service import Coordinator
 from .verification import Inspection
@@ -67,7 +68,7 @@ class Resends:
                                 round=self.round, reason=inspection.problem, deadline_s=self.policy.resend_timeout_s)
         try:
             await self.c.channel.publish(topics.resend(ref.worker_id), ResendRequest(
-                job_id=ref.job_id, training_id=self.tid, cid=ref.cid, reason=inspection.problem,
+                job_id=ref.job_id, training_id=self.tid, cid=ref.cid, reason=clipped(inspection.problem),
                 deadline_s=self.policy.resend_timeout_s))
         except AitbcError as exc:
             log.warning("resend request for %s not sent: %s", ref.job_id, exc)

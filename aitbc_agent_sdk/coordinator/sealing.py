@@ -105,12 +105,12 @@ async def read_sealed_slice(store: ContentStore, key: bytes, piece: FileSlice, l
         span.unlink(missing_ok=True)
 
 
-def wrapped_key_for(key: bytes, consent_digest: bytes, consent: str, training_id: str, worker: str) -> str:
+def wrapped_key_for(key: bytes, consent_digest: bytes, consent: str, training: bytes, worker: str) -> str:
     """``key`` wrapped for the worker whose EIP-191 consent signature ``consent`` is over ``consent_digest``."""
     from eth_account.messages import encode_defunct  # noqa: PLC0415
 
     public = signer_public_key(encode_defunct(primitive=consent_digest), consent, worker)
-    return wrap_key(key, public, info=data_key_info(training_id, worker)).hex()
+    return wrap_key(key, public, info=data_key_info(training, worker)).hex()
 
 
 class JobKeys:
@@ -132,5 +132,5 @@ class JobKeys:
                 raise MessagingError(f"worker {job.worker_id} has no signed consent to wrap the dataset key for")
             digest = await self._escrow.consent_digest(job.training_id, job.worker_id)
             self._wrapped[slot] = wrapped_key_for(self._data.keys.key(shard.dataset), digest, contract.consent,
-                                                  job.training_id, job.worker_id)
+                                                  self._escrow.key(job.training_id), job.worker_id)
         return job.model_copy(update={"data_key": self._wrapped[slot]})

@@ -39,6 +39,12 @@ Wei = Annotated[int, Field(ge=0)]
 Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
 Finite = Annotated[float, Field(allow_inf_nan=False)]  # NaN is stored as null and would not read back
 Text = Annotated[str, Field(max_length=limits.TEXT_MAX_LENGTH)]
+
+
+def clipped(text: str) -> str:
+    """``text`` cut to fit a :data:`Text` field: for reasons we build from what another party said,
+    which must never make our own record fail validation (and the loop that sends it)."""
+    return text[: limits.TEXT_MAX_LENGTH]
 Name = Annotated[str, Field(max_length=limits.NAME_MAX_LENGTH)]
 
 # Every id that names a directory or a topic level: no '/', '.', wildcard, space or NUL can get in.

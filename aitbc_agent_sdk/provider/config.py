@@ -7,7 +7,9 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..models import ByteSize, TaskPolicy, Wei
+from .book import BookLimits
 from .cache import DEFAULT_CACHE_BYTES
+from .kept import KEPT_BYTES
 from .sandbox import TrainingSandbox
 
 
@@ -26,3 +28,9 @@ class ProviderConfig(BaseModel):
     sandbox: TrainingSandbox | None = TrainingSandbox()
     cache_dir: Path | None = Field(default=None, description="fetched shards and weights; None: work_dir/cache")
     cache_bytes: ByteSize = Field(default=DEFAULT_CACHE_BYTES, description="the cache's quota (LRU)")
+    kept_bytes: ByteSize = Field(default=KEPT_BYTES, description=(
+        "delivered checkpoints and boundary states kept for re-sends and spot checks until their training closes"))
+    contract_limits: BookLimits = Field(default_factory=BookLimits, description=(
+        "the unfunded proposals' pool and its rate limits; funded contracts are never evicted"))
+    max_unreceipted_rounds: int = Field(default=2, ge=0, le=1000, description=(
+        "refuse a contract's jobs once this many delivered rounds lack the coordinator's payment receipt; 0: never"))

@@ -28,6 +28,7 @@ from ..storage.sealed_slices import HEADER_SIZE, open_slice, slice_span
 from ..training.shard_files import part_name
 from .cache import CacheLease, ContentCache
 from .process import SHARD_FILE, WEIGHTS_FILE
+from .owners import TrainingOwner
 from .tasks import ProviderTasks
 from .weights_delta import holds_base, rebuilt_weights
 
@@ -93,7 +94,7 @@ class JobInputs:
         self._private_key = private_key  # unwraps sealed datasets' keys sent to this provider
         self.cache = cache
         self._tasks = tasks
-        self._leases: dict[str, list[CacheLease]] = {}  # by job id, until release
+        self._leases: dict[tuple[str, str], list[CacheLease]] = {}  # by (training key, job id), until release
         self._prefetching: set[asyncio.Task[None]] = set()
 
     async def open(self) -> None:
@@ -103,11 +104,11 @@ class JobInputs:
         for task in self._prefetching:
             task.cancel()
         await asyncio.gather(*self._prefetching, return_exceptions=True)
-        for job_id in list(self._leases):
-            self._release_leases(job_id)
+        for held in list(self._leases):
+            self._release_leases(held)
         await self.cache.close()
 
-    async def fetch(self, job: JobAssignment, job_dir: Path) -> None:
+    async def fetch(self, owner: TrainingOwner, job: JobAssignment, job_dir: Path) -> None:
         """The job's shard record and slices, weights (and task package and kept state) into ``job_dir``;
         call ``release`` afterwards, whatever happened.
 
@@ -115,14 +116,14 @@ class JobInputs:
         holding more (or a DAG too deep, too wide or too slow) is a FetchLimitError after one block,
         not gigabytes in this key-holding daemon.
         """
-        leases = self._leases.setdefault(job.job_id, [])
+        leases = self._leases.setdefault((owner.hex, job.job_id), [])
         rebuilt = await rebuilt_weights(self.cache, self.store, job)  # last round's model + its change
         if rebuilt is not None:  # in the cache as if fetched: the next round's base
             leases.append(await self.cache.acquire(rebuilt, job.weights_cid, size=job.weights_bytes))  # type: ignore[arg-type]
         record, weights = await self._acquire_all(
             leases, [(job.shard_cid, 0, None, job.shard_bytes), (job.weights_cid, 0, None, job.weights_bytes)])
         shard = await asyncio.to_thread(read_shard_record, record)
-        key = self._data_key(job, shard)
+        key = self._data_key(owner, job, shard)
         parts = await self._acquire_all(leases, slice_pieces(shard))
         files = {SHARD_FILE: record, WEIGHTS_FILE: weights}
         if key is None:
@@ -133,19 +134,19 @@ class JobInputs:
                 await asyncio.to_thread(open_parts, key, shard, parts, job_dir)
         except OSError as exc:
             raise StorageError(f"cannot put the inputs of job {job.job_id} into {job_dir}: {exc}") from exc
-        await self._tasks.prepare(job, job_dir)
+        await self._tasks.prepare(owner, job, job_dir)
 
-    def _data_key(self, job: JobAssignment, shard: ShardData) -> bytes | None:
+    def _data_key(self, owner: TrainingOwner, job: JobAssignment, shard: ShardData) -> bytes | None:
         if shard.sealed is None:
             return None
         if job.data_key is None:
             raise DecryptionError("the job's shard is sealed and the job carries no key for it")
         return unwrap_key(bytes.fromhex(job.data_key), self._private_key,
-                          info=data_key_info(job.training_id, job.worker_id))
+                          info=data_key_info(owner.key, job.worker_id))
 
-    def release(self, job: JobAssignment) -> None:
+    def release(self, owner: TrainingOwner, job: JobAssignment) -> None:
         """The job's inputs may be evicted again (call once its directory is gone)."""
-        self._release_leases(job.job_id)
+        self._release_leases((owner.hex, job.job_id))
 
     def prefetch(self, job: JobAssignment) -> None:
         """Start downloading the job's inputs while it waits for a slot (what is cached costs nothing)."""
@@ -190,6 +191,6 @@ class JobInputs:
         leases.append(lease)  # at once: a cancel cannot come between the hold and its record
         return lease.path
 
-    def _release_leases(self, job_id: str) -> None:
-        for lease in self._leases.pop(job_id, []):
+    def _release_leases(self, held: tuple[str, str]) -> None:
+        for lease in self._leases.pop(held, []):
             lease.release()

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ..errors import AitbcError
-from ..models import ContractProposal, JobAssignment
+from ..models import ContractProposal
+from .book import ContractKey, contract_key
 from .onchain import ProviderChain
 
 __all__ = ["MAX_JOBS_PER_CONTRACT", "MAX_JOBS_PER_SLOT", "ContractVerdicts", "proposal_refusal", "queue_problem"]
@@ -24,12 +25,13 @@ def proposal_refusal(proposal: ContractProposal, *, has_chain: bool, ask_wei: in
     return None
 
 
-def queue_problem(job: JobAssignment, active: Iterable[JobAssignment], slots: int) -> str | None:
-    """Why the queue (the ``active`` jobs: queued or running) takes no more jobs like this one, or None."""
+def queue_problem(contract: ContractKey, active: Iterable[ContractKey], slots: int) -> str | None:
+    """Why the queue (the contracts of the ``active`` jobs: queued or running) takes no more jobs of
+    ``contract``, or None. Contracts are (coordinator, id): another coordinator's id fills nothing of ours."""
     active = list(active)
-    same = sum(1 for a in active if a.contract_id == job.contract_id)
+    same = sum(1 for a in active if a == contract)
     if same >= MAX_JOBS_PER_CONTRACT:
-        return f"queue full: {same} jobs of contract {job.contract_id} queued or running"
+        return f"queue full: {same} jobs of contract {contract[1]} queued or running"
     if len(active) >= MAX_JOBS_PER_SLOT * slots:
         return f"queue full: {len(active)} jobs queued or running"
     return None
@@ -38,25 +40,27 @@ def queue_problem(job: JobAssignment, active: Iterable[JobAssignment], slots: in
 class ContractVerdicts:
     """Why the chain does not back a contract (None: it does), read before its first job and then cached.
 
-    A refusal is cached too, except when the chain could not be read at all. ``forget`` drops a
-    contract's verdict (the contract table calls it when it forgets the contract).
+    A refusal is cached too, except when the chain could not be read at all. Verdicts are keyed
+    by (coordinator, contract id), as the contract table is: a contract id is any coordinator's to
+    reuse. ``forget`` drops a contract's verdict (the table calls it when it forgets the contract).
     """
 
     def __init__(self, chain: ProviderChain | None) -> None:
         self.chain = chain
-        self._verdicts: dict[str, str | None] = {}
+        self._verdicts: dict[ContractKey, str | None] = {}
 
     async def problem(self, contract: ContractProposal, provider: str) -> str | None:
-        if contract.contract_id in self._verdicts:
-            return self._verdicts[contract.contract_id]
+        key = contract_key(contract.coordinator, contract.contract_id)
+        if key in self._verdicts:
+            return self._verdicts[key]
         if self.chain is None:
             return NO_CHAIN
         try:
             problem = await self.chain.check(contract, provider)
         except AitbcError as exc:
             return f"the escrow could not be read: {exc}"
-        self._verdicts[contract.contract_id] = problem
+        self._verdicts[key] = problem
         return problem
 
-    def forget(self, contract_id: str) -> None:
-        self._verdicts.pop(contract_id, None)
+    def forget(self, key: ContractKey) -> None:
+        self._verdicts.pop(key, None)

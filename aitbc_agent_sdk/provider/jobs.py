@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,12 +11,12 @@ from typing import Any, Literal, NamedTuple
 
 from ..limits import TEXT_MAX_LENGTH
 from ..messaging import Verified
-from ..models import JobAssignment, Progress
+from ..models import ContractProposal, JobAssignment, Progress
+from .owners import TrainingOwner
 from .process import SHARD_FILE, WEIGHTS_FILE
 
-__all__ = ["ActiveJob", "EpochReporter", "Server", "TrainOutcome", "job_progress", "remember", "write_file", "write_inputs"]
+__all__ = ["ActiveJob", "EpochReporter", "HeldJob", "Server", "TrainOutcome", "job_progress", "write_file", "write_inputs"]
 
-DELIVERED_KEPT = 8  # recent checkpoints kept in memory for re-send requests
 EpochReporter = Callable[[dict[str, Any]], Awaitable[None]]
 """Called with each ``epoch`` event of the training process; reports progress on the bus."""
 
@@ -71,9 +70,27 @@ def write_inputs(job_dir: Path, shard: bytes, weights: bytes) -> None:
 
 
 @dataclass(frozen=True)
-class ActiveJob:
+class HeldJob:
+    """A job this provider took: the job and the training's on-chain identity and contract it runs under."""
+
     job: JobAssignment
+    owner: TrainingOwner
+    contract: ContractProposal
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """What the provider keys a job by: (on-chain training key, job id)."""
+        return self.owner.hex, self.job.job_id
+
+
+@dataclass(frozen=True)
+class ActiveJob:
+    held: HeldJob
     task: asyncio.Task[None]
+
+    @property
+    def job(self) -> JobAssignment:
+        return self.held.job
 
 
 class Server(NamedTuple):
@@ -83,11 +100,3 @@ class Server(NamedTuple):
     topic: Callable[[str], str]
     record: type
     handle: Callable[[Verified[Any]], Awaitable[None] | None]
-
-
-def remember(delivered: OrderedDict[str, tuple[JobAssignment, TrainOutcome, bytes]], job: JobAssignment,
-             outcome: TrainOutcome, checkpoint: bytes) -> None:
-    """Keep a delivered result among the last ``DELIVERED_KEPT``."""
-    delivered[job.job_id] = (job, outcome, checkpoint)
-    while len(delivered) > DELIVERED_KEPT:
-        delivered.popitem(last=False)

@@ -1,9 +1,11 @@
 """Async handle on the provider's training process: a separate OS process with a scrubbed environment.
 
-With a :class:`~.sandbox.TrainingSandbox` the process runs in bubblewrap (see :mod:`.sandbox`)
-and serves one training only: a job of another training (another customer) always gets a
-fresh process, so a job that got code execution can reach nothing but later jobs of the same
-customer, whose data it came from. A failed or killed job ends its process too, and so does
+With a :class:`~.sandbox.TrainingSandbox` the process runs in bubblewrap (see :mod:`.sandbox`).
+Sandboxed or not, a process serves one training only, named by its on-chain identity (the
+escrow's key, which binds the coordinator: an id string is anybody's to reuse). A job of another
+training always gets a fresh process, checked twice (when the job is taken and again just before
+its line is written to the process), so a job that got code execution, and any thread it left
+behind, can reach nothing but later jobs of the same customer, whose data it came from. A failed or killed job ends its process too, and so does
 the ``MAX_JOBS_PER_PROCESS``-th job (the CPU rlimit is sized for that many); its successor starts
 at once, so only a provider switching customers waits for torch to import. (A spare started
 beside every job was dearer: on a small host its import slowed the rounds it ran beside.)
@@ -61,6 +63,7 @@ class _JobRequest:
     task: TaskRef | None
     update_encoding: str = "weights"
     worker: str = ""  # the provider's address, which the trajectory commitment names; "": none is committed
+    owner: str | None = None  # the training's on-chain identity; None: a process of its own
 
     def input_files(self, job_dir: Path) -> tuple[str, ...]:
         user_code = self.task is not None and self.task.cid is not None
@@ -102,7 +105,7 @@ class TrainingProcess:
         self._stderr_task: asyncio.Task[None] | None = None
         self._ready = False
         self._box: Path | None = None
-        self._owner: str | None = None  # sandboxed: the training the current process has served
+        self._owner: str | None = None  # the training (on-chain identity) the current process has served
         self._jobs_served = 0
         self._seq = itertools.count()
 
@@ -183,15 +186,19 @@ class TrainingProcess:
     async def train(self, job_dir: Path, *, job_id: str, model: ModelSpec, config: JobConfig, seed: int,
                     on_epoch: EpochCallback | None = None, owner: str | None = None,
                     task: TaskRef | None = None, update_encoding: str = "weights", worker: str = "") -> dict[str, Any]:
-        """Run one job. ``owner`` (the training id) lets a sandboxed process serve that training's
-        next job too; ``None`` gives every job a fresh process. A user ``task``'s package is
+        """Run one job. ``owner`` (the training's on-chain identity) lets the process serve that
+        training's next job too; ``None`` gives every job a fresh process. A user ``task``'s package is
         ``job_dir/TASK_FILE``. With a ``worker`` address the job commits its trajectory (in the
         checkpoint's metadata) and leaves the boundary states in ``job_dir/TRAJECTORY_DIR``."""
-        request = _JobRequest(job_id, model, config, seed, task, update_encoding, worker)
+        request = _JobRequest(job_id, model, config, seed, task, update_encoding, worker, owner)
         async with self._lock:
             try:
+                if self._proc is not None and self._jobs_served and (owner is None or owner != self._owner):
+                    await self._replace()  # it served another training: this one's data never meets it
                 if self._sandbox is None:
-                    return await self._train_locked(job_dir, request, on_epoch=on_epoch)
+                    done = await self._train_locked(job_dir, request, on_epoch=on_epoch)
+                    await self._served(owner)
+                    return done
                 return await self._train_sandboxed(job_dir, request, on_epoch=on_epoch, owner=owner)
             except asyncio.CancelledError:
                 # The process is still computing this job and would later answer with its
@@ -216,8 +223,6 @@ class TrainingProcess:
     async def _train_sandboxed(self, job_dir: Path, request: _JobRequest, *, on_epoch: EpochCallback | None,
                                owner: str | None) -> dict[str, Any]:
         assert self._sandbox is not None
-        if self._proc is not None and self._jobs_served and (owner is None or owner != self._owner):
-            await self._replace()  # it served another training: this one's data never meets it
         try:
             async with asyncio.timeout(self._sandbox.job_timeout_s):
                 await self._await_ready()
@@ -249,10 +254,13 @@ class TrainingProcess:
         except BaseException:
             await self._replace()
             raise
-        self._owner, self._jobs_served = owner, self._jobs_served + 1
+        await self._served(owner)
+        return done
+
+    async def _served(self, owner: str | None) -> None:
+        """After a job that succeeded: a process without an owner, or at its job limit, is not reused."""
         if owner is None or self._jobs_served >= MAX_JOBS_PER_PROCESS:
             await self._replace()
-        return done
 
     async def _replace(self) -> None:
         """Kill this process (it may hold whatever a hostile job planted) and start its successor."""
@@ -264,6 +272,12 @@ class TrainingProcess:
                             out_dir: Path | None = None) -> dict[str, Any]:
         await self._await_ready()
         assert self._proc is not None and self._proc.stdin is not None
+        if self._jobs_served and (request.owner is None or request.owner != self._owner):
+            # The second check, where the job is handed over: whatever path led here, a process that
+            # served another training never sees this one's inputs.
+            await self.kill()
+            raise TrainingError(f"job {request.job_id}: the training process served another training; it was killed")
+        self._owner, self._jobs_served = request.owner, self._jobs_served + 1  # before it runs: a failed job counts
         line = request.line(job_dir, out_dir or job_dir, self._device)
         self._proc.stdin.write((line + "\n").encode())
         await self._proc.stdin.drain()

@@ -3,18 +3,17 @@
 The policy is checked twice: when a contract is proposed (with the package fetched once, so a
 task this environment cannot run is refused with the packages it lacks, not failed mid-round)
 and again for every job, whose task must be the contract's. A ``keep_state`` task's state is kept
-per training and contract (a replacement worker has another contract: it starts fresh) and dropped
-once the chain shows the training closed.
+per training (its on-chain identity, so another coordinator's training of the same id string
+never reaches it) and contract (a replacement worker has another contract: it starts fresh), and
+dropped once the chain shows that training closed.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import shutil
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from ..errors import AitbcError
@@ -22,24 +21,22 @@ from ..models import MAX_TASK_BYTES, JobAssignment, TaskPackage, TaskPolicy, Tas
 from ..storage import ContentStore, fetch_timeout_s
 from ..training.task_package import decode_package, missing_requirements
 from .jobs import write_file
+from .owners import TrainingOwner
 from .process import KEPT_FILES, TASK_FILE
 
 PACKAGES_KEPT = 16  # fetched task packages kept in memory, by CID
-SWEEP_READ_S = 10.0  # one chain read of the sweep
 
 
 class ProviderTasks:
-    def __init__(self, policy: TaskPolicy, store: ContentStore, states: Path,
-                 coordinator_of: Callable[[JobAssignment], str]) -> None:
-        """``states``: where kept task states live, by training and contract (emptied now: no
-        contract survives a restart); ``coordinator_of``: a job's coordinator, from its contract."""
+    def __init__(self, policy: TaskPolicy, store: ContentStore, states: Path) -> None:
+        """``states``: where kept task states live, by training (its on-chain identity) and contract
+        (emptied now: no contract survives a restart)."""
         self.policy = policy
         self._store = store
         self._packages: OrderedDict[str, bytes] = OrderedDict()
         self._states = states
         shutil.rmtree(states, ignore_errors=True)
-        self._coordinator_of = coordinator_of
-        self._coordinators: dict[str, str] = {}  # training with kept state -> its coordinator
+        self._kept: set[TrainingOwner] = set()  # trainings with kept state
 
     async def refusal(self, task: TaskRef | None) -> str | None:
         """Why this provider will not run ``task`` (its policy, an unreadable package, missing packages)."""
@@ -51,40 +48,38 @@ class ProviderTasks:
             return f"task {task.name!r} ({task.cid}) cannot be read: {exc}"
         return requirement_refusal(task, package)
 
-    async def prepare(self, job: JobAssignment, job_dir: Path) -> None:
+    async def prepare(self, owner: TrainingOwner, job: JobAssignment, job_dir: Path) -> None:
         """Put a user task's package, and the state its worker kept from the last round, into the job directory."""
         if job.task is not None and job.task.cid is not None:
             blob = await self._fetch(job.task.cid)
             await asyncio.to_thread(write_file, job_dir / TASK_FILE, blob)
         for name in KEPT_FILES:
-            kept = self._state_path(job, name)
+            kept = self._state_path(owner, job, name)
             if kept.is_file():
                 await asyncio.to_thread(shutil.copyfile, kept, job_dir / name)
 
-    async def keep(self, job: JobAssignment, job_dir: Path) -> None:
+    async def keep(self, owner: TrainingOwner, job: JobAssignment, job_dir: Path) -> None:
         """Keep the state the job left (a keep_state task's optimizer, an encoding's error feedback) for this
         worker's next round."""
         for name in KEPT_FILES:
             produced = job_dir / name
             if not produced.is_file() or produced.is_symlink():
                 continue
-            target = self._state_path(job, name)
+            target = self._state_path(owner, job, name)
             target.parent.mkdir(parents=True, exist_ok=True)
             await asyncio.to_thread(os.replace, produced, target)
-            self._coordinators[job.training_id] = self._coordinator_of(job)
+            self._kept.add(owner)
 
-    async def sweep(self, closed: Callable[[str, str], Awaitable[bool]]) -> None:
-        """Drop the kept state of every training the chain shows closed (``closed(training, coordinator)``)."""
-        for training_id, coordinator in list(self._coordinators.items()):
-            with contextlib.suppress(AitbcError, TimeoutError, OSError):
-                async with asyncio.timeout(SWEEP_READ_S):
-                    is_closed = await closed(training_id, coordinator)
-                if is_closed:
-                    del self._coordinators[training_id]
-                    await asyncio.to_thread(shutil.rmtree, id_path(self._states, training_id), True)
+    def owners(self) -> set[TrainingOwner]:
+        return set(self._kept)
 
-    def _state_path(self, job: JobAssignment, name: str) -> Path:
-        return id_path(id_path(self._states, job.training_id), job.contract_id) / name
+    async def forget_training(self, owner: TrainingOwner) -> None:
+        """Drop a training's kept state (the chain shows it closed)."""
+        self._kept.discard(owner)
+        await asyncio.to_thread(shutil.rmtree, self._states / owner.hex, True)
+
+    def _state_path(self, owner: TrainingOwner, job: JobAssignment, name: str) -> Path:
+        return id_path(id_path(self._states, owner.hex), job.contract_id) / name
 
     async def _fetch(self, cid: str) -> bytes:
         if cid not in self._packages:

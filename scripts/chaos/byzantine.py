@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from eth_account import Account
 
-from aitbc_agent_sdk.models import GpuInfo, Hardware, JobAssignment
+from aitbc_agent_sdk.models import ContractProposal, GpuInfo, Hardware, JobAssignment
 from aitbc_agent_sdk.provider.node import EpochReporter, ProviderAgent, TrainOutcome
 from aitbc_agent_sdk.provider.process import CHECKPOINT_FILE, WEIGHTS_FILE
 from aitbc_agent_sdk.storage import compute_cid
@@ -125,10 +125,10 @@ class StaleProvider(ProviderAgent):
 class ForgedProvider(ProviderAgent):
     """Honest checkpoint, signed with a throwaway key: the signature names someone else."""
 
-    def sign_checkpoint(self, job: JobAssignment, cid: str) -> str:
+    def sign_checkpoint(self, job: JobAssignment, cid: str, contract: ContractProposal) -> str:
         throwaway = Account.create()
         assert self.chain is not None
-        return self.chain.sign_result(throwaway, self._contracts[job.contract_id], job.round, cid)
+        return self.chain.sign_result(throwaway, contract, job.round, cid)
 
 
 class CidMismatchProvider(ProviderAgent):

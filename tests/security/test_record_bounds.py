@@ -15,6 +15,7 @@ from aitbc_agent_sdk.errors import DatasetError
 from aitbc_agent_sdk.messaging import topics
 from aitbc_agent_sdk.models import ContractReply, JobCancel, ModelSpec, Progress, ShardManifest, new_id
 from aitbc_agent_sdk.provider import node as provider_agent
+from aitbc_agent_sdk.provider.book import BookLimits, contract_key
 from aitbc_agent_sdk.training import build_model, load_dataset
 
 from tests.security.provider_rig import WAIT_S, provider_rig, servers  # noqa: F401 (servers: a fixture)
@@ -79,21 +80,21 @@ def test_a_csv_label_of_a_billion_is_a_dataset_error_not_a_billion_class_head(tm
 
 async def test_the_provider_contract_table_and_progress_history_stay_bounded(servers, monkeypatch):
     # Small maxima so the test floods past them in seconds; the mechanism is the same at any size.
-    monkeypatch.setattr(provider_agent, "MAX_CONTRACTS", 8)
     monkeypatch.setattr(provider_agent, "MAX_JOB_HISTORY", 2)
-    async with provider_rig(servers) as rig:
+    async with provider_rig(servers, contract_limits=BookLimits(unfunded=8)) as rig:
         ids = [new_id("contract") for _ in range(19)]
         for contract_id in ids:
             await rig.send(topics.negotiate(rig.provider.address), rig.proposal(contract_id))
         await rig.feeds["replies"].first(lambda v: v.message.contract_id == ids[-1], timeout=WAIT_S)
         ids.append(await rig.hire())  # the twentieth, opened on chain so its jobs run
         assert len(rig.provider._contracts) <= 8
-        assert ids[-1] in rig.provider._contracts  # the newest contracts are the ones kept
+        # the newest contracts are the ones kept
+        assert rig.provider._contracts.get(contract_key(rig.attacker.address, ids[-1])) is not None
         jobs = [await rig.job(ids[-1]) for _ in range(3)]
         for job in jobs:
             await rig.send(topics.jobs(rig.provider.address), job)
         await rig.feeds["results"].first(lambda v: v.message.job_id == jobs[-1].job_id)
-        assert len(rig.provider.jobs) <= 2 and jobs[-1].job_id in rig.provider.jobs
+        assert len(rig.provider.jobs) <= 2 and rig.provider.progress(jobs[-1].job_id) is not None
 
 
 async def test_the_provider_refuses_jobs_beyond_its_queue(servers):

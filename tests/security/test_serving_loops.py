@@ -56,7 +56,7 @@ async def test_ids_with_a_slash_never_route_progress_or_results_onto_other_topic
             assert v.topic == expected
 
 
-async def test_a_job_naming_another_training_than_its_contract_is_dropped(servers):
+async def test_a_job_naming_another_training_than_its_contract_is_refused(servers):
     """The chain backs a contract's own training only: a job under that contract that names another
     training (whose topics and evidence it would then use) does no work."""
     async with provider_rig(servers) as rig:
@@ -67,9 +67,12 @@ async def test_a_job_naming_another_training_than_its_contract_is_dropped(server
         valid = await rig.job(contract)
         await rig.send(jobs, valid)  # handled after the stray one, on the same subscription
         await rig.feeds["results"].first(lambda v: v.message.job_id == valid.job_id)
-        assert rig.provider.dropped["jobs: wrong training"] == 1
-        seen = {v.message.job_id for name in ("results", "progress") for v in rig.feeds[name].items}
-        assert stray.job_id not in seen
+        # It is refused, signed, with its reason (so a coordinator replaces the worker at once), and never run.
+        refusal = await rig.feeds["progress"].first(lambda v: v.message.job_id == stray.job_id)
+        assert refusal.message.status == "failed" and "names training" in refusal.message.error
+        assert rig.provider.dropped["jobs: refused"] == 1
+        assert stray.job_id not in {v.message.job_id for v in rig.feeds["results"].items}
+        assert [v.message.status for v in rig.feeds["progress"].items if v.message.job_id == stray.job_id] == ["failed"]
 
 
 class FlakyAnswers(ProviderAgent):

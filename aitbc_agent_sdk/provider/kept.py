@@ -1,0 +1,116 @@
+"""What a provider keeps of each delivered job until its training closes on chain.
+
+The checkpoint (so a result the coordinator could not fetch can be re-sent) and the boundary
+states the training process wrote (``trajectory/NNNNNN.safetensors``, so a spot check can be
+answered) move here from the job directory when the job ends. They are keyed by the training's
+on-chain identity and the job id, so another coordinator reusing an id replaces nothing, and
+they stay until the chain shows the training closed, within a disk bound: past it the oldest
+job of the training holding the most bytes goes first, so a flood of one party's jobs evicts
+its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ..models import BoundaryState, JobAssignment, TrajectoryChallenge, id_path
+from ..storage import ContentStore
+from .jobs import TrainOutcome
+from .owners import TrainingOwner
+from .process import CHECKPOINT_FILE, TRAJECTORY_DIR
+
+__all__ = ["KEPT_BYTES", "KEPT_JOBS", "KeptJob", "KeptResults", "boundary_file"]
+
+KEPT_JOBS = 4096  # delivered jobs kept across all open trainings
+KEPT_BYTES = 32 << 30  # their checkpoints and boundary states on disk
+
+
+def boundary_file(directory: Path, boundary: int) -> Path:
+    return directory / f"{boundary:06d}.safetensors"
+
+
+@dataclass(frozen=True)
+class KeptJob:
+    owner: TrainingOwner
+    job: JobAssignment
+    outcome: TrainOutcome  # its checkpoint is the kept copy
+    directory: Path
+    size: int
+
+    @property
+    def trajectory(self) -> Path:
+        return self.directory / TRAJECTORY_DIR
+
+
+class KeptResults:
+    def __init__(self, root: Path, store: ContentStore, *, max_jobs: int = KEPT_JOBS,
+                 max_bytes: int = KEPT_BYTES) -> None:
+        self.root = root
+        self.store = store
+        self.max_jobs = max_jobs
+        self.max_bytes = max_bytes
+        shutil.rmtree(root, ignore_errors=True)  # nothing kept survives a restart: no contract does either
+        self._jobs: OrderedDict[tuple[str, str], KeptJob] = OrderedDict()  # (owner hex, job id), oldest first
+
+    @property
+    def bytes(self) -> int:
+        return sum(kept.size for kept in self._jobs.values())
+
+    async def keep(self, owner: TrainingOwner, job: JobAssignment, job_dir: Path, outcome: TrainOutcome) -> KeptJob:
+        """Move the job's checkpoint and boundary files out of ``job_dir`` (which goes), then trim to the bounds."""
+        target = id_path(id_path(self.root, owner.hex), job.job_id)
+        kept = await asyncio.to_thread(_move_in, job_dir, target, outcome.checkpoint)
+        entry = KeptJob(owner, job, replace(outcome, checkpoint=target / CHECKPOINT_FILE), target, kept)
+        key = (owner.hex, job.job_id)
+        if (old := self._jobs.pop(key, None)) is not None and old.directory != target:
+            await asyncio.to_thread(shutil.rmtree, old.directory, True)
+        self._jobs[key] = entry
+        await self._trim()
+        return entry
+
+    def get(self, owner: TrainingOwner, job_id: str) -> KeptJob | None:
+        return self._jobs.get((owner.hex, job_id))
+
+    async def open(self, kept: KeptJob, challenge: TrajectoryChallenge) -> tuple[BoundaryState, ...]:
+        """Upload the boundaries around every segment asked for; those it does not have are left out."""
+        states = []
+        for boundary in sorted({b for s in challenge.segments for b in (s, s + 1)}):
+            path = boundary_file(kept.trajectory, boundary)
+            if path.is_file() and not path.is_symlink():
+                states.append(BoundaryState(boundary=boundary, cid=await self.store.add(path)))
+        return tuple(states)
+
+    def owners(self) -> set[TrainingOwner]:
+        return {kept.owner for kept in self._jobs.values()}
+
+    async def forget_training(self, owner: TrainingOwner) -> None:
+        for key in [k for k in self._jobs if k[0] == owner.hex]:
+            del self._jobs[key]
+        await asyncio.to_thread(shutil.rmtree, self.root / owner.hex, True)
+
+    async def _trim(self) -> None:
+        while len(self._jobs) > 1 and (len(self._jobs) > self.max_jobs or self.bytes > self.max_bytes):
+            held: dict[str, int] = {}
+            for (owner_hex, _), kept in self._jobs.items():
+                held[owner_hex] = held.get(owner_hex, 0) + kept.size
+            heaviest = max(held, key=held.__getitem__)
+            key = next(k for k in self._jobs if k[0] == heaviest)  # that training's oldest job
+            gone = self._jobs.pop(key)
+            await asyncio.to_thread(shutil.rmtree, gone.directory, True)
+
+
+def _move_in(job_dir: Path, target: Path, checkpoint: Path) -> int:
+    """Move the checkpoint and the trajectory directory into ``target``; their size on disk."""
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True)
+    if checkpoint.is_file() and not checkpoint.is_symlink():
+        os.replace(checkpoint, target / CHECKPOINT_FILE)
+    source = job_dir / TRAJECTORY_DIR
+    if source.is_dir() and not source.is_symlink():
+        shutil.move(str(source), str(target / TRAJECTORY_DIR))
+    return sum(p.stat().st_size for p in target.rglob("*") if p.is_file() and not p.is_symlink())
