@@ -45,9 +45,14 @@ async def test_a_sealed_dataset_trains_and_the_store_holds_only_ciphertext(aitbc
         assert key == data.keys.key(dataset.root)
         other = next(a for w, a in accounts.items() if w != job.worker_id)
         with pytest.raises(DecryptionError):  # another provider (hired or not) cannot open this worker's copy
-            unwrap_key(bytes.fromhex(job.data_key), bytes(other.key), info=data_key_info(agent.coordinator.escrow.key(job.training_id), job.worker_id))
+            unwrap_key(bytes.fromhex(job.data_key), bytes(other.key),
+                       info=data_key_info(agent.coordinator.escrow.key(job.training_id), job.worker_id))
         with pytest.raises(DecryptionError):  # nor can the worker use it for another training
             unwrap_key(bytes.fromhex(job.data_key), bytes(accounts[job.worker_id].key),
                        info=data_key_info(training_key(agent.coordinator.address, "training_other"), job.worker_id))
+        stranger = "0x" + "11" * 20  # another coordinator opening a training of the same id string
+        with pytest.raises(DecryptionError):  # so the key copied into his job opens nothing there
+            unwrap_key(bytes.fromhex(job.data_key), bytes(accounts[job.worker_id].key),
+                       info=data_key_info(training_key(stranger, job.training_id), job.worker_id))
         test = await data.load(manifest.test_cid)  # the coordinator reads its test split back in plaintext
         assert np.isin(test.features.numpy()[:3], plain).all()
