@@ -55,7 +55,8 @@ def list_offers(
         config = AgentConfig(name="aitbc-market", network=name, home=root)  # a bad network fails before the prompt
         account, _ = await unlock(root, wallet)
         async with Agent(config, account=account) as agent:
-            workers = await agent.discover_gpu_workers(min_gpu=min_gpu, include_busy=True)
+            # The whole market, unbonded offers too: the stake column says who a training would hire.
+            workers = await agent.discover_gpu_workers(min_gpu=min_gpu, include_busy=True, min_stake_wei=0)
             scores = agent.scoring.score(workers) if workers else []
         return [{"provider": w.worker_id, "hardware": w.gpu_type, "price_wei": w.price, "stake_wei": w.stake_wei,
                  "reputation": w.reputation, "completed": w.jobs_completed, "failed": w.jobs_failed,
