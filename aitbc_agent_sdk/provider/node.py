@@ -401,9 +401,11 @@ class ProviderAgent:
         finally:
             self._forget(held)  # so no cancel interrupts the clean-up below
             self._busy -= 1
-            await self._advertise_now()
-            await asyncio.to_thread(_remove_job_dir, job_dir)
+            # Shielded: a daemon shutting down during the clean-up still removes the job's files (the
+            # thread runs to its end); the leases it would then not release go with the cache's close.
+            await asyncio.shield(asyncio.to_thread(_remove_job_dir, job_dir))
             self.inputs.release(owner, job)  # its cache entries are no longer linked: evictable again
+            await self._advertise_now()
 
     async def _publish_result(self, held: HeldJob, checkpoint_cid: str, outcome: TrainOutcome) -> None:
         job = held.job
