@@ -32,14 +32,13 @@ from aitbc_agent_sdk.chain import (
     start_embedded_chain,
     training_salt,
 )
-from aitbc_agent_sdk.chain.escrow import key_of
+from aitbc_agent_sdk.chain.escrow import CLAIM_WINDOW_S, GRACE_PERIOD_S, key_of
 from aitbc_agent_sdk.errors import ContractRevertError
 from test_escrow import ETH, TEST_ARTIFACTS, ConsentingEscrow, _gas_cost, advance_time, worker_account
 
 SLOTS = [ETH, 2 * ETH, 3 * ETH]
 DEADLINE_S = 3600
-GRACE_S = 24 * 3600
-CLAIM_WINDOW_S = 3600
+GRACE_S = GRACE_PERIOD_S
 # A call sent now is mined at a later block time; near a time limit either outcome is right.
 CLOCK_SLACK_S = 15
 

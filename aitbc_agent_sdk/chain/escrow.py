@@ -49,6 +49,8 @@ ZERO_ADDRESS = "0x0000000000000000000000000000000000000000"
 ETH_TOKEN = ZERO_ADDRESS  # the escrow's token address for native ETH
 # The contract's CLAIM_WINDOW: receipts stay redeemable this long after a refund.
 CLAIM_WINDOW_S = 3600
+# The contract's GRACE_PERIOD: after deadline + this anyone may refund a training.
+GRACE_PERIOD_S = 24 * 3600
 # The contract's MAX_DURATION: no training's deadline may be further away than this.
 MAX_DURATION_S = 30 * 24 * 3600
 # Without an explicit deadline a training may run this long (from the chain's latest block)

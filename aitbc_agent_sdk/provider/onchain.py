@@ -19,16 +19,14 @@ from dataclasses import dataclass, field
 from eth_account.signers.local import LocalAccount
 from web3 import AsyncWeb3
 
-from ..chain.escrow import (ETH_TOKEN, EscrowClient, EscrowState, HeldFunds, SlotState, receipt_signer, sign_consent,
-                            training_key)
+from ..chain.escrow import (ETH_TOKEN, GRACE_PERIOD_S, EscrowClient, EscrowState, HeldFunds, SlotState, receipt_signer,
+                            sign_consent, training_key)
 from ..chain.registry import EvidenceDomain, sign_result
 from ..chain.tx import CHAIN_EXCEPTIONS, TransactionSender, map_chain_error
 from ..errors import ConfigError
 from ..models import ContractProposal, PaymentReceipt
 
 __all__ = ["GRACE_PERIOD_S", "ProviderChain", "SlotView", "contract_problem"]
-
-GRACE_PERIOD_S = 24 * 3600  # the contract's GRACE_PERIOD: after deadline + this anyone may refund a training
 
 
 def contract_problem(proposal: ContractProposal, provider: str, state: EscrowState, slot: SlotState) -> str | None:
