@@ -24,6 +24,7 @@ from .coordinator.lock import training_lock
 from .coordinator.run import Prepared
 from .coordinator.sampling import SampleRequest, sample_text
 from .errors import AitbcError, ConfigError, NotEnoughWorkersError
+from .models.datasets import TargetKind
 from .market import ScoringStrategy, WeightedScore
 from .messaging import SignedChannel
 from .models import (
@@ -163,8 +164,8 @@ class Agent:
         return await self.coordinator.upload(path=path, data=data, pin=pin)
 
     async def upload_training_data(self, training_id: str, path: str | Path, *,
-                                   label_column: str | None = None) -> str:
-        return await self.coordinator.attach_dataset(training_id, path, label_column=label_column)
+                                   label_column: str | None = None, target: TargetKind | None = None) -> str:
+        return await self.coordinator.attach_dataset(training_id, path, label_column=label_column, target=target)
 
     async def create_data_shards(self, training_id: str, num_shards: int) -> list[Shard]:
         return await self.coordinator.create_shards(training_id, num_shards)

@@ -70,7 +70,7 @@ def test_csv_integer_labels_keep_their_values(tmp_path: Path) -> None:
     ("name", "content", "label_column", "match"),
     [
         ("d.csv", "a,b,label\n1,2,0\n", "target", r"no label column 'target'.*\['a', 'b', 'label'\]"),
-        ("d.csv", "a,label\n1,0\n", None, "label_column is required"),
+        ("d.csv", "a,label\n1,0\n", None, "name the target column with --label-column"),
         ("d.csv", "a,label\n1,0\nxyz,1\n", "label", "non-numeric"),
         ("d.csv", "a,label\n1,0\n2,0\n", "label", "at least 2 classes"),
         ("d.csv", "a,label\n", "label", "empty"),

@@ -30,7 +30,9 @@ from ..models import (
 )
 from ..storage import ContentStore
 from ..training import AggregationStrategy, FedAvg, LabeledData, decode_state
+from ..models.datasets import TargetKind
 from ..training.dataset_dirs import manifest_shape
+from ..training.file_sharding import partition_problem
 from .datasets import DatasetStore
 from .hardware import check_hardware
 from .sealing import JobKeys
@@ -130,14 +132,18 @@ class Coordinator(ResultChecks):
         return await self.store.add(data, pin=pin)
 
     async def attach_dataset(self, training_id: str, source: str | Path | LabeledData, *,
-                             label_column: str | None = None, progress: Callable[[int], None] | None = None) -> str:
+                             label_column: str | None = None, target: TargetKind | None = None,
+                             progress: Callable[[int], None] | None = None) -> str:
         """Import a dataset (a file, a directory, a bundled name or arrays) once and link it to the training."""
         record = await self.db.training(training_id)
         cid, manifest = await self.data.import_dataset(source, label_column=label_column, progress=progress,
+                                                       target=target or record.spec.target,
                                                        declared_size=record.spec.dataset_size,
                                                        encrypt=record.spec.encrypt)
         spec = spec_for_dataset(record.spec, manifest.kind)
         (await self.tasks.bound(spec)).model_spec(manifest_shape(manifest))  # an unknown task fails now
+        if (problem := partition_problem(manifest, spec.partition)) is not None:  # before anything is funded
+            raise ConfigError(problem)
         await self.db.save_training(record.model_copy(update={"dataset_cid": cid, "spec": spec}))
         return cid
 

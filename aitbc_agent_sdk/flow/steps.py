@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import AitbcError, ConfigError, DatasetError, NotEnoughWorkersError, NotFoundError
 from ..market.discovery import resolve_min_stake
 from ..models import TrainingPhase, TrainingRecord, TrainingSpec
+from ..models.datasets import TargetKind
 from ..profile import training_dir
 from .costs import CostPreview, preview
 
@@ -84,7 +85,7 @@ def dataset_source(data_path: str | Path) -> str | Path:
     return path
 
 
-def check_dataset(source: str | Path, label_column: str | None = None) -> None:
+def check_dataset(source: str | Path, label_column: str | None = None, target: TargetKind | None = None) -> None:
     """What can be checked without reading the data, before anything connects: its kind, a CSV's label column.
     The rows themselves are checked as they stream into the store (a bad one stops the import, exit 2)."""
     from ..training.dataset_dirs import dataset_kind
@@ -101,15 +102,16 @@ def check_dataset(source: str | Path, label_column: str | None = None) -> None:
             raise DatasetError(f"{source}: not UTF-8 text (byte {exc.start}); save the CSV as UTF-8") from exc
         except OSError as exc:
             raise DatasetError(f"{source}: cannot read it ({type(exc).__name__}: {exc})") from exc
-        if label_column is None:
-            raise DatasetError(f"{path}: label_column is required for .csv files")
-        if label_column not in header:
+        if label_column is None and target != "none":
+            raise DatasetError(f"{path}: name the target column with --label-column, or pass --target none")
+        if label_column is not None and label_column not in header:
             raise DatasetError(f"{path}: no label column {label_column!r}; columns are {header}")
 
 
-async def upload_data(agent: Agent, training_id: str, source: str | Path, label_column: str | None = None) -> str:
-    """Step 2: validate the dataset and store it by CID."""
-    return await agent.upload_training_data(training_id, source, label_column=label_column)
+async def upload_data(agent: Agent, training_id: str, source: str | Path, label_column: str | None = None,
+                      target: TargetKind | None = None) -> str:
+    """Step 2: validate the dataset and store it by CID (``target``: its kind; None: the training's, or detected)."""
+    return await agent.upload_training_data(training_id, source, label_column=label_column, target=target)
 
 
 @dataclass(frozen=True)

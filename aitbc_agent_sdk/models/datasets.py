@@ -26,6 +26,9 @@ _PATH = re.compile(rf"^{_PART}(/{_PART}){{0,15}}$")
 
 DatasetKind = Literal["arrays", "images", "tokens", "files"]
 TokenDtype = Literal["uint16", "uint32"]
+TargetKind = Literal["classes", "values", "none"]  # class labels, float regression targets, or no target
+TARGET_KINDS: tuple[str, ...] = ("classes", "values", "none")
+MAX_TARGET_WIDTH = limits.MAX_CLASSES  # floats per row of a vector target: as wide as a classifier's head
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 
 
@@ -48,14 +51,29 @@ class DatasetFile(Record):
 
 
 class ArrayLayout(Record):
-    """Labelled arrays as two flat files, rows sorted by class: any split is a few row ranges per class."""
+    """Labelled arrays as flat files. Classes: rows sorted by class, so any split is a few row ranges per class.
+    Values and none: rows in a seeded random order, one range (``class_rows`` holds the row count only)."""
 
     features: RelPath = "x.f32"
-    labels: RelPath = "y.i64"
+    labels: RelPath | None = Field(default="y.i64", description="y.i64 (classes), y.f32 (values), None (none)")
     feature_shape: tuple[Annotated[int, Field(ge=1)], ...] = Field(min_length=1, max_length=limits.MAX_INPUT_RANK)
-    num_classes: int = Field(ge=2, le=limits.MAX_CLASSES)
+    target: TargetKind = "classes"  # manifests written before targets had kinds hold classes
+    target_width: int = Field(default=1, ge=1, le=MAX_TARGET_WIDTH, description="values: floats per row")
+    num_classes: int = Field(ge=0, le=limits.MAX_CLASSES, description="classes: >= 2; values and none: 0")
     class_rows: tuple[Annotated[int, Field(ge=0)], ...] = Field(max_length=limits.MAX_CLASSES,
                                                                   description="rows of class 0, 1, ... in order")
+
+    @model_validator(mode="after")
+    def _target_consistent(self) -> ArrayLayout:
+        if self.target == "classes":
+            if self.num_classes < 2 or len(self.class_rows) != self.num_classes or self.labels is None:
+                raise ValueError("a classes target needs >= 2 classes, one row count per class and a label file")
+        elif self.num_classes != 0 or len(self.class_rows) != 1 or (self.labels is None) != (self.target == "none"):
+            raise ValueError(f"a {self.target} target has no classes, one row count, and "
+                             f"{'no' if self.target == 'none' else 'a'} label file")
+        if self.target != "values" and self.target_width != 1:
+            raise ValueError("only a values target has a width")
+        return self
 
     @property
     def rows(self) -> int:
@@ -67,6 +85,11 @@ class ArrayLayout(Record):
         for dim in self.feature_shape:
             n *= dim
         return n
+
+    @property
+    def label_bytes(self) -> int:
+        """Bytes of one row's target: an int64 class, ``target_width`` float32 values, or nothing."""
+        return {"classes": 8, "values": 4 * self.target_width, "none": 0}[self.target]
 
 
 class TokenLayout(Record):
@@ -128,10 +151,9 @@ class DatasetManifest(Record):
         if self.arrays is not None:
             sizes = {f.path: f.size for f in self.files}
             a = self.arrays
-            if sizes.get(a.features) != a.rows * a.row_bytes or sizes.get(a.labels) != a.rows * 8:
+            labels_ok = a.labels is None or sizes.get(a.labels) == a.rows * a.label_bytes
+            if sizes.get(a.features) != a.rows * a.row_bytes or not labels_ok:
                 raise ValueError("the array files' sizes do not match the rows the layout declares")
-            if len(a.class_rows) != a.num_classes:
-                raise ValueError("class_rows needs one count per class")
         if self.tokens is not None and any(f.size % self.tokens.itemsize for f in self.files
                                            if f.path != self.tokens.tokenizer_file):
             raise ValueError("a token file's size is not a whole number of tokens")
@@ -216,7 +238,7 @@ class ShardData(Record):
         if self.kind == "images" and (self.images is None or len(self.labels) != len(self.data.slices)
                                       or any(label >= len(self.classes) for label in self.labels)):
             raise ValueError("an image shard needs its layout and a valid label per slice")
-        if self.arrays is not None and len(self.data.slices) % 2:
+        if self.arrays is not None and self.arrays.labels is not None and len(self.data.slices) % 2:
             raise ValueError("an array shard pairs feature and label slices")
         if self.sealed is not None and (self.dataset is None or any(s.file_size is None for s in self.data.slices)):
             raise ValueError("a sealed shard names its dataset and each slice's file size")

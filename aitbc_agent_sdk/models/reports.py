@@ -110,6 +110,10 @@ class TrainingReport(Record):
     refund_tx: str | None
     wall_seconds: float
     compute_seconds: float = Field(description="sum over rounds of the slowest worker's training time")
+    metric: str = Field(default="accuracy", max_length=64, description="the task's metric: which model is better")
+    final_metric: float | None = Field(default=None, description="the task's metric after the last round")
+    higher_is_better: bool = True
+    loss_name: str = Field(default="cross-entropy", max_length=64, description="what the task's loss computes")
 
 
 class ChainIntent(Record):

@@ -10,6 +10,7 @@ from pydantic import Field, model_validator
 
 from .. import limits
 from .base import Address, Cid, Id, Record, Wei
+from .datasets import MAX_TARGET_WIDTH, TargetKind
 from .sizes import ByteSize
 from .tasks import TaskRef
 
@@ -29,8 +30,15 @@ class ModelSpec(Record):
     name: str = Field(max_length=64)
     input_shape: tuple[Annotated[int, Field(ge=1, le=limits.MAX_FEATURES)], ...] = Field(
         min_length=1, max_length=limits.MAX_INPUT_RANK)
-    num_classes: int = Field(ge=2, le=limits.MAX_CLASSES)
+    num_classes: int = Field(ge=0, le=limits.MAX_CLASSES, description="classes: >= 2; values and none: 0")
     hidden: int = Field(default=128, ge=1, le=limits.MAX_HIDDEN)
+    target: TargetKind = "classes"
+    target_width: int = Field(default=1, ge=1, le=MAX_TARGET_WIDTH, description="values: floats per row")
+
+    @property
+    def outputs(self) -> int:
+        """The width of a built-in model's head: a score per class, or a prediction per target value."""
+        return self.num_classes if self.target == "classes" else self.target_width
 
     @model_validator(mode="after")
     def _buildable(self) -> ModelSpec:
@@ -39,7 +47,9 @@ class ModelSpec(Record):
             features *= dim
         if features > limits.MAX_FEATURES:
             raise ValueError(f"input_shape {self.input_shape} has {features} features, above {limits.MAX_FEATURES}")
-        if (problem := limits.model_size_problem(self.name, self.input_shape, self.num_classes,
+        if (self.target == "classes") != (self.num_classes >= 2) or (self.target != "values" and self.target_width != 1):
+            raise ValueError(f"a {self.target} target with {self.num_classes} classes and width {self.target_width}")
+        if (problem := limits.model_size_problem(self.name, self.input_shape, max(self.outputs, 1),
                                                  self.hidden)) is not None:
             raise ValueError(problem)
         return self
@@ -153,6 +163,8 @@ class TrainingSpec(Record):
     job: JobConfig = JobConfig()
     partition: Partition = "iid"
     dirichlet_alpha: float = Field(default=0.5, gt=0.0)
+    target: TargetKind | None = Field(default=None, description=(
+        "the labelled data's target: classes, values (regression) or none; None: detected from the data"))
     test_fraction: float = Field(default=0.2, gt=0.0, lt=1.0)
     seed: int = 0
     max_price_wei: Wei | None = None
@@ -221,7 +233,7 @@ class ShardManifest(Record):
     test_cid: Cid
     partition: Partition
     seed: int
-    num_classes: int = Field(ge=2, le=limits.MAX_CLASSES)
+    num_classes: int = Field(ge=0, le=limits.MAX_CLASSES, description="0: a values target or none")
     feature_shape: tuple[int, ...] = Field(max_length=limits.MAX_INPUT_RANK)
     shards: tuple[Shard, ...] = Field(max_length=limits.MAX_SHARDS)
 

@@ -3,7 +3,8 @@ and the ``gpt`` language model (:mod:`~aitbc_agent_sdk.training.gpt_task`) for t
 
 The classifiers train exactly as before the interface existed: Adam at the job's learning rate,
 cross-entropy on integer labels, the seeded shuffle, input normalisation fitted to the training
-split on the coordinator. ``--model-type`` and ``--task NAME`` pick among them.
+split on the coordinator. On a values target the same models regress: one output per target value,
+the default task's MSE, and ``mse`` (with ``mae`` and ``r2``) as the metric. ``--model-type`` and ``--task NAME`` pick among them.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ class RegistryClassifier(TrainingTask):
 
     def spec(self, info: DataInfo, params: ClassifierParams) -> ModelSpec:
         return ModelSpec(name=self.model_name, input_shape=info.feature_shape, num_classes=info.num_classes,
-                         hidden=params.hidden)
+                         hidden=params.hidden, target=info.target, target_width=info.target_width)
 
     def build_model(self, info: DataInfo, params: TaskParams) -> nn.Module:
         assert isinstance(params, ClassifierParams)

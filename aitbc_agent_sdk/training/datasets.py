@@ -17,6 +17,7 @@ import torch
 
 from aitbc_agent_sdk.errors import DatasetError
 from aitbc_agent_sdk.limits import MAX_CLASSES
+from aitbc_agent_sdk.models.datasets import MAX_TARGET_WIDTH, TARGET_KINDS, TargetKind
 
 DATASET_NAMES: tuple[str, ...] = ("digits",)
 
@@ -27,12 +28,18 @@ _KEY_PAIRS = (("x", "y"), ("X", "y"), ("features", "labels"))
 @dataclass(frozen=True)
 class LabeledData:
     features: torch.Tensor  # float32, [N, *feature_shape]
-    labels: torch.Tensor  # int64, [N]
-    num_classes: int
+    labels: torch.Tensor  # classes: int64 [N]; values: float32 [N, width]; none: float32 [N, 0]
+    num_classes: int  # classes only; 0 for values and none
+    target: TargetKind = "classes"
 
     @property
     def feature_shape(self) -> tuple[int, ...]:
         return tuple(self.features.shape[1:])
+
+    @property
+    def target_width(self) -> int:
+        """Floats per row of a values target; 1 otherwise."""
+        return int(self.labels.shape[1]) if self.target == "values" else 1
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -40,7 +47,74 @@ class LabeledData:
     def subset(self, indices: np.ndarray | torch.Tensor) -> LabeledData:
         # num_classes stays global so every shard's model has the same head size.
         idx = torch.as_tensor(np.asarray(indices), dtype=torch.int64)
-        return LabeledData(self.features[idx], self.labels[idx], self.num_classes)
+        return LabeledData(self.features[idx], self.labels[idx], self.num_classes, self.target)
+
+
+# An integral target with at most this many distinct values (or a tenth of the rows) is read as classes.
+_FEW_DISTINCT = 10
+
+
+def _integral(raw: np.ndarray) -> bool:
+    return bool(np.all(np.isfinite(raw)) and np.all(np.floor(raw) == raw))
+
+
+def detect_target(raw: np.ndarray, *, typed: bool = True) -> TargetKind:
+    """The kind of a target array: integers (of an integer dtype, when ``typed``) or strings are classes, as are
+    integral numbers with few distinct values; other numbers (or a vector per row) are values. Untyped data (a
+    CSV column) holds integers by chance as often as by design, so only a few distinct ones make classes."""
+    if raw.dtype.kind in "bUSO" or (typed and raw.dtype.kind in "iu"):
+        return "classes"
+    if raw.ndim != 1 or not _integral(raw):
+        return "values"
+    few = max(_FEW_DISTINCT, len(raw) // 10)
+    return "classes" if len(np.unique(raw)) <= min(few, MAX_CLASSES) else "values"
+
+
+def target_kind(raw: np.ndarray | None, wanted: TargetKind | None, where: str, *, typed: bool = True) -> TargetKind:
+    """The target kind of ``raw`` (None: the data has no target), ``wanted`` if given and possible.
+    ``where`` names the file and column or array in errors."""
+    if wanted is not None and wanted not in TARGET_KINDS:
+        raise DatasetError(f"{where}: unknown target kind {wanted!r}; use one of {', '.join(TARGET_KINDS)}")
+    if raw is None:
+        if wanted not in (None, "none"):
+            raise DatasetError(f"{where}: there is no target, so --target {wanted} cannot apply; "
+                               f"pass --target none or add one")
+        return "none"
+    found = detect_target(raw, typed=typed)
+    if wanted == "classes" and raw.dtype.kind == "f" and not _integral(raw):
+        raise DatasetError(f"{where} holds non-integer numbers, which cannot be classes; "
+                           f"pass --target values to train on them as values")
+    if wanted == "values" and raw.dtype.kind not in "biuf":
+        raise DatasetError(f"{where} holds text, which cannot be regression values; "
+                           f"pass --target classes, or make the target numeric")
+    return wanted or found
+
+
+def target_values(raw: np.ndarray, source: str) -> np.ndarray:
+    """A values target as float32 [N, width]: one value or a vector per row, finite, bounded width."""
+    y = np.asarray(raw, dtype=np.float32)
+    if y.ndim == 1:
+        y = y[:, None]
+    if y.ndim != 2 or len(y) == 0:
+        raise DatasetError(f"{source}: a values target is one number or a vector per row, got shape {raw.shape}")
+    if y.shape[1] < 1 or y.shape[1] > MAX_TARGET_WIDTH:
+        raise DatasetError(f"{source}: a target of {y.shape[1]} values per row; at most {MAX_TARGET_WIDTH}")
+    if not np.isfinite(y).all():
+        raise DatasetError(f"{source}: the target contains NaN or infinity")
+    return y
+
+
+def numeric_text(values: list[str]) -> np.ndarray:
+    """A CSV column as the array it spells: int64 if every cell is an integer, float64 if every cell is a number,
+    else the strings."""
+    try:
+        return np.array([int(v) for v in values], dtype=np.int64)
+    except ValueError:
+        pass
+    try:
+        return np.array([float(v) for v in values], dtype=np.float64)
+    except ValueError:
+        return np.array(values)
 
 
 def class_indices(raw: np.ndarray, source: str) -> tuple[np.ndarray, int]:
@@ -64,34 +138,50 @@ def class_indices(raw: np.ndarray, source: str) -> tuple[np.ndarray, int]:
     return y.astype(np.int64), num_classes
 
 
-def _make(features: object, labels: object, source: str) -> LabeledData:
-    """Validate raw arrays and convert to the canonical dtypes."""
+def _make(features: object, labels: object | None, source: str, *, target: TargetKind | None = None,
+          where: str | None = None, typed: bool = True) -> LabeledData:
+    """Validate raw arrays and convert to the canonical dtypes; ``labels`` None: no target."""
     try:
         x = torch.as_tensor(np.asarray(features, dtype=np.float32))
     except (TypeError, ValueError) as exc:
         raise DatasetError(f"{source}: features are not numeric ({exc})") from exc
-    y_raw = np.asarray(labels)
+    y_raw = None if labels is None else np.asarray(labels)
+    kind = target_kind(y_raw, target, where or source, typed=typed)
     if x.ndim < 2:
         raise DatasetError(f"{source}: features must have shape [N, ...], got {tuple(x.shape)}")
-    if y_raw.ndim != 1:
+    if kind == "classes" and y_raw is not None and y_raw.ndim != 1:
         raise DatasetError(f"{source}: labels must be 1-D, got shape {y_raw.shape}")
-    if x.shape[0] != y_raw.shape[0]:
+    if y_raw is not None and kind != "none" and x.shape[0] != y_raw.shape[0]:
         raise DatasetError(f"{source}: {x.shape[0]} feature rows but {y_raw.shape[0]} labels")
     if x.shape[0] == 0:
         raise DatasetError(f"{source}: dataset is empty")
     if not torch.isfinite(x).all():
         raise DatasetError(f"{source}: features contain NaN or infinity")
-
+    if kind == "none":
+        return LabeledData(x.contiguous(), torch.zeros((x.shape[0], 0)), 0, "none")
+    assert y_raw is not None
+    if kind == "values":
+        return LabeledData(x.contiguous(), torch.from_numpy(target_values(y_raw, source)), 0, "values")
     y, num_classes = class_indices(y_raw, source)
     return LabeledData(x.contiguous(), torch.as_tensor(y.astype(np.int64)), num_classes)
 
 
-def _pick(arrays: dict[str, object], source: str) -> tuple[object, object]:
+def pick_arrays(names: list[str], source: object) -> tuple[str, str | None]:
+    """The names of the features and the target among a file's arrays; a file holding the features alone has
+    no target (an unknown second array is an error, not a silently dropped target)."""
     for fx, fy in _KEY_PAIRS:
-        if fx in arrays and fy in arrays:
-            return arrays[fx], arrays[fy]
+        if fx in names and fy in names:
+            return fx, fy
+    if len(names) == 1 and names[0] in {fx for fx, _ in _KEY_PAIRS}:
+        return names[0], None
     wanted = ", ".join(f"{a}/{b}" for a, b in _KEY_PAIRS)
-    raise DatasetError(f"{source}: expected arrays {wanted}; found {sorted(arrays)}")
+    raise DatasetError(f"{source}: expected arrays {wanted} (or features alone); found {sorted(names)}")
+
+
+def _pick(arrays: dict[str, object], source: str) -> tuple[object, object | None, str]:
+    """The (features, target, target's name) arrays; a file with features only has no target."""
+    fx, fy = pick_arrays(list(arrays), source)
+    return arrays[fx], None if fy is None else arrays[fy], fy or ""
 
 
 def _load_digits() -> LabeledData:
@@ -109,38 +199,40 @@ def _load_digits() -> LabeledData:
     return _make(table[:, :-1] / 16.0, table[:, -1].astype(np.int64), "digits")
 
 
-def _load_npz(path: Path) -> LabeledData:
+def _load_npz(path: Path, target: TargetKind | None) -> LabeledData:
     try:
         with np.load(path, allow_pickle=False) as npz:
             arrays = {k: npz[k] for k in npz.files}
     except (OSError, ValueError, zipfile.BadZipFile) as exc:
         raise DatasetError(f"{path}: not a readable .npz file ({exc})") from exc
-    return _make(*_pick(arrays, str(path)), str(path))
+    x, y, name = _pick(arrays, str(path))
+    return _make(x, y, str(path), target=target, where=f"{path}: array {name!r}")
 
 
-def _load_pt(path: Path) -> LabeledData:
+def _load_pt(path: Path, target: TargetKind | None) -> LabeledData:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types (UnpicklingError, RuntimeError, ...)
         raise DatasetError(f"{path}: not a readable tensor file ({exc})") from exc
     if not isinstance(obj, dict):
         raise DatasetError(f"{path}: expected a dict of tensors, got {type(obj).__name__}")
-    x, y = _pick(obj, str(path))
-    return _make(torch.as_tensor(x).numpy(), torch.as_tensor(y).numpy(), str(path))
+    x, y, name = _pick(obj, str(path))
+    return _make(torch.as_tensor(x).numpy(), None if y is None else torch.as_tensor(y).numpy(), str(path),
+                 target=target, where=f"{path}: tensor {name!r}")
 
 
-def _load_csv(path: Path, label_column: str | None) -> LabeledData:
-    if label_column is None:
-        raise DatasetError(f"{path}: label_column is required for .csv files")
+def _load_csv(path: Path, label_column: str | None, target: TargetKind | None) -> LabeledData:
+    if label_column is None and target != "none":
+        raise DatasetError(f"{path}: name the target column with --label-column, or pass --target none")
     with path.open(newline="") as fh:
         reader = csv.reader(fh)
         header = next(reader, None)
         if not header:
             raise DatasetError(f"{path}: dataset is empty (no header row)")
         header = [h.strip() for h in header]
-        if label_column not in header:
+        if label_column is not None and label_column not in header:
             raise DatasetError(f"{path}: no label column {label_column!r}; columns are {header}")
-        label_at = header.index(label_column)
+        label_at = -1 if label_column is None else header.index(label_column)
         feature_names = [h for i, h in enumerate(header) if i != label_at]
         rows: list[list[float]] = []
         labels: list[str] = []
@@ -158,15 +250,14 @@ def _load_csv(path: Path, label_column: str | None) -> LabeledData:
         raise DatasetError(f"{path}: dataset is empty")
     if not feature_names:
         raise DatasetError(f"{path}: no feature columns besides {label_column!r}")
-    # Labels like "0","1" should stay integers so they match other files; others map by sort.
-    try:
-        label_arr: np.ndarray = np.array([int(v) for v in labels], dtype=np.int64)
-    except ValueError:
-        label_arr = np.array(labels)
-    return _make(np.array(rows, dtype=np.float32), label_arr, str(path))
+    # Labels like "0","1" stay integers so they match other files; other text maps by sort.
+    label_arr = numeric_text(labels) if label_column is not None else None
+    return _make(np.array(rows, dtype=np.float32), label_arr, str(path), target=target,
+                 where=f"{path}: column {label_column!r}", typed=False)
 
 
-def load_dataset(source: str | Path, *, label_column: str | None = None) -> LabeledData:
+def load_dataset(source: str | Path, *, label_column: str | None = None,
+                 target: TargetKind | None = None) -> LabeledData:
     """Load a bundled dataset by name (see ``DATASET_NAMES``) or a .npz/.pt/.csv file."""
     if isinstance(source, str) and source in DATASET_NAMES:
         return _load_digits()
@@ -175,20 +266,21 @@ def load_dataset(source: str | Path, *, label_column: str | None = None) -> Labe
         raise DatasetError(f"{path}: no such file, and not a bundled dataset {list(DATASET_NAMES)}")
     suffix = path.suffix.lower()
     if suffix == ".npz":
-        return _load_npz(path)
+        return _load_npz(path, target)
     if suffix == ".pt":
-        return _load_pt(path)
+        return _load_pt(path, target)
     if suffix == ".csv":
-        return _load_csv(path, label_column)
+        return _load_csv(path, label_column, target)
     raise DatasetError(f"{path}: unknown extension {suffix!r}; use .npz, .pt or .csv")
 
 
 def train_test_split(data: LabeledData, test_fraction: float, seed: int) -> tuple[LabeledData, LabeledData]:
-    """Deterministic stratified split: each class contributes ~test_fraction of its samples."""
+    """Deterministic split: each class contributes ~test_fraction of its samples (values and none: all rows as
+    one class)."""
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
     rng = np.random.default_rng(seed)
-    labels = data.labels.numpy()
+    labels = data.labels.numpy() if data.target == "classes" else np.zeros(len(data), dtype=np.int64)
     train_parts: list[np.ndarray] = []
     test_parts: list[np.ndarray] = []
     for cls in np.unique(labels):

@@ -1,4 +1,4 @@
-"""Held-out evaluation of a (global) model."""
+"""Held-out evaluation of a (global) classifier; a regression is scored by its task's ``evaluate``."""
 
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ class EvalResult:
 def evaluate(model: nn.Module, data: LabeledData, batch_size: int = 1024) -> EvalResult:
     if len(data) == 0:
         raise ValueError("cannot evaluate on an empty dataset")
+    if data.target != "classes":  # a regression is scored by its task: TrainingTask.for_target(...).evaluate
+        raise ValueError(f"evaluate() scores classifiers; this data's target is {data.target}")
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()

@@ -3,6 +3,7 @@
 * arrays: rows are stored sorted by class, so a class is one row range; a test split takes the
   tail of each class, IID cuts every class into one contiguous piece per shard (rotated so
   shard sizes differ by at most one row), Dirichlet cuts each class by Dirichlet weights.
+  A values target or none is one range of shuffled rows (as one class; no Dirichlet partition).
 * tokens: whole files are held out for the test split; the rest is one virtual token stream
   cut into equal contiguous ranges (a shard spans file boundaries where it must).
 * images and files: a file is a sample; IID and Dirichlet split files (images by their label).
@@ -42,6 +43,15 @@ def plan_split(manifest: DatasetManifest, *, num_shards: int, test_fraction: flo
     if manifest.kind == "tokens":
         return _plan_tokens(manifest, num_shards, test_fraction, seed)
     return _plan_files(manifest, num_shards, test_fraction, partition, alpha, seed)
+
+
+def partition_problem(manifest: DatasetManifest, partition: str) -> str | None:
+    """Why ``partition`` cannot split ``manifest`` (a Dirichlet partition skews classes), or None."""
+    target = manifest.arrays.target if manifest.arrays is not None else "classes"
+    if partition != "dirichlet" or target == "classes":
+        return None
+    return (f"--partition dirichlet skews classes, and this dataset's target is {target}, not classes; "
+            f"use --partition iid (or --target classes for integer labels)")
 
 
 def shard_data(manifest: DatasetManifest, slices: DataSlices) -> ShardData:
@@ -113,6 +123,9 @@ def _plan_arrays(manifest: DatasetManifest, num_shards: int, test_fraction: floa
                  alpha: float, seed: int) -> SplitPlan:
     layout = manifest.arrays
     assert layout is not None
+    classes = layout.target == "classes"
+    if (problem := partition_problem(manifest, partition)) is not None:
+        raise ValueError(problem)
     ranges = class_ranges(layout.class_rows)
     test: list[RowRange] = []
     train: list[RowRange] = []
@@ -127,16 +140,21 @@ def _plan_arrays(manifest: DatasetManifest, num_shards: int, test_fraction: floa
         raise ValueError(f"cannot make {num_shards} shards and a test split from {layout.rows} rows")
     pieces = (_iid_pieces(train, num_shards) if partition == "iid"
               else _dirichlet_pieces(train, num_shards, alpha, seed))
-    x, y = manifest.file(layout.features), manifest.file(layout.labels)
+    x = manifest.file(layout.features)
+    y = None if layout.labels is None else manifest.file(layout.labels)
+    label_bytes = layout.label_bytes
 
     def slices(rows: list[RowRange]) -> DataSlices:
         rows = sorted(rows)
         xs = [FileSlice(path=x.path, cid=x.cid, offset=a * layout.row_bytes, length=(b - a) * layout.row_bytes)
               for a, b in rows]
-        ys = [FileSlice(path=y.path, cid=y.cid, offset=a * 8, length=(b - a) * 8) for a, b in rows]
+        ys = [] if y is None else [FileSlice(path=y.path, cid=y.cid, offset=a * label_bytes,
+                                             length=(b - a) * label_bytes) for a, b in rows]
         return DataSlices(slices=tuple(xs + ys), samples=sum(b - a for a, b in rows))
 
     def counts(rows: list[RowRange]) -> tuple[int, ...]:
+        if not classes:
+            return ()
         out = [0] * layout.num_classes
         for a, b in rows:
             out[_class_of(ranges, a)] += b - a
@@ -150,8 +168,13 @@ def _class_of(ranges: list[RowRange], row: int) -> int:
     return next(c for c, (a, b) in enumerate(ranges) if a <= row < b)
 
 
-def array_rows(slices: DataSlices) -> tuple[list[FileSlice], list[FileSlice]]:
-    """A shard of an array dataset as (feature slices, label slices), matched by position."""
+def array_rows(slices: DataSlices, *, labelled: bool = True) -> tuple[list[FileSlice], list[FileSlice]]:
+    """A shard of an array dataset as (feature slices, label slices), matched by position; a dataset without a
+    target (``labelled`` False) has feature slices only."""
+    if not labelled:
+        if len({s.path for s in slices.slices}) > 1:
+            raise ValueError("an array shard without a target holds one feature file's slices")
+        return list(slices.slices), []
     half = len(slices.slices) // 2
     xs, ys = list(slices.slices[:half]), list(slices.slices[half:])
     if len(xs) != len(ys) or len({s.path for s in xs}) > 1 or len({s.path for s in ys}) > 1:
@@ -253,8 +276,9 @@ def _sample_sizes(shard: ShardData) -> tuple[list[FileSlice], list[int], int]:
     """The slices that carry samples, how many samples each holds, and bytes per sample."""
     if shard.kind == "arrays":
         assert shard.arrays is not None
-        _, ys = array_rows(shard.data)
-        return ys, [y.length // 8 for y in ys], 8
+        xs, ys = array_rows(shard.data, labelled=shard.arrays.labels is not None)
+        row = shard.arrays.row_bytes
+        return xs, [x.length // row for x in xs], row
     if shard.kind == "tokens":
         assert shard.tokens is not None
         item = shard.tokens.itemsize
@@ -290,11 +314,12 @@ def sub_shard(shard: ShardData, start: int, end: int) -> ShardData:
             at += n
     if shard.kind == "arrays":
         assert shard.arrays is not None
-        xs, _ = array_rows(shard.data)
-        row = shard.arrays.row_bytes
-        new_x = [xs[i].model_copy(update={"offset": xs[i].offset + a * row, "length": k * row}) for i, a, k in picked]
-        new_y = [carriers[i].model_copy(update={"offset": carriers[i].offset + a * 8, "length": k * 8})
+        _, ys = array_rows(shard.data, labelled=shard.arrays.labels is not None)
+        row, lab = shard.arrays.row_bytes, shard.arrays.label_bytes
+        new_x = [carriers[i].model_copy(update={"offset": carriers[i].offset + a * row, "length": k * row})
                  for i, a, k in picked]
+        new_y = [ys[i].model_copy(update={"offset": ys[i].offset + a * lab, "length": k * lab})
+                 for i, a, k in picked if ys]
         slices = tuple(new_x + new_y)
     elif item:
         slices = tuple(carriers[i].model_copy(update={"offset": carriers[i].offset + a * item, "length": k * item})
@@ -310,7 +335,8 @@ def merge_shards(parts: list[ShardData]) -> ShardData:
     """One shard holding ``parts`` in order (all of one dataset)."""
     first = parts[0]
     if first.kind == "arrays":
-        pairs = [array_rows(p.data) for p in parts]
+        assert first.arrays is not None
+        pairs = [array_rows(p.data, labelled=first.arrays.labels is not None) for p in parts]
         slices = tuple(x for xs, _ in pairs for x in xs) + tuple(y for _, ys in pairs for y in ys)
     else:
         slices = tuple(s for p in parts for s in p.data.slices)
@@ -323,9 +349,8 @@ def shard_label_counts(shard: ShardData) -> tuple[int, ...]:
     if shard.kind == "images":
         return tuple(int(c) for c in np.bincount(np.array(shard.labels, dtype=np.int64),
                                                  minlength=len(shard.classes)))
-    if shard.kind != "arrays":
+    if shard.kind != "arrays" or shard.arrays is None or shard.arrays.target != "classes":
         return ()
-    assert shard.arrays is not None
     ranges = class_ranges(shard.arrays.class_rows)
     out = [0] * shard.arrays.num_classes
     for y in array_rows(shard.data)[1]:

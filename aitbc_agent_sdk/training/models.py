@@ -41,7 +41,7 @@ class MLP(nn.Module):
             nn.Flatten(),
             nn.Linear(math.prod(spec.input_shape), spec.hidden),
             nn.ReLU(),
-            nn.Linear(spec.hidden, spec.num_classes),
+            nn.Linear(spec.hidden, spec.outputs),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -76,7 +76,7 @@ class CNN(nn.Module):
             nn.Flatten(),
             nn.Linear(2 * channels * (side // 2) ** 2, spec.hidden),
             nn.ReLU(),
-            nn.Linear(spec.hidden, spec.num_classes),
+            nn.Linear(spec.hidden, spec.outputs),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -112,7 +112,7 @@ class TinyTransformer(nn.Module):
         )
         # enable_nested_tensor only matters for padding masks, which we never use.
         self.encoder = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
-        self.head = nn.Sequential(nn.LayerNorm(d_model), nn.Linear(d_model, spec.num_classes))
+        self.head = nn.Sequential(nn.LayerNorm(d_model), nn.Linear(d_model, spec.outputs))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tokens = self.norm(x).reshape(x.shape[0], self.tokens, -1)
@@ -141,11 +141,16 @@ def _check_shape(name: str, input_shape: tuple[int, ...]) -> None:
 
 
 def model_spec_for(name: str, data: LabeledData, hidden: int = 128) -> ModelSpec:
-    """The ModelSpec a job ships to workers, derived from the dataset's shape and classes."""
+    """The ModelSpec a job ships to workers, derived from the dataset's shape and its target (classes or values;
+    a built-in model needs one)."""
     _check_name(name)
     _check_shape(name, data.feature_shape)
+    if data.target == "none":
+        raise ConfigError(f"the built-in model {name!r} needs a target (classes or values), and this data has "
+                          f"none; write a task for self-supervised training (--task FILE.py)")
     try:
-        return ModelSpec(name=name, input_shape=data.feature_shape, num_classes=data.num_classes, hidden=hidden)
+        return ModelSpec(name=name, input_shape=data.feature_shape, num_classes=data.num_classes, hidden=hidden,
+                         target=data.target, target_width=data.target_width)
     except ValidationError as exc:  # past a size limit (aitbc_agent_sdk.limits): say which, as a user error
         raise ConfigError(f"no {name!r} model for this dataset: {exc.errors()[0]['msg']}") from exc
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from aitbc_agent_sdk.errors import DatasetError
-from aitbc_agent_sdk.models.datasets import ShardData
+from aitbc_agent_sdk.models.datasets import ArrayLayout, ShardData
 from aitbc_agent_sdk.training.datasets import LabeledData
 
 SHARD_INFO = "shard.json"
@@ -47,6 +47,9 @@ class TokenData:
     def num_classes(self) -> int:
         return self.vocab_size
 
+    target = "classes"  # DataInfo: the next token is a class of the vocabulary
+    target_width = 1
+
 
 @dataclass(frozen=True)
 class DataFiles:
@@ -56,6 +59,8 @@ class DataFiles:
     names: tuple[str, ...]
     feature_shape: tuple[int, ...] = (1,)
     num_classes: int = 2
+    target: str = "classes"  # DataInfo's defaults: the user's task decides what the files hold
+    target_width: int = 1
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -83,17 +88,31 @@ def _parts(directory: Path, shard: ShardData) -> list[Path]:
 def _arrays(paths: list[Path], shard: ShardData) -> LabeledData:
     layout = shard.arrays
     assert layout is not None
-    half = len(paths) // 2
+    labelled = layout.labels is not None
+    half = len(paths) // 2 if labelled else len(paths)
     x = np.concatenate([np.fromfile(p, dtype="<f4") for p in paths[:half]]).reshape(-1, *layout.feature_shape)
+    if len(x) != shard.data.samples:
+        raise DatasetError(f"shard holds {len(x)} rows; it declares {shard.data.samples}")
+    if not np.isfinite(x).all():
+        raise DatasetError("shard features contain NaN or infinity")
+    features = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+    if layout.target == "none":
+        return LabeledData(features, torch.zeros((len(x), 0)), 0, "none")
+    if layout.target == "values":
+        # The part sizes were checked against the slices; the slices must hold width floats per row.
+        values = np.concatenate([np.fromfile(p, dtype="<f4") for p in paths[half:]])
+        if len(values) != len(x) * layout.target_width:
+            raise DatasetError(f"shard holds {len(values)} target values for {len(x)} rows of width "
+                               f"{layout.target_width}")
+        if not np.isfinite(values).all():
+            raise DatasetError("shard targets contain NaN or infinity")
+        return LabeledData(features, torch.from_numpy(values.reshape(len(x), layout.target_width).copy()), 0, "values")
     y = np.concatenate([np.fromfile(p, dtype="<i8") for p in paths[half:]])
-    if len(x) != len(y) or len(y) != shard.data.samples:
+    if len(x) != len(y):
         raise DatasetError(f"shard holds {len(x)} rows and {len(y)} labels; it declares {shard.data.samples}")
     if len(y) and (y.min() < 0 or y.max() >= layout.num_classes):
         raise DatasetError(f"shard labels fall outside the {layout.num_classes} classes")
-    if not np.isfinite(x).all():
-        raise DatasetError("shard features contain NaN or infinity")
-    return LabeledData(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)), torch.from_numpy(y),
-                       layout.num_classes)
+    return LabeledData(features, torch.from_numpy(y), layout.num_classes)
 
 
 def decode_image(path: Path, size: tuple[int, int], channels: int) -> np.ndarray:
@@ -147,19 +166,34 @@ _LOADERS = {"arrays": _arrays, "images": _images, "tokens": _tokens, "files": _f
 def write_shard(directory: Path, data: LabeledData) -> ShardData:
     """Labelled data already in memory written as an arrays shard in ``directory`` (a job directory's
     layout): what a test or a benchmark hands a training process without a content store."""
-    from aitbc_agent_sdk.models.datasets import ArrayLayout, DataSlices, FileSlice  # noqa: PLC0415
+    from aitbc_agent_sdk.models.datasets import DataSlices, FileSlice  # noqa: PLC0415
     from aitbc_agent_sdk.storage.unixfs import compute_cid  # noqa: PLC0415
 
     x = np.ascontiguousarray(data.features.numpy(), dtype="<f4").tobytes()
-    y = np.ascontiguousarray(data.labels.numpy(), dtype="<i8").tobytes()
-    counts = np.bincount(data.labels.numpy(), minlength=data.num_classes)
-    layout = ArrayLayout(feature_shape=data.feature_shape, num_classes=data.num_classes,
-                         class_rows=tuple(int(c) for c in counts))
+    layout = data_layout(data)
+    y = target_bytes(data)
     slices = (FileSlice(path=layout.features, cid=compute_cid(x), offset=0, length=len(x)),
-              FileSlice(path=layout.labels, cid=compute_cid(y), offset=0, length=len(y)))
+              *((FileSlice(path=layout.labels, cid=compute_cid(y), offset=0, length=len(y)),) if layout.labels else ()))
     shard = ShardData(kind="arrays", data=DataSlices(slices=slices, samples=len(data)), arrays=layout)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / part_name(0)).write_bytes(x)
-    (directory / part_name(1)).write_bytes(y)
+    if layout.labels:
+        (directory / part_name(1)).write_bytes(y)
     (directory / SHARD_INFO).write_text(shard.model_dump_json())
     return shard
+
+
+def target_bytes(data: LabeledData) -> bytes:
+    """The target file's bytes of ``data`` (int64 classes or float32 values; none: empty). Pure."""
+    dtype = "<i8" if data.target == "classes" else "<f4"
+    return np.ascontiguousarray(data.labels.numpy(), dtype=dtype).tobytes()
+
+
+def data_layout(data: LabeledData) -> ArrayLayout:
+    """The layout of ``data`` written as one arrays shard (its rows in the order given). Pure."""
+    shape = data.feature_shape
+    if data.target == "classes":
+        counts = np.bincount(data.labels.numpy(), minlength=data.num_classes)
+        return ArrayLayout(feature_shape=shape, num_classes=data.num_classes, class_rows=tuple(int(c) for c in counts))
+    return ArrayLayout(feature_shape=shape, labels="y.f32" if data.target == "values" else None, target=data.target,
+                       target_width=data.target_width, num_classes=0, class_rows=(len(data),))

@@ -25,6 +25,7 @@ and on each provider, in the sandboxed training process (``build_model``, ``batc
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from aitbc_agent_sdk.models import JobConfig
+from aitbc_agent_sdk.models.datasets import TargetKind
 from aitbc_agent_sdk.training.datasets import LabeledData
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets), on the training device
@@ -53,8 +55,20 @@ class DataInfo:
     """What a task may know about the data before it builds its model."""
 
     feature_shape: tuple[int, ...]  # one sample's inputs, without the batch dimension
-    num_classes: int
+    num_classes: int  # classes: how many; values and none: 0
     samples: int  # in the data the model is built for (the training split or one shard)
+    target: TargetKind = "classes"  # class labels, regression values, or none (self-supervised)
+    target_width: int = 1  # values: floats per row (a regression head's width)
+
+
+def regression_metrics(predictions: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
+    """Mean squared error, mean absolute error and R² of ``predictions`` against ``targets`` (same shape),
+    averaged over every value. Pure."""
+    error = predictions.float() - targets.float()
+    mse = float(error.pow(2).mean())
+    spread = float((targets.float() - targets.float().mean(dim=0)).pow(2).mean())
+    r2 = 1.0 - mse / spread if spread > 0 else 0.0
+    return {"mse": mse, "mae": float(error.abs().mean()), "r2": r2}
 
 
 class TrainingTask:
@@ -62,7 +76,8 @@ class TrainingTask:
 
     Class attributes: ``name`` (shown to users and providers), ``Params`` (the task's
     hyper-parameters), ``metric`` and ``higher_is_better`` (the metric that says which model is
-    better, one of the keys ``evaluate`` returns), ``bf16`` (whether bf16 autocast may be used on
+    better, one of the keys ``evaluate`` returns), ``loss_name`` (what ``loss`` computes, as plots
+    and reports label it), ``bf16`` (whether bf16 autocast may be used on
     a GPU), ``requires`` (Python packages and PEP 440 versions the task needs on a provider) and
     ``keep_state`` (keep the optimizer's and scheduler's state on the provider from one round to the
     same worker's next; off, every round starts a fresh optimizer, as FedAvg classically does).
@@ -72,9 +87,28 @@ class TrainingTask:
     Params: ClassVar[type[TaskParams]] = TaskParams
     metric: ClassVar[str] = "accuracy"
     higher_is_better: ClassVar[bool] = True
+    loss_name: ClassVar[str] = "cross-entropy"
     bf16: ClassVar[bool] = True
     requires: ClassVar[dict[str, str]] = {}
     keep_state: ClassVar[bool] = False
+
+    def for_target(self, target: TargetKind) -> TrainingTask:
+        """This task on data with a ``target`` of that kind: on values, the default ``evaluate`` and ``loss`` are
+        the regression ones, so a task that kept them reports ``mse`` (lower is better) and labels its loss
+        "mse"; a task that defines its own keeps what it says."""
+        if target != "values":
+            return self
+        cls = type(self)
+        keeps_metric = _defining(cls, "metric") is TrainingTask and _defining(cls, "evaluate") is TrainingTask
+        keeps_loss = _defining(cls, "loss_name") is TrainingTask and _defining(cls, "loss") is TrainingTask
+        if not keeps_metric and not keeps_loss:
+            return self
+        variant = copy.copy(self)
+        if keeps_metric:
+            variant.metric, variant.higher_is_better = "mse", False  # type: ignore[misc]  # per data, not per class
+        if keeps_loss:
+            variant.loss_name = "mse"  # type: ignore[misc]
+        return variant
 
     def params(self, raw: dict[str, Any] | None = None) -> TaskParams:
         """``raw`` (from the spec or the wire) validated against ``Params``."""
@@ -106,8 +140,11 @@ class TrainingTask:
         return math.ceil(len(data) / batch_size)
 
     def loss(self, model: nn.Module, batch: Batch, params: TaskParams) -> torch.Tensor:
-        """Mean loss of one batch (the training step's objective, and the result check's)."""
+        """Mean loss of one batch (the training step's objective, and the result check's): cross-entropy on
+        class labels, mean squared error on float values."""
         inputs, targets = batch
+        if targets.is_floating_point():
+            return F.mse_loss(model(inputs).float(), targets.float())
         return F.cross_entropy(model(inputs), targets)
 
     def configure_optimizer(self, model: nn.Module, params: TaskParams, config: JobConfig,
@@ -123,7 +160,12 @@ class TrainingTask:
     def evaluate(self, model: nn.Module, data: LabeledData, params: TaskParams,
                  device: torch.device) -> dict[str, float]:
         """Named metrics of ``model`` on ``data``, with ``loss`` and ``metric`` among them; the default:
-        accuracy and mean cross-entropy."""
+        accuracy and mean cross-entropy on classes, mse (the loss too), mae and r2 on values."""
+        if data.target == "values":
+            predictions = torch.cat([model(data.features[start : start + 1024].to(device)).float().cpu()
+                                     for start in range(0, len(data), 1024)])
+            found = regression_metrics(predictions.reshape(data.labels.shape), data.labels)
+            return {**found, "loss": found["mse"]}
         correct, loss_sum = 0, 0.0
         for start in range(0, len(data), 1024):
             inputs = data.features[start : start + 1024].to(device)
@@ -132,3 +174,8 @@ class TrainingTask:
             loss_sum += F.cross_entropy(logits, targets, reduction="sum").item()  # sum: short last batch
             correct += int((logits.argmax(dim=1) == targets).sum())
         return {"accuracy": correct / len(data), "loss": loss_sum / len(data)}
+
+
+def _defining(cls: type, name: str) -> type:
+    """The class of ``cls``'s MRO that defines ``name``."""
+    return next((c for c in cls.__mro__ if name in vars(c)), cls)

@@ -3,37 +3,19 @@
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Any
 
 from aitbc_agent_sdk import TrainingReport
 from aitbc_agent_sdk.errors import ConfigError
 
-from .report_view import final_text, is_classifier, task_metric_names
+from .report_view import direction, final_text, is_classifier, task_metric_names
 
 BYTE_UNITS = (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("bytes", 1))
 
 
 class PlotPathError(ConfigError):
     """--plot names a place the PNG cannot be written to."""
-
-
-def check_plot_path(path: Path) -> Path:
-    """PATH if a PNG can be written there (its nearest existing parent is a writable directory);
-    PlotPathError otherwise. Call it before anything is paid, so a bad --plot costs nothing."""
-    if path.is_dir():
-        raise PlotPathError(f"--plot {path} is a directory: name the PNG file to write")
-    if path.exists():
-        if not os.access(path, os.W_OK):
-            raise PlotPathError(f"--plot {path} is not writable")
-        return path
-    parent = path.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise PlotPathError(f"--plot {path}: cannot create it under {parent} (not a writable directory)")
-    return path
 
 
 def plot_report(report: TrainingReport, path: Path) -> None:
@@ -69,16 +51,16 @@ def _plot(report: TrainingReport, path: Path) -> None:
 
 
 def _score_panel(ax: Any, report: TrainingReport) -> None:
-    """A classifier's test accuracy; a task without one (a language model): its own metric."""
+    """A classifier's test accuracy; another task (a regression, a language model): its own metric."""
     rounds = [r.round for r in report.rounds]
-    names = task_metric_names(report.rounds)
-    if is_classifier(report.rounds) or not names:
+    names = task_metric_names(report.rounds, first=report.metric)
+    if (report.metric == "accuracy" and is_classifier(report.rounds)) or not names:
         ax.plot(rounds, [r.accuracy for r in report.rounds], marker="o", color="tab:green")
         ax.set(title="Test accuracy of the global model", xlabel="round", ylabel="accuracy")
         return
     name = names[0]
     ax.plot(rounds, [r.metrics.get(name, math.nan) for r in report.rounds], marker="o", color="tab:green")
-    ax.set(title=f"Validation {name} of the global model", xlabel="round", ylabel=name)
+    ax.set(title=f"Validation {name} of the global model ({direction(report)})", xlabel="round", ylabel=name)
 
 
 def _loss_panel(ax: Any, report: TrainingReport) -> None:
@@ -88,7 +70,7 @@ def _loss_panel(ax: Any, report: TrainingReport) -> None:
     for worker in report.workers:
         losses = [r.worker_losses.get(worker.address) for r in report.rounds]
         ax.plot(rounds, losses, marker=".", linestyle="--", alpha=0.7, label=f"worker {worker.address[:8]} (train)")
-    ax.set(title="Loss per round", xlabel="round", ylabel="cross-entropy")
+    ax.set(title="Loss per round", xlabel="round", ylabel=report.loss_name)
     ax.legend(fontsize=7)
 
 

@@ -60,20 +60,29 @@ def is_classifier(rounds: Sequence[Any]) -> bool:
     return any("accuracy" in r.metrics for r in rounds) or not any(r.metrics for r in rounds)
 
 
+def direction(report: TrainingReport) -> str:
+    return "higher is better" if report.higher_is_better else "lower is better"
+
+
 def final_text(report: TrainingReport) -> str:
-    """The one-line result: a classifier's accuracy, else the validation loss and the task's own metric."""
-    if is_classifier(report.rounds):
-        return f"final accuracy {report.final_accuracy:.4f}"
+    """The one-line result: a classifier's accuracy, else the task's metric and its validation loss, by the
+    names the task gives them (a report saved before it named them: the task's first metric)."""
     last = report.rounds[-1]
-    metrics = "".join(f", {n} {metric_text(last.metrics[n])}" for n in task_metric_names(report.rounds)[:1]
-                      if n in last.metrics)
-    return f"final validation loss {last.loss:.4f}{metrics}"
+    if report.metric == "accuracy":
+        if is_classifier(report.rounds):
+            return f"final accuracy {report.final_accuracy:.4f}"
+        metrics = "".join(f", {n} {metric_text(last.metrics[n])}" for n in task_metric_names(report.rounds)
+                          if n in last.metrics)
+        return f"final validation loss {last.loss:.4f}{metrics}"
+    value = metric_text(last.metrics.get(report.metric))
+    return (f"final {report.metric} {value} ({direction(report)}), "
+            f"validation {report.loss_name} {last.loss:.4f}")
 
 
-def task_metric_names(rounds: Sequence[Any], at_most: int = 1) -> list[str]:
-    """The task's own metrics (perplexity, bits per byte ...), in the order it reported them; the first is
-    its headline one (the built-ins and the examples report it first), and one fits an 80-column table."""
-    names: list[str] = []
+def task_metric_names(rounds: Sequence[Any], at_most: int = 1, first: str | None = None) -> list[str]:
+    """The task's own metrics (perplexity, bits per byte, mse ...), its metric ``first`` when it reported
+    it, then the others in the order it reported them; one fits an 80-column table."""
+    names: list[str] = [first] if first is not None and any(first in r.metrics for r in rounds) else []
     for r in rounds:
         names += [n for n in r.metrics if n not in ("loss", "accuracy") and n not in names]
     return names[:at_most]

@@ -11,6 +11,7 @@ import typer
 
 from aitbc_agent_sdk.market.discovery import DEFAULT_MIN_STAKE_WEI
 from aitbc_agent_sdk.models import AggregationName, FaultPolicy, JobConfig, OuterName, Partition, TrainingSpec, UpdateEncoding
+from aitbc_agent_sdk.models.datasets import TargetKind
 
 from .common import eth_amount_option
 from .params import format_eth
@@ -30,6 +31,7 @@ PartitionChoice = Enum("PartitionChoice", {v: v for v in get_args(Partition)}, t
 OuterChoice = Enum("OuterChoice", {v: v for v in get_args(OuterName)}, type=str)  # type: ignore[misc]
 EncodingChoice = Enum("EncodingChoice", {v: v for v in get_args(UpdateEncoding)}, type=str)  # type: ignore[misc]
 AggregationChoice = Enum("AggregationChoice", {v: v for v in get_args(AggregationName)}, type=str)  # type: ignore[misc]
+TargetChoice = Enum("TargetChoice", {v: v for v in get_args(TargetKind)}, type=str)  # type: ignore[misc]
 
 
 class Strategy(str, Enum):
@@ -57,6 +59,9 @@ LrOption = Annotated[float, typer.Option(
 PartitionOption = Annotated[PartitionChoice, typer.Option(  # type: ignore[valid-type]
     "--partition", help="how the data is split: iid, or dirichlet (non-IID label skew)")]
 SeedOption = Annotated[int, typer.Option("--seed", help="seed of the data split and the first model")]
+TargetOption = Annotated[Optional[TargetChoice], typer.Option(  # type: ignore[valid-type]
+    "--target", help="what the labels are: classes, values (regression: floats, one or a vector per row) or none "
+                     "(no target); detected from the data when not given")]
 AggregationChoiceOption = Annotated[AggregationChoice, typer.Option(  # type: ignore[valid-type]
     "--aggregation", help="how updates are combined; median, trimmed-mean, krum, multi-krum and norm-clip "
                           "resist dishonest workers")]
