@@ -31,6 +31,8 @@ class AgentConfig(BaseModel):
     providers: int = Field(default=4, ge=0, le=64, description="local provider agents on the embedded stack")
     provider_prices_wei: tuple[int, ...] | None = None
     wallet_funding_wei: int = Field(default=100 * 10**18, ge=0)
+    warm_providers: bool = Field(default=True, description="local providers start their training processes at"
+                                 " once; a dry run, which trains nothing, leaves them off (they cost seconds of CPU)")
     # devnet and configured networks
     client_id: str | None = Field(default=None, description="MQTT client id; stable ids get persistent sessions")
     # both

@@ -74,7 +74,7 @@ async def build_embedded(config: AgentConfig, account: LocalAccount | None, exit
         await chain.fund(provider_account.address, ETH // 10, source=1 + i % 9)  # gas and a bond
         provider = ProviderAgent(provider_account, bus, store, ProviderConfig(
             price_wei=prices[i % len(prices)], work_dir=config.home / "providers" / provider_account.address,
-            **LOCAL_PROVIDER),
+            warm_start=config.warm_providers, **LOCAL_PROVIDER),
             hardware=hardware, chain=await ProviderChain.connect(chain.w3, escrow_address))
         await register_provider(registry, TransactionSender(chain.w3, provider_account), provider, EMBEDDED_STAKE)
         stack.providers.append(await exits.enter_async_context(provider))

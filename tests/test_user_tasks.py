@@ -316,7 +316,8 @@ def test_a_task_that_is_neither_builtin_nor_code_is_a_usage_error_with_nothing_l
     (tmp_path / "data.csv").write_text("a,b\n1,2\n")
     with pytest.raises(ConfigError, match="neither a built-in"):
         check_task_source(str(tmp_path / "data.csv"))
-    for accepted in ("cnn", str(TASKS / "resnet_small.py"), str(TASKS)):
+    one_task = write(tmp_path / "one" / "task.py", TASK_CODE.format(cls="One")).parent
+    for accepted in ("cnn", str(TASKS / "resnet_small.py"), str(one_task)):
         check_task_source(accepted)
 
 
@@ -340,6 +341,7 @@ def test_a_task_that_breaks_fails_its_dry_run_before_anything_is_funded(aitbc_cm
     error = json.loads(done.stdout)  # with --json the error is the one JSON object printed
     assert error["type"] == "ConfigError" and "task 'broken' failed a dry run on 64 samples: RuntimeError" in (
         error["error"]), error
+    assert error["error"].endswith(f"default loss() of the task class at {tmp_path / 'broken.py'}:6)"), error
     db = aitbc_home / "aitbc.db"
     if db.exists():  # the embedded stack started; no training was created, nothing was funded
         with sqlite3.connect(db) as conn:

@@ -23,7 +23,7 @@ import numpy as np
 from ..errors import ConfigError, DatasetError
 from ..models import format_size
 from ..models.datasets import (
-    MAX_DATASET_FILES, ArrayLayout, DataSlices, DatasetKind, DatasetManifest, FileSlice, ShardData,
+    MAX_DATASET_FILES, DataSlices, DatasetKind, DatasetManifest, FileSlice, ShardData, TargetKind,
 )
 from ..storage import ContentStore
 from ..storage.port import DirectoryStore
@@ -31,7 +31,7 @@ from ..training import LabeledData
 from ..models import TrainingSpec
 from ..training.dataset_dirs import PreparedDataset, build_manifest, prepare_dataset
 from ..training.file_sharding import plan_split, shard_data, spread_sample
-from ..training.shard_files import SHARD_INFO, ShardContent, load_shard, part_name
+from ..training.shard_files import SHARD_INFO, ShardContent, data_layout, load_shard, part_name, target_bytes
 from .sealing import SEALED_LAYOUT, KeyRing, read_sealed_slice, seal_tree
 
 MANIFEST_MAX_BYTES = 64 << 20  # a manifest of MAX_DATASET_FILES entries, with room
@@ -67,21 +67,24 @@ class DatasetStore:
         self._keys: KeyRing | None = None
 
     async def import_dataset(self, source: str | Path | LabeledData, *, label_column: str | None = None,
-                             kind: DatasetKind | None = None, declared_size: int | None = None,
+                             target: TargetKind | None = None, kind: DatasetKind | None = None, declared_size: int | None = None,
                              progress: Callable[[int], None] | None = None,
                              encrypt: bool = False) -> tuple[str, DatasetManifest]:
         """Prepare ``source``, import its directory (sealed, with ``encrypt``), store its manifest; return
         (manifest CID, manifest)."""
-        if isinstance(source, (str, Path)) and Path(source).exists():
+        on_disk = isinstance(source, (str, Path)) and Path(source).exists()
+        if on_disk:  # the bytes the user gave (a corpus's text, not its tokens), named by the user's path
             check_declared_size(declared_size, source, await asyncio.to_thread(tree_size, Path(source)))
         key = _staging_key(source)
         staging = self._dir() / "staging" / key
         marker, journal = staging.with_name(f"{key}.prepared.json"), staging.with_name(f"{key}.journal")
         sealed_dir = staging.with_name(f"{key}.sealed")
         try:
-            prepared = await asyncio.to_thread(_prepared, source, staging, marker, label_column, kind)
-            check_declared_size(declared_size, prepared.directory,
-                                await asyncio.to_thread(tree_size, prepared.directory))
+            prepared = await asyncio.to_thread(_prepared, source, staging, marker, label_column, kind,
+                                               target)
+            if not on_disk:  # a bundled dataset or arrays in memory: the size of their stored form
+                check_declared_size(declared_size, source if isinstance(source, str) else "given as arrays",
+                                    await asyncio.to_thread(tree_size, prepared.directory))
             directory, sealed, plain = prepared.directory, None, None
             if encrypt:  # the store sees ciphertext only; the key stays here
                 plain = await asyncio.to_thread(seal_tree, self.keys.pending(key), prepared.directory, sealed_dir)
@@ -172,15 +175,17 @@ class DatasetStore:
 
 
 def _prepared(source: str | Path | LabeledData, staging: Path, marker: Path, label_column: str | None,
-              kind: DatasetKind | None) -> PreparedDataset:
+              kind: DatasetKind | None, target: TargetKind | None = None) -> PreparedDataset:
     """Stage ``source`` once: a rerun after an interruption finds the marker and reuses the staged files."""
     if marker.is_file():
         try:
-            return PreparedDataset.model_validate_json(marker.read_bytes())
+            staged = PreparedDataset.model_validate_json(marker.read_bytes())
+            if target is None or staged.arrays is None or staged.arrays.target == target:
+                return staged
         except ValueError:
             pass  # a torn marker: stage again
     shutil.rmtree(staging, ignore_errors=True)
-    prepared = prepare_dataset(source, staging, label_column=label_column, kind=kind)
+    prepared = prepare_dataset(source, staging, label_column=label_column, kind=kind, target=target)
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text(prepared.model_dump_json())
     return prepared
@@ -211,12 +216,10 @@ async def store_shard(store: ContentStore, data: LabeledData) -> tuple[str, int]
     """Labelled data in memory stored as one arrays shard (its two files and its record); returns
     (record CID, record bytes), what a job names. For tests and tools that hand a provider a shard directly."""
     x = np.ascontiguousarray(data.features.numpy(), dtype="<f4").tobytes()
-    y = np.ascontiguousarray(data.labels.numpy(), dtype="<i8").tobytes()
-    counts = np.bincount(data.labels.numpy(), minlength=data.num_classes)
-    layout = ArrayLayout(feature_shape=data.feature_shape, num_classes=data.num_classes,
-                         class_rows=tuple(int(c) for c in counts))
+    layout, y = data_layout(data), target_bytes(data)
     slices = (FileSlice(path=layout.features, cid=await store.add(x), offset=0, length=len(x)),
-              FileSlice(path=layout.labels, cid=await store.add(y), offset=0, length=len(y)))
+              *((FileSlice(path=layout.labels, cid=await store.add(y), offset=0, length=len(y)),)
+                if layout.labels else ()))
     record = ShardData(kind="arrays", data=DataSlices(slices=slices, samples=len(data)),
                        arrays=layout).model_dump_json().encode()
     return await store.add(record), len(record)

@@ -14,6 +14,7 @@ from ..models import MAX_TASK_BYTES, TaskRef, TrainingSpec, id_path
 from ..storage import ContentStore
 from ..training.bound_task import BoundTask, bind_task, task_ref_of
 from ..training.task import TrainingTask
+from ..training.task_checks import TaskOrigin
 from ..training.task_package import decode_package, encode_package, load_task, pack_task
 
 
@@ -33,11 +34,13 @@ class TaskCache:
         self._store = store
         self._root = root
         self._loaded: dict[str, TrainingTask] = {}
+        self._sources: dict[str, Path] = {}  # task CID -> the user's file or directory: errors name it
 
     async def add(self, source: Path, params: dict | None = None) -> TaskRef:
         """Pack the task at ``source`` into the store; the returned reference goes into the spec."""
         package = await asyncio.to_thread(pack_task, source)
         cid = await self._store.add(encode_package(package))
+        self._sources[cid] = source
         return TaskRef(name=package.manifest.name, cid=cid, params=params or {})
 
     async def bound(self, spec: TrainingSpec) -> BoundTask:
@@ -46,11 +49,12 @@ class TaskCache:
         if ref.builtin:
             return bind_task(ref)
         assert ref.cid is not None
+        root = id_path(self._dir(), ref.cid)
         if ref.cid not in self._loaded:
             blob = await self._store.cat(ref.cid, max_bytes=2 * MAX_TASK_BYTES)
             package = decode_package(blob)
-            self._loaded[ref.cid] = await asyncio.to_thread(load_task, package, id_path(self._dir(), ref.cid))
-        return bind_task(ref, self._loaded[ref.cid])
+            self._loaded[ref.cid] = await asyncio.to_thread(load_task, package, root)
+        return bind_task(ref, self._loaded[ref.cid], TaskOrigin(root, shown=self._sources.get(ref.cid)))
 
     def _dir(self) -> Path:
         if self._root is None:

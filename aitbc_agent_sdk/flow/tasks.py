@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from ..errors import ConfigError
 from ..models import TaskRef, TrainingSpec
 from ..training.builtin_tasks import BUILTIN_TASKS
+from ..training.task_package import pack_task
 
 if TYPE_CHECKING:
     from ..agent import Agent
@@ -26,13 +27,19 @@ class TaskChoice:
 
 
 def check_task_source(task: str | None) -> None:
-    """A clear usage error now (before anything starts) for a task that is neither a built-in nor a path."""
+    """A clear usage error now (before anything starts) for a task that is neither a built-in nor a path,
+    or whose code does not import or misspells a hook (packing it imports and checks it)."""
     if task is None or task in BUILTIN_TASKS:
         return
+    pack_task(_task_path(task))
+
+
+def _task_path(task: str) -> Path:
     path = Path(task).expanduser()
     if not (path.is_dir() or (path.is_file() and path.suffix == ".py")):
         raise ConfigError(f"--task {task!r} is neither a built-in task ({', '.join(BUILTIN_TASKS)}) nor a .py file "
                           f"or directory of the task's code")
+    return path
 
 
 def parse_task_params(pairs: list[str] | None) -> dict[str, Any]:
@@ -58,8 +65,7 @@ async def attach_task(agent: Agent, spec: TrainingSpec, task: str | None, params
         if name in BUILTIN_TASKS:
             ref = TaskRef(name=name, params=params)
         else:
-            check_task_source(name)
-            ref = await agent.coordinator.tasks.add(Path(name).expanduser(), params)
+            ref = await agent.coordinator.tasks.add(_task_path(name), params)  # packing checks the code
     except ValidationError as exc:
         raise ConfigError(f"task {name!r}: {exc.errors()[0]['msg']}") from exc
     updated = spec.model_copy(update={"model_type": ref.name, "task": ref})

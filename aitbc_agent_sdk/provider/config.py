@@ -32,5 +32,7 @@ class ProviderConfig(BaseModel):
         "delivered checkpoints and boundary states kept for re-sends and spot checks until their training closes"))
     contract_limits: BookLimits = Field(default_factory=BookLimits, description=(
         "the unfunded proposals' pool and its rate limits; funded contracts are never evicted"))
+    warm_start: bool = Field(default=True, description=(
+        "start the training processes (torch imported, one step taken) with the provider; off: the first job does"))
     max_unreceipted_rounds: int = Field(default=2, ge=0, le=1000, description=(
         "refuse a contract's jobs once this many delivered rounds lack the coordinator's payment receipt; 0: never"))

@@ -136,7 +136,8 @@ class ProviderAgent:
         plans = plan_slots(self.slots, self.hardware, self.config.worker_threads)
         await self.inputs.open()  # first: a cache dir the sandbox hides must exist when it starts
         self.training = TrainingSlots(self.config.work_dir, plans, self.config.sandbox)
-        await self.training.start()
+        if self.config.warm_start:
+            await self.training.start()
         self._track(asyncio.create_task(self.hardware_answers.warm_up()))  # CUDA ready before a challenge
         servers = (Server("negotiations", topics.negotiate, ContractProposal, self._answer),
                    Server("jobs", topics.jobs, JobAssignment, self._take_job),

@@ -21,10 +21,12 @@ import torch
 
 from ..models import COMMITMENT_KEY, JobConfig, ModelSpec, TaskRef, TrajectoryCommitment
 from ..training import EpochStats, LabeledData, decode_state, encode_state
-from ..training.bound_task import bind_task, job_task_ref
+from ..errors import AitbcError, TrainingError
+from ..training.bound_task import BoundTask, bind_task, job_task_ref
 from ..training.shard_files import load_shard
 from ..training.task import TrainingTask
 from ..training.task_loop import train_task, training_device
+from ..training.task_checks import TaskOrigin, describe_task_error
 from ..training.task_package import decode_package, load_task
 from ..training.trajectory import TrajectoryRecorder
 from ..training.update_codec import decode_residual, encode_residual, encode_update
@@ -62,7 +64,19 @@ def run_job(request: dict[str, Any], loaded: LoadedTasks, emit: Emit) -> dict[st
             package = decode_package((job_dir / TASK_FILE).read_bytes())
             loaded[ref.cid] = load_task(package, out_dir / "tasks" / ref.cid)
         user_task = loaded[ref.cid]
-    task = bind_task(ref, user_task)
+    task = bind_task(ref, user_task, TaskOrigin(out_dir / "tasks" / ref.cid) if ref.cid is not None else None)
+    try:
+        return _train_job(request, task, job_dir, out_dir, config, spec, emit)
+    except AitbcError:
+        raise
+    except Exception as exc:  # in the customer's code, as a rule: its line goes back to the customer
+        if task.origin is None:
+            raise
+        raise TrainingError(describe_task_error(exc, task.task, task.origin)) from exc
+
+
+def _train_job(request: dict[str, Any], task: BoundTask, job_dir: Path, out_dir: Path, config: JobConfig,
+               spec: ModelSpec, emit: Emit) -> dict[str, Any]:
     data = load_shard(job_dir)  # shard.json and its parts, checked against each other
     model = task.build(spec, samples=len(data))
     reference = decode_state((job_dir / WEIGHTS_FILE).read_bytes())  # the round's start: what an update is from

@@ -8,6 +8,7 @@ initialises, scores and checks a model, so a built-in and a user's task take the
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 from pydantic import ValidationError
@@ -21,7 +22,8 @@ from aitbc_agent_sdk.training.checkpoint import decode_state, encode_state
 from aitbc_agent_sdk.training.datasets import LabeledData
 from aitbc_agent_sdk.training.models import model_spec_for
 from aitbc_agent_sdk.training.task import DataInfo, TaskParams, TrainingTask
-from aitbc_agent_sdk.training.task_loop import evaluate_task, task_loss, train_task
+from aitbc_agent_sdk.training.task_checks import TaskOrigin, check_metric, describe_task_error
+from aitbc_agent_sdk.training.task_loop import evaluate_task, task_loss, task_metrics, train_task
 
 REHEARSAL_SAMPLES = 64  # what the dry run before funding trains and evaluates on
 USER_TASK_MODEL = "task"  # ModelSpec.name of a user task's jobs: the shape travels, the model is the task's
@@ -32,6 +34,7 @@ class BoundTask:
     ref: TaskRef
     task: TrainingTask
     params: TaskParams
+    origin: TaskOrigin | None = None  # a user task's files, so its errors name their line
 
     def model_spec(self, data: LabeledData) -> ModelSpec:
         """The data's shape as jobs carry it (and, for a registry classifier, its model); another task
@@ -41,13 +44,14 @@ class BoundTask:
             return model_spec_for(self.ref.name, data, hidden=self.params.hidden)
         try:
             return ModelSpec(name=USER_TASK_MODEL, input_shape=data.feature_shape, num_classes=data.num_classes,
-                             hidden=1)
+                             hidden=1, target=data.target, target_width=data.target_width)
         except ValidationError as exc:
             raise ConfigError(f"task {self.ref.name!r}: {exc.errors()[0]['msg']}") from exc
 
     def build(self, spec: ModelSpec, *, samples: int = 0, seed: int | None = None) -> nn.Module:
         """The task's model for data of ``spec``'s shape; with ``seed`` the same weights everywhere."""
-        info = DataInfo(feature_shape=tuple(spec.input_shape), num_classes=spec.num_classes, samples=samples)
+        info = DataInfo(feature_shape=tuple(spec.input_shape), num_classes=spec.num_classes, samples=samples,
+                        target=spec.target, target_width=spec.target_width)
         with torch.random.fork_rng(devices=[]):  # the caller's RNG stream stays untouched
             if seed is not None:
                 torch.manual_seed(seed)
@@ -81,17 +85,23 @@ class BoundTask:
         """Every step of the task once, on a few samples, before anything is funded: a bug in the
         task's code is a usage error now, not a failed (and paid) round."""
         small = data.subset(torch.arange(min(samples, len(data)))) if isinstance(data, LabeledData) else data
-        trial = replace(self, params=self.task.rehearsal_params(self.params))  # e.g. a stream task draws fewer windows
         try:
+            trial = replace(self, params=self.task.rehearsal_params(self.params))  # e.g. fewer windows of a stream
             state = decode_state(trial.initial_state(small, seed))
             model = trial.loaded(trial.model_spec(small), state)
             train_task(self.task, model, small, trial.params, config.model_copy(update={"epochs": 1}), seed=seed,
                        device=torch.device("cpu"))
             trial.validation_loss(trial.model_spec(small), model.state_dict(), small)
-            evaluate_task(self.task, model, small, trial.params)
-        except Exception as exc:  # the user's code: any failure is theirs to fix, with its message
+            metrics: Any = task_metrics(self.task, model, small, trial.params)
+            if isinstance(metrics, dict):
+                metrics = {key: float(value) for key, value in metrics.items()}  # as every round reads them
+        except Exception as exc:  # the user's code: any failure is theirs to fix, with its message and line
             raise ConfigError(f"task {self.ref.name!r} failed a dry run on {len(small)} samples: "
-                              f"{type(exc).__name__}: {exc}") from exc
+                              f"{describe_task_error(exc, self.task, self.origin)}") from exc
+        if not isinstance(metrics, dict):
+            raise ConfigError(f"task {self.ref.name!r}: evaluate() returned {type(metrics).__name__}, not a dict "
+                              f"of named metrics")
+        check_metric(self.task.for_target(getattr(small, "target", "classes")), metrics, self.origin)
 
 
 def task_ref_of(spec: TrainingSpec) -> TaskRef:
@@ -108,8 +118,9 @@ def job_task_ref(spec: ModelSpec, task: TaskRef | None) -> TaskRef:
     return task if task is not None else TaskRef(name=spec.name, params={"hidden": spec.hidden})
 
 
-def bind_task(ref: TaskRef, user_task: TrainingTask | None = None) -> BoundTask:
-    """``ref`` with its parameters validated; a user task's code must be loaded already (``user_task``)."""
+def bind_task(ref: TaskRef, user_task: TrainingTask | None = None, origin: TaskOrigin | None = None) -> BoundTask:
+    """``ref`` with its parameters validated; a user task's code must be loaded already (``user_task``, imported
+    from ``origin``)."""
     if ref.builtin:
         if ref.name not in BUILTIN_TASKS:
             raise UnknownModelError(f"unknown task {ref.name!r}; built-in tasks are {list(BUILTIN_TASKS)}")
@@ -123,4 +134,4 @@ def bind_task(ref: TaskRef, user_task: TrainingTask | None = None) -> BoundTask:
     except ValidationError as exc:
         raise ConfigError(f"task {ref.name!r}: bad parameters: {exc.errors()[0]['loc']}: "
                           f"{exc.errors()[0]['msg']}") from exc
-    return BoundTask(ref, task, params)
+    return BoundTask(ref, task, params, origin)

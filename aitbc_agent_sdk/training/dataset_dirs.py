@@ -26,6 +26,7 @@ from aitbc_agent_sdk.models.datasets import (
     DatasetManifest,
     ImageLayout,
     SealedLayout,
+    TargetKind,
     TokenLayout,
 )
 from aitbc_agent_sdk.training.array_files import ARRAY_SUFFIXES, write_class_sorted, write_labeled
@@ -80,17 +81,20 @@ def image_classes(root: Path) -> tuple[str, ...]:
 
 
 def prepare_dataset(source: str | Path | LabeledData, staging: Path, *, label_column: str | None = None,
-                    kind: DatasetKind | None = None, image_size: tuple[int, int] = (32, 32)) -> PreparedDataset:
-    """Stage (or point at) the directory to import for ``source``."""
+                    kind: DatasetKind | None = None, image_size: tuple[int, int] = (32, 32),
+                    target: TargetKind | None = None) -> PreparedDataset:
+    """Stage (or point at) the directory to import for ``source``; ``target``: the arrays' target kind (None:
+    detected from the data)."""
     if isinstance(source, LabeledData) or (isinstance(source, str) and source in DATASET_NAMES):
         data = source if isinstance(source, LabeledData) else load_dataset(source)
-        layout = write_labeled(data.features.numpy(), data.labels.numpy(), staging)
+        labels = None if data.target == "none" else data.labels.numpy()
+        layout = write_labeled(data.features.numpy(), labels, staging, target=target or data.target)
         return PreparedDataset(kind="arrays", directory=staging, staged=True, arrays=layout)
     path = Path(source)
     found = kind or dataset_kind(path)
     if found == "arrays":
         file = path if path.is_file() else visible_files(path)[0]
-        layout = write_class_sorted(file, staging, label_column=label_column)
+        layout = write_class_sorted(file, staging, label_column=label_column, target=target)
         return PreparedDataset(kind="arrays", directory=staging, staged=True, arrays=layout)
     if not path.is_dir():
         raise DatasetError(f"{path}: a {found} dataset is a directory")
@@ -116,7 +120,8 @@ def build_manifest(prepared: PreparedDataset, root: str, entries: list[tuple[str
                                arrays=prepared.arrays, tokens=prepared.tokens, images=prepared.images,
                                sealed=sealed)
     except ValueError as exc:
-        raise DatasetError(f"the dataset in {prepared.directory} cannot be described: {exc}") from exc
+        where = "" if prepared.staged else f" in {prepared.directory}"  # a staging directory means nothing to users
+        raise DatasetError(f"the dataset{where} cannot be described: {exc}") from exc
 
 
 @dataclass(frozen=True)
@@ -126,12 +131,14 @@ class DataShape:
     feature_shape: tuple[int, ...]
     num_classes: int
     samples: int
+    target: TargetKind = "classes"
+    target_width: int = 1
 
 
 def manifest_shape(manifest: DatasetManifest) -> DataShape:
     if manifest.arrays is not None:
         a = manifest.arrays
-        return DataShape(tuple(a.feature_shape), a.num_classes, a.rows)
+        return DataShape(tuple(a.feature_shape), a.num_classes, a.rows, a.target, a.target_width)
     if manifest.images is not None:
         size = manifest.images.size
         return DataShape((manifest.images.channels, *size), len(manifest.classes), len(manifest.files))

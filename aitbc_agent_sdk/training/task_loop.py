@@ -117,6 +117,17 @@ def _step(task: TrainingTask, model: nn.Module, batch: Batch, params: TaskParams
 def evaluate_task(task: TrainingTask, model: nn.Module, data: LabeledData, params: TaskParams,
                   device: torch.device | None = None) -> dict[str, float]:
     """The task's metrics in eval mode; the model's mode is left as it was. Checks the task's answer."""
+    metrics = task_metrics(task, model, data, params, device)
+    task = task.for_target(getattr(data, "target", "classes"))  # a regression's default metric is mse
+    if not isinstance(metrics, dict) or not {task.metric, "loss"} <= metrics.keys():  # rounds report both
+        raise TrainingError(f"task {task.name!r}: evaluate() must return a dict with 'loss' and its metric "
+                            f"{task.metric!r}")
+    return {str(k): float(v) for k, v in metrics.items()}
+
+
+def task_metrics(task: TrainingTask, model: nn.Module, data: LabeledData, params: TaskParams,
+                 device: torch.device | None = None) -> object:
+    """What the task's ``evaluate`` returns in eval mode, unchecked; the model's mode is left as it was."""
     if len(data) == 0:
         raise ValueError("cannot evaluate on an empty dataset")
     device = device or next(model.parameters()).device
@@ -124,13 +135,9 @@ def evaluate_task(task: TrainingTask, model: nn.Module, data: LabeledData, param
     model.eval()
     try:
         with torch.no_grad(), autocast_for(task, device):
-            metrics = task.evaluate(model, data, params, device)
+            return task.evaluate(model, data, params, device)
     finally:
         model.train(was_training)
-    if not isinstance(metrics, dict) or not {task.metric, "loss"} <= metrics.keys():  # rounds report both
-        raise TrainingError(f"task {task.name!r}: evaluate() must return a dict with 'loss' and its metric "
-                            f"{task.metric!r}")
-    return {str(k): float(v) for k, v in metrics.items()}
 
 
 @torch.no_grad()

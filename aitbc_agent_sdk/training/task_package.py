@@ -26,6 +26,7 @@ from pydantic import ValidationError
 from aitbc_agent_sdk.errors import ConfigError, TrainingError
 from aitbc_agent_sdk.models import TaskManifest, TaskPackage
 from aitbc_agent_sdk.training.task import TrainingTask
+from aitbc_agent_sdk.training.task_checks import TaskOrigin, check_task_class, task_frame
 
 MANIFEST_FILE = "aitbc-task.json"
 MAX_SOURCE_FILES = 64
@@ -50,7 +51,7 @@ def pack_task(source: Path) -> TaskPackage:
     else:
         raise ConfigError(f"{source}: no such task file or directory")
     try:
-        manifest = _manifest(root if source.is_dir() else None, files, root)
+        manifest = _manifest(root if source.is_dir() else None, files, TaskOrigin(root, shown=source))
     except TrainingError as exc:  # the user's code does not import: a usage error here, not a training failure
         raise ConfigError(f"{source}: {exc}") from exc
     try:
@@ -66,7 +67,7 @@ def _read(path: Path) -> str:
         raise ConfigError(f"{path}: cannot read the task's code: {exc}") from exc
 
 
-def _manifest(directory: Path | None, files: dict[str, str], root: Path) -> TaskManifest:
+def _manifest(directory: Path | None, files: dict[str, str], origin: TaskOrigin) -> TaskManifest:
     declared: dict[str, object] = {}
     if directory is not None and (directory / MANIFEST_FILE).is_file():
         try:
@@ -75,8 +76,10 @@ def _manifest(directory: Path | None, files: dict[str, str], root: Path) -> Task
             raise ConfigError(f"{directory / MANIFEST_FILE}: {exc}") from exc
         if not isinstance(declared, dict):
             raise ConfigError(f"{directory / MANIFEST_FILE}: expected a JSON object")
+    root = origin.root
     entry = str(declared.get("entry") or _find_entry(files, root))
     task = _import_entry(root, entry)
+    check_task_class(type(task), origin)  # a misspelt hook would train with the default: refuse it now
     requires = {**task.requires, **dict(declared.get("requires") or {})}  # type: ignore[call-overload]
     name = str(declared.get("name") or _task_name(task, entry))
     try:
@@ -132,7 +135,9 @@ def _import_file(root: Path, name: str) -> ModuleType:
         spec.loader.exec_module(module)
     except Exception as exc:
         del sys.modules[module_name]
-        raise TrainingError(f"the task file {path.name} failed to import: {type(exc).__name__}: {exc}") from exc
+        place = task_frame(exc, TaskOrigin(root))
+        raise TrainingError(f"the task file {path.name} failed to import: {type(exc).__name__}: {exc}"
+                            + (f" (at {place})" if place else "")) from exc
     finally:
         _forget_modules_under(root, set(sys.modules) - before - {module_name})
     return module

@@ -5,7 +5,14 @@ writes one: scikit-learn's bundled digits, upsampled to 16x16 and coloured into 
 
     python examples/tasks/make_data.py digits.npz
     aitbc distributed-training run --task examples/tasks/resnet_small.py --data-path digits.npz \
-        --task-param flip=false --lr 0.003 --target-workers 2 --rounds 3 --yes
+        --lr 0.003 --target-workers 2 --rounds 3 --yes
+
+Its defaults follow the image size (``for_images``): on small images (below 16 px, e.g. 8x8) one
+stage and no augmentation, since a 2-pixel shift or a halving loses too much of the picture; from
+16 px two stages and random crops of side/8 pixels; from 32 px horizontal flips too. Each choice
+can be set with ``--task-param``: ``stages=N`` (1-4), ``pool=N`` (the head's pooled grid; 1 is
+global average pooling), ``crop_padding=N`` (0: no crops), ``flip=true|false``, and ``width``,
+``blocks``, ``weight_decay``, ``clip_norm``.
 
 What it shows:
 - ``build_model`` sizes the network from the data (channels, classes) and its own ``Params``;
@@ -14,7 +21,7 @@ What it shows:
 - ``prepare`` fits a per-channel input standardisation on the training split (buffers: they
   travel with the weights);
 - ``batches`` augments each epoch with random crops (zero padding, then a shifted window) and
-  optional horizontal flips, drawn from the ``generator`` the SDK seeds per job, so a job's
+  horizontal flips where the images are large enough, drawn from the ``generator`` the SDK seeds per job, so a job's
   batches are the same wherever and however often it runs;
 - AdamW without weight decay on norms and biases, and gradient clipping through ``grad_clip_norm``.
 """
@@ -32,15 +39,39 @@ from aitbc_agent_sdk import Batch, DataInfo, TaskParams, TrainingTask
 
 
 class ResNetParams(TaskParams):
+    """Unset (None), the architecture and the augmentations follow the image size: see ``for_images``."""
+
     width: int = Field(default=16, ge=4, le=256, description="channels of the first stage (doubled per stage)")
-    stages: int = Field(default=2, ge=1, le=4, description="stages; each after the first halves the resolution")
+    stages: int | None = Field(default=None, ge=1, le=4, description=(
+        "stages; each after the first halves the resolution [default: 1 below 16 px, else 2]"))
     blocks: int = Field(default=1, ge=1, le=8, description="residual blocks per stage")
-    pool: int = Field(default=4, ge=1, le=16,
-                      description="side of the pooled grid the head reads (1: global average pooling)")
-    crop_padding: int = Field(default=2, ge=0, le=16, description="pixels of random shift (0: no crops)")
-    flip: bool = Field(default=True, description="random horizontal flips (off for digits and text)")
+    pool: int | None = Field(default=None, ge=1, le=16, description=(
+        "side of the pooled grid the head reads (1: global average pooling) [default: 4, or the last stage's side]"))
+    crop_padding: int | None = Field(default=None, ge=0, le=16, description=(
+        "pixels of random shift (0: no crops) [default: side / 8 from 16 px up, none below]"))
+    flip: bool | None = Field(default=None, description=(
+        "random horizontal flips (off for digits and text) [default: on from 32 px up]"))
     weight_decay: float = Field(default=5e-4, ge=0.0, le=1.0)
     clip_norm: float = Field(default=1.0, ge=0.0, description="gradient clipping; 0: none")
+
+
+SMALL_SIDE = 16  # below it a 2-pixel shift or a halving loses too much of the picture
+FLIP_SIDE = 32  # flips pay off on natural photographs (CIFAR's 32 px and up), not on small glyphs
+
+
+def for_images(params: ResNetParams, height: int, width: int) -> ResNetParams:
+    """``params`` with every unset choice made for images of this size: on small images (8x8) one
+    stage, no crops, no flips; from 16 px two stages and crops of side/8; from 32 px flips too."""
+    side = min(height, width)
+    stages = params.stages or (1 if side < SMALL_SIDE else 2)
+    last_side = max(side >> (stages - 1), 1)
+    return params.model_copy(update={
+        "stages": stages,
+        "pool": params.pool or min(4, last_side),
+        "crop_padding": params.crop_padding if params.crop_padding is not None else (
+            side // 8 if side >= SMALL_SIDE else 0),
+        "flip": params.flip if params.flip is not None else side >= FLIP_SIDE,
+    })
 
 
 def _groups(channels: int) -> int:
@@ -67,6 +98,7 @@ class ResidualBlock(nn.Module):
 class SmallResNet(nn.Module):
     def __init__(self, channels: int, classes: int, params: ResNetParams) -> None:
         super().__init__()
+        assert params.stages is not None and params.pool is not None  # made by for_images
         self.register_buffer("mean", torch.zeros(1, channels, 1, 1))
         self.register_buffer("scale", torch.ones(1, channels, 1, 1))
         self.stem = nn.Sequential(nn.Conv2d(channels, params.width, 3, padding=1, bias=False),
@@ -114,7 +146,8 @@ class ResNetSmall(TrainingTask):
         assert isinstance(params, ResNetParams)
         if len(info.feature_shape) != 3:
             raise ValueError(f"resnet-small expects images [C, H, W], got samples of shape {info.feature_shape}")
-        return SmallResNet(info.feature_shape[0], info.num_classes, params)
+        channels, height, width = info.feature_shape
+        return SmallResNet(channels, info.num_classes, for_images(params, height, width))
 
     def prepare(self, model, train, params) -> None:
         with torch.no_grad():
@@ -122,10 +155,11 @@ class ResNetSmall(TrainingTask):
             model.scale.copy_(train.features.std(dim=(0, 2, 3), keepdim=True).clamp_min(1e-6))
 
     def batches(self, data, params, batch_size, generator, device) -> Iterator[Batch]:
+        chosen = for_images(params, *data.features.shape[-2:])
         order = torch.randperm(len(data), generator=generator)
         for start in range(0, len(data), batch_size):
             idx = order[start : start + batch_size]
-            images = augment(data.features[idx].to(device), generator, params.crop_padding, params.flip)
+            images = augment(data.features[idx].to(device), generator, chosen.crop_padding or 0, bool(chosen.flip))
             yield images, data.labels[idx].to(device)
 
     def configure_optimizer(self, model, params, config, total_steps):
