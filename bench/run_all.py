@@ -26,6 +26,7 @@ FULL = {
     "bench_ipfs_fetch.py": ["--mib", "256", "--repeat", "3"],
     "bench_verification.py": ["--rounds", "20000", "--real-rounds", "24"],
     "bench_lm.py": ["--steps", "400", "--inner-steps", "50", "--plot", "docs/lm_curves.png"],
+    "bench_cli_startup.py": ["--repeat", "15"],
 }
 
 

@@ -20,16 +20,19 @@ import re
 import uuid
 from collections.abc import Callable, Iterable
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import MessagingError
-from ..messaging.channel import SignedChannel
-from ..messaging.envelope import Verified
 from ..messaging.topics import PREFIX
 from .errors import ClusterConfigError
 from .inventory import ClusterInventory, HostInventory, read_local_inventory
 from .spec import NAME_PATTERN, ClusterSpec, HostSpec
+
+if TYPE_CHECKING:  # eth-account: imported when a channel is made, not for the CLI's --help
+    from ..messaging.channel import SignedChannel
+    from ..messaging.envelope import Verified
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +162,7 @@ async def local_inventory(name: str | None = None, *, timeout: float = DEFAULT_T
     """
     from eth_account import Account
 
+    from ..messaging.channel import SignedChannel
     from ..messaging.memory import InMemoryBus
 
     name = name or local_host_name()

@@ -1,13 +1,22 @@
-"""Market: discovery of offers and pure, swappable scoring strategies."""
+"""Market: discovery of offers and pure, swappable scoring strategies.
 
-from .discovery import collect_offers
-from .scoring import (
-    GPU_PERFORMANCE, ScoringStrategy, WeightedScore, gpu_performance, meets_min_gpu, rank_workers,
-    reputation_from_earnings, reputation_from_history, reputation_unit, weighted_scores,
-)
+Names are imported on first use (PEP 562): scoring's numpy is not needed for the CLI's --help."""
 
-__all__ = [
-    "GPU_PERFORMANCE", "ScoringStrategy", "WeightedScore", "collect_offers", "gpu_performance",
-    "meets_min_gpu", "rank_workers", "reputation_from_earnings", "reputation_from_history", "reputation_unit",
-    "weighted_scores",
-]
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "discovery": ("collect_offers",),
+    "scoring": (
+        "GPU_PERFORMANCE", "ScoringStrategy", "WeightedScore", "gpu_performance", "meets_min_gpu", "rank_workers",
+        "reputation_from_earnings", "reputation_from_history", "reputation_unit", "weighted_scores",
+    ),
+}, globals())
+
+if TYPE_CHECKING:  # static tools see ordinary imports
+    from .discovery import collect_offers
+    from .scoring import (
+        GPU_PERFORMANCE, ScoringStrategy, WeightedScore, gpu_performance, meets_min_gpu, rank_workers,
+        reputation_from_earnings, reputation_from_history, reputation_unit, weighted_scores,
+    )

@@ -6,9 +6,13 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from decimal import Decimal
+from typing import TYPE_CHECKING
 
-from ..messaging import SignedChannel, topics
+from ..messaging import topics
 from ..models import Offer, Worker
+
+if TYPE_CHECKING:
+    from ..messaging import SignedChannel
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..errors import ConfigError
-from .envelope import EnvelopeVerifier
 from .replay import MemorySeen, SeenStore, SqliteSeen
 
 if TYPE_CHECKING:
@@ -147,6 +146,7 @@ def connect_bus(settings: BusSettings, session: str, *, identity: str | None = N
     ``$AITBC_HOME/bus/seen.sqlite``, so after a restart the same session still refuses a replay.
     ``options`` go to MqttBus (timeout, queue_size, reconnect, ...).
     """
+    from .envelope import EnvelopeVerifier  # eth-account: not for the CLI's --help
     from .mqtt import MqttBus  # aiomqtt is only needed off the embedded stack
 
     credentials = resolve_credentials(settings, identity)

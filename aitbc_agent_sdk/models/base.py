@@ -8,7 +8,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any
 
-from eth_utils import is_address, to_checksum_address
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from .. import limits
@@ -18,7 +17,9 @@ from ..errors import UnsafeNameError
 @lru_cache(maxsize=4096)
 def _checksum(value: str) -> str:
     # Cached: checksumming is a pure-Python keccak, and the same few addresses appear in
-    # every message an agent receives.
+    # every message an agent receives. eth_utils is imported here: it costs the CLI's --help 0.1 s.
+    from eth_utils import is_address, to_checksum_address
+
     if not is_address(value):
         raise ValueError(f"not an Ethereum address: {value!r}")
     return to_checksum_address(value)

@@ -16,7 +16,9 @@ from aitbc_agent_sdk.errors import (
     AitbcError, ChainError, ConfigError, ContentNotFoundError, InsufficientFundsError, IntegrityError,
     NotEnoughWorkersError, NotFoundError, SignatureError, TrainingError, UnreachableError, UnsafeNameError,
 )
-from aitbc_agent_sdk.storage.unixfs import InvalidCidError
+
+
+MAX_MESSAGE_CHARS = 1024  # an unexpected error's text may quote anything: one line, bounded
 
 
 class ExitCode(IntEnum):
@@ -37,7 +39,6 @@ EXIT_CODES: tuple[tuple[type[BaseException], ExitCode], ...] = (
     (ValidationError, ExitCode.USAGE),
     (ConfigError, ExitCode.USAGE),
     (UnsafeNameError, ExitCode.USAGE),
-    (InvalidCidError, ExitCode.USAGE),  # a malformed CID on the command line (it is also a StorageError)
     (UnreachableError, ExitCode.UNREACHABLE),
     (NotEnoughWorkersError, ExitCode.NOT_ENOUGH_PROVIDERS),
     (InsufficientFundsError, ExitCode.PAYMENT),
@@ -65,7 +66,11 @@ EXIT_HELP = {
 
 
 def exit_code_for(exc: BaseException) -> ExitCode:
-    for kind, code in EXIT_CODES:
+    # A malformed CID on the command line (it is also a StorageError); the storage package is imported
+    # here, not for --version.
+    from aitbc_agent_sdk.storage.unixfs import InvalidCidError
+
+    for kind, code in ((InvalidCidError, ExitCode.USAGE), *EXIT_CODES):
         if isinstance(exc, kind):
             return code
     return ExitCode.FAILED
@@ -78,6 +83,12 @@ def describe(exc: BaseException) -> str:
         where = ".".join(str(p) for p in first["loc"]) or exc.title
         return f"invalid {where}: {first['msg']}"
     return str(exc) or type(exc).__name__
+
+
+def unexpected_message(exc: BaseException) -> str:
+    """An error no command expected, in one line: its type, its message, and how to see more."""
+    text = " ".join(str(exc).split())[:MAX_MESSAGE_CHARS] or "(no message)"
+    return f"{type(exc).__name__}: {text} (run with --debug for the traceback)"
 
 
 def error_object(message: str, code: int, kind: str) -> dict[str, object]:

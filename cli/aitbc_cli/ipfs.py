@@ -15,7 +15,7 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Annotated, Optional, TypeVar
+from typing import TYPE_CHECKING, Annotated, Optional, TypeVar
 
 import typer
 from rich.console import Console
@@ -23,9 +23,14 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 
 from aitbc_agent_sdk.errors import ConfigError
 from aitbc_agent_sdk.storage import AddOptions, LocalContentStore, scan_directory
-from aitbc_agent_sdk.storage.kubo import KuboClient, KuboContentStore
 
 from .common import HomeOption, IpfsApiOption, JsonOption, ipfs_api_or_default, print_json, resolve_home
+from .paths import check_output_file
+
+if TYPE_CHECKING:  # httpx: imported when a daemon is used, not for --help
+    from aitbc_agent_sdk.storage.kubo import KuboContentStore
+
+    Store = LocalContentStore | KuboContentStore
 
 API_ENV = "AITBC_IPFS_API"
 
@@ -37,8 +42,6 @@ app.add_typer(pin_app, name="pin")
 ApiOption = IpfsApiOption  # --api (--ipfs-api), $AITBC_IPFS_API: a kubo multiaddr or an http URL
 TimeoutOption = Annotated[float, typer.Option("--timeout", min=0.1,
                                               help="seconds to wait for the daemon / for content it lacks")]
-
-Store = LocalContentStore | KuboContentStore
 T = TypeVar("T")
 
 
@@ -46,6 +49,8 @@ T = TypeVar("T")
 async def _store(api: str | None, home: Path | None, timeout: float) -> AsyncIterator[Store]:
     api = ipfs_api_or_default(api)  # --api, else $AITBC_IPFS_API, else the config file's ipfs_api
     if api:
+        from aitbc_agent_sdk.storage.kubo import KuboClient, KuboContentStore
+
         async with KuboClient(api, timeout=timeout, find_timeout=timeout) as client:
             yield KuboContentStore(client)
     else:
@@ -94,6 +99,8 @@ def add(
 
     Example: aitbc ipfs add -r ./dataset --api /ip4/127.0.0.1/tcp/5001 --json
     """
+    if journal is not None:
+        check_output_file(journal, "--journal")  # before any block is stored
     options = AddOptions(cid_version=cid_version, raw_leaves=raw_leaves,  # type: ignore[arg-type]
                          chunk_size=_chunk_size(chunker))
     if path.is_dir():
@@ -176,24 +183,31 @@ def cat(
 
 @pin_app.command("add")
 def pin_add(cid: Annotated[str, typer.Argument(help="CID to pin")], api: ApiOption = None, home: HomeOption = None,
-            timeout: TimeoutOption = 60.0) -> None:
+            timeout: TimeoutOption = 60.0, as_json: JsonOption = False) -> None:
     """Pin CID (its content must be in the store, or fetchable by the daemon).
 
-    Example: aitbc ipfs pin add QmHash
+    Example: aitbc ipfs pin add QmHash --json
     """
     _with_store(api, home, timeout, lambda store: store.pin(cid))
-    typer.echo(f"pinned {cid}")
+    _pin_done(cid, pinned=True, as_json=as_json)
 
 
 @pin_app.command("rm")
 def pin_rm(cid: Annotated[str, typer.Argument(help="CID to unpin")], api: ApiOption = None, home: HomeOption = None,
-           timeout: TimeoutOption = 60.0) -> None:
+           timeout: TimeoutOption = 60.0, as_json: JsonOption = False) -> None:
     """Unpin CID (a no-op when it is not pinned).
 
     Example: aitbc ipfs pin rm QmHash
     """
     _with_store(api, home, timeout, lambda store: store.unpin(cid))
-    typer.echo(f"unpinned {cid}")
+    _pin_done(cid, pinned=False, as_json=as_json)
+
+
+def _pin_done(cid: str, *, pinned: bool, as_json: bool) -> None:
+    if as_json:
+        print_json({"cid": cid, "pinned": pinned})
+    else:
+        typer.echo(f"{'pinned' if pinned else 'unpinned'} {cid}")
 
 
 @pin_app.command("ls")

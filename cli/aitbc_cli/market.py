@@ -7,13 +7,12 @@ from enum import Enum
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from aitbc_agent_sdk.models.inert import terminal_markup
 
 from .common import HomeOption, JsonOption, NetworkOption, network_or_default, print_json, resolve_home, unlock
-from .render import eth
+from .render import eth, output_console
 
 app = typer.Typer(help="Browse the market: signed offers, bonds and on-chain reputation.", no_args_is_help=True)
 
@@ -75,4 +74,4 @@ def list_offers(
     for r in rows:
         table.add_row(terminal_markup(r["provider"]), terminal_markup(r["hardware"]), eth(r["price_wei"]), eth(r["stake_wei"]), f"{r['reputation']:.2f}",
                       f"{r['completed']}/{r['failed']}/{r['slashes']}", str(r["free_slots"]), f"{r['score']:.3f}")
-    Console().print(table)
+    output_console().print(table)

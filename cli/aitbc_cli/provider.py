@@ -25,6 +25,7 @@ from .common import (
     HomeOption, JsonOption, cli_parser, eth_amount_option, print_json, resolve_home, unlock, wallet_store,
 )
 from .params import format_eth
+from .render import output_console
 
 app = typer.Typer(help="Run a provider daemon and see its jobs and earnings.", no_args_is_help=True)
 
@@ -85,6 +86,8 @@ def start(
         help="stop working for a coordinator once N delivered rounds lack its signed payment receipt "
              "(default 2; 0: never stop, trusting it to pay)")] = None,
     home: HomeOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="once serving, print one JSON object on stdout: "
+                                                         "{address, price_wei, slots, tasks}; errors too")] = False,
 ) -> None:
     """Serve until interrupted: signed offer, heartbeats, jobs in a separate training process.
 
@@ -101,8 +104,7 @@ def start(
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-        Console(stderr=True).print(f"provider {account.address} serving at {format_eth(price)} ETH per round "
-                                   f"(Ctrl-C stops)")
+        _announce(account.address, price, slots, policy, as_json)
         await serve_provider(root, account, price_wei=price, slots=slots, gpu=gpu.value,
                              stake_wei=stake or None, stop=stop, threads=threads, tasks=policy,
                              sandbox=None if no_sandbox else TrainingSandbox(hidden_paths=(root,)),
@@ -110,6 +112,13 @@ def start(
                              max_unreceipted_rounds=max_unreceipted_rounds)
 
     asyncio.run(serve())
+
+
+def _announce(address: str, price: int, slots: int | None, policy: TaskPolicy, as_json: bool) -> None:
+    if as_json:  # the address a script needs, at once (the daemon runs on)
+        print_json({"address": address, "price_wei": price, "slots": slots, "tasks": policy.accepts})
+    else:
+        Console(stderr=True).print(f"provider {address} serving at {format_eth(price)} ETH per round (Ctrl-C stops)")
 
 
 @app.command()
@@ -137,7 +146,7 @@ def status(wallet: WalletOption, home: HomeOption = None, as_json: JsonOption = 
         table.add_row(terminal_markup(job["job_id"]), terminal_markup(job["training_id"]), str(job["round"]),
                       terminal_markup(job["status"]),
                       f"{job['epoch']}/{job['epochs']}", f"{job['loss']:.4f}" if job["loss"] is not None else "-")
-    console = Console()
+    console = output_console()
     console.print(table)
     console.print(f"earned {format_eth(state['earned_wei'])} ETH in {len(earnings)} payments")
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
@@ -12,6 +14,12 @@ from aitbc_agent_sdk.models.inert import terminal_markup
 from .report_view import bytes_text, is_classifier, metric_text, task_metric_names
 
 WEI_PER_ETH = 10**18
+PIPE_WIDTH = 1000  # columns when stdout is not a terminal: a table's ids are never cut or wrapped
+
+
+def output_console() -> Console:
+    """stdout's console: the terminal's width on a terminal; in a pipe or a file wide enough for whole ids."""
+    return Console() if sys.stdout.isatty() else Console(width=PIPE_WIDTH)
 
 
 def eth(wei: int) -> str:
@@ -72,3 +80,17 @@ class LiveTraining:
         speed = f"{p.samples_per_s:,.0f} samples/s" if p.samples_per_s else ""
         self.progress.update(self.workers[p.worker_id], completed=done,
                              detail=f"round {p.round} {p.status} {loss} {speed}".strip())
+
+
+def hiring_warnings(*, asked_workers: int, asked_spares: int, workers: int, spares: int) -> list[str]:
+    """One line per role hired short of what was asked (the rest of the market did not qualify)."""
+    lines = []
+    if workers < asked_workers:
+        lines.append(f"asked for {asked_workers} workers, the market has {workers} that "
+                     f"{'qualifies' if workers == 1 else 'qualify'}: training with {workers} "
+                     f"(see --min-gpu/--min-stake)")
+    if spares < asked_spares:
+        lines.append(f"asked for {asked_spares} spares, the market has {spares} more that "
+                     f"{'qualifies' if spares == 1 else 'qualify'}: training with {spares} "
+                     f"spare{'' if spares == 1 else 's'} (see --min-gpu/--min-stake)")
+    return lines

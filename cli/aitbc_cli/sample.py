@@ -13,11 +13,10 @@ from aitbc_agent_sdk.models import MAX_SAMPLE_TOKENS, SampleResult
 from aitbc_agent_sdk.models.inert import visible
 
 from .common import HomeOption, JsonOption, print_json, resolve_home
-from .training_options import TrainingIdOption
+from .training_views import LATEST, TrainingRefOption, resolve_training_id
 
 
 def sample(
-    training_id: TrainingIdOption,
     prompt: Annotated[str, typer.Option("--prompt", help="the text the model continues (byte-level tokens; "
                                                          "empty: start a new document)")],
     tokens: Annotated[int, typer.Option("--tokens", min=1, max=MAX_SAMPLE_TOKENS,
@@ -27,6 +26,7 @@ def sample(
     top_k: Annotated[int, typer.Option("--top-k", min=0,
                                        help="sample among the k likeliest tokens; 0: among all of them")] = 40,
     seed: Annotated[int, typer.Option("--seed", help="seed of the sampling: the same seed gives the same text")] = 0,
+    training_id: TrainingRefOption = LATEST,
     home: HomeOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -38,7 +38,8 @@ def sample(
     """
     from aitbc_agent_sdk.flow.sampling import sample_training
 
-    result = asyncio.run(sample_training(resolve_home(home), training_id, prompt, tokens=tokens,
+    root = resolve_home(home)
+    result = asyncio.run(sample_training(root, resolve_training_id(root, training_id), prompt, tokens=tokens,
                                          temperature=temperature, top_k=top_k or None, seed=seed))
     if as_json:
         print_json(result.model_dump(mode="json"))

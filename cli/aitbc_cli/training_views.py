@@ -4,7 +4,10 @@ None of them writes to the home."""
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
 import time
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -16,12 +19,40 @@ from rich.live import Live
 from aitbc_agent_sdk import flow
 from aitbc_agent_sdk.coordinator.monitor import Snapshot, snapshot
 from aitbc_agent_sdk.errors import ConfigError
+from aitbc_agent_sdk.models import RoundMetrics
 from aitbc_agent_sdk.models.inert import terminal_markup, visible
 from aitbc_agent_sdk.profile import training_dir
 
 from .common import ExitCode, HomeOption, JsonOption, print_json, resolve_home
+from .render import output_console, round_detail
 from .report_view import narrow_table, round_columns, short
-from .training_options import TrainingIdArgument, TrainingIdOption
+
+# -- which training: an id, or the newest one ------------------------------------------------------
+
+LATEST = "latest"
+_WHICH = "the training (training_...); 'latest' or omitted: the newest one in the home"
+TrainingRefArgument = Annotated[str, typer.Argument(metavar="TRAINING_ID", help=_WHICH, show_default=False)]
+TrainingRefOption = Annotated[str, typer.Option("--training-id", metavar="ID", help=_WHICH)]
+
+
+class NoTrainingsError(ConfigError):
+    """'latest' in a home that has no training yet (exit 2)."""
+
+
+def newest_training(trainings: Sequence[flow.TrainingSummary]) -> str | None:
+    """The id of the most recently created training, None when there is none."""
+    return max(trainings, key=lambda t: t.created_at).training_id if trainings else None
+
+
+def resolve_training_id(home: Path, given: str) -> str:
+    """GIVEN, or for 'latest' the newest training of HOME, read from the store ``list`` reads."""
+    if given != LATEST:
+        return given
+    newest = newest_training(asyncio.run(flow.list_trainings(home)))
+    if newest is None:
+        raise NoTrainingsError(f"no trainings yet in {home}: start one with 'aitbc distributed-training run', "
+                               f"or 'aitbc distributed-training init' on a devnet")
+    return newest
 
 
 def list_trainings(home: HomeOption = None, as_json: JsonOption = False) -> None:
@@ -40,16 +71,19 @@ def list_trainings(home: HomeOption = None, as_json: JsonOption = False) -> None
         table.add_row(terminal_markup(r.training_id), terminal_markup(r.model_type), terminal_markup(r.phase),
                       f"{r.round}/{r.rounds}",
                       f"{r.workers}/{r.target_workers}", "yes" if r.driven else "no", created)
-    Console().print(table)
+    output_console().print(table)
 
 
 def logs(
-    training_id: TrainingIdArgument,
+    training_id: TrainingRefArgument = LATEST,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="wait for new lines until the training ends "
                                                                 "(Ctrl-C stops watching, not the training)")] = False,
     source: Annotated[str, typer.Option(
         help="auto: the coordinator daemon's log if it has one, else the audit log; or coordinator, audit")] = "auto",
     home: HomeOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON object: {training_id, source, lines}; with "
+                                                         "--follow one object per line as it comes (JSON Lines)")
+                       ] = False,
 ) -> None:
     """Print a training's log: the coordinator daemon's, or its audit log one readable line per event.
 
@@ -58,20 +92,44 @@ def logs(
     if source not in ("auto", "coordinator", "audit"):
         raise typer.BadParameter(f"{source!r} is not one of auto, coordinator, audit", param_hint="--source")
     root = resolve_home(home)
+    training_id = resolve_training_id(root, training_id)
+    kind = flow.log_file(root, training_id, source)[1]  # type: ignore[arg-type]
+    lines: list[dict[str, Any]] = []
 
     async def show() -> None:
-        async for line in flow.log_lines(root, training_id, source, follow=follow):  # type: ignore[arg-type]
-            typer.echo(visible(line))  # the log holds workers' reasons
+        async for raw in flow.log_lines(root, training_id, source, follow=follow, raw=True):  # type: ignore[arg-type]
+            line = log_line_json(raw, kind)
+            if not as_json:
+                typer.echo(visible(line["line"]))  # the log holds workers' reasons
+            elif follow:
+                print_json({"training_id": training_id, "source": kind, **line})
+            else:
+                lines.append(line)
 
     try:
         asyncio.run(show())
     except KeyboardInterrupt:
         raise typer.Exit(ExitCode.INTERRUPTED) from None
+    if as_json and not follow:
+        print_json({"training_id": training_id, "source": kind, "lines": lines})
+
+
+def log_line_json(raw: str, kind: str) -> dict[str, Any]:
+    """A log line for --json: its readable text, and for an audit line the entry itself (None if damaged)."""
+    if kind != "audit":
+        return {"line": raw}
+    try:
+        entry = json.loads(raw)
+    except ValueError:
+        entry = None
+    return {"line": flow.audit_text(raw), "entry": entry if isinstance(entry, dict) else None}
 
 
 def monitor(
-    training_id: TrainingIdOption,
-    follow: Annotated[bool, typer.Option("--follow", help="refresh until the training ends")] = False,
+    training_id: TrainingRefOption = LATEST,
+    follow: Annotated[bool, typer.Option("--follow", help="refresh until the training ends; in a pipe or with "
+                                                          "--json one line (JSON object) per event as it happens")
+                      ] = False,
     interval: Annotated[float, typer.Option(min=0.1, help="seconds between refreshes with --follow")] = 1.0,
     home: HomeOption = None,
     as_json: JsonOption = False,
@@ -83,15 +141,17 @@ def monitor(
     Example: aitbc distributed-training monitor --training-id training_... --follow
     """
     root = resolve_home(home)
-    if as_json:
-        while True:
-            snap = asyncio.run(_snapshot(root, training_id))
-            print_json(snap.model_dump(mode="json"))
-            if not follow or snap.finished:
-                return
-            time.sleep(interval)
-    console = Console()
+    training_id = resolve_training_id(root, training_id)
+    if follow and (as_json or not sys.stdout.isatty()):
+        console = Console(soft_wrap=True, highlight=False)
+        follow_events(lambda: asyncio.run(_snapshot(root, training_id)), interval,
+                      print_json if as_json else lambda event: console.print(event_line(event)))
+        return
     snap = asyncio.run(_snapshot(root, training_id))
+    if as_json:
+        print_json(snap.model_dump(mode="json"))
+        return
+    console = output_console()
     if not follow:
         console.print(render_snapshot(snap))
         return
@@ -102,12 +162,14 @@ def monitor(
             live.update(render_snapshot(snap))
 
 
-def payments(training_id: TrainingIdOption, home: HomeOption = None, as_json: JsonOption = False) -> None:
+def payments(training_id: TrainingRefOption = LATEST, home: HomeOption = None, as_json: JsonOption = False) -> None:
     """Every payment of a training, with its transaction hash, and the escrow's totals.
 
     Example: aitbc distributed-training payments --training-id training_... --json
     """
-    snap = asyncio.run(_snapshot(resolve_home(home), training_id))
+    root = resolve_home(home)
+    training_id = resolve_training_id(root, training_id)
+    snap = asyncio.run(_snapshot(root, training_id))
     if as_json:
         print_json({"training_id": training_id, "payments": [p.model_dump(mode="json") for p in snap.payments],
                     "escrow": snap.escrow.model_dump(mode="json") if snap.escrow else None})
@@ -117,14 +179,14 @@ def payments(training_id: TrainingIdOption, home: HomeOption = None, as_json: Js
     for p in snap.payments:
         table.add_row(terminal_markup(short(p.worker_id)), flow.eth_text(p.amount_wei),
                       terminal_markup(short(p.result_hash, 10)), terminal_markup(short(p.tx_hash, 10, 8)))
-    console = Console()
+    console = output_console()
     console.print(table)
     if snap.escrow is not None:
         console.print(_escrow_line(snap))
 
 
 def audit(
-    training_id: TrainingIdOption,
+    training_id: TrainingRefOption = LATEST,
     home: HomeOption = None,
     as_json: JsonOption = False,
     repair: Annotated[bool, typer.Option(
@@ -137,7 +199,9 @@ def audit(
     """
     from aitbc_agent_sdk.audit import AuditEntry, parse_line, repair_log, verify_log
 
-    path = training_dir(resolve_home(home), training_id) / "audit.jsonl"
+    root = resolve_home(home)
+    training_id = resolve_training_id(root, training_id)
+    path = training_dir(root, training_id) / "audit.jsonl"
     if not path.exists():
         raise ConfigError(f"no audit log for {training_id} at {path}")
     if repair:
@@ -156,7 +220,7 @@ def audit(
             details = ", ".join(f"{k}={v}" for k, v in e.fields.items())
             table.add_row(str(e.seq), time.strftime("%H:%M:%S", time.localtime(e.ts)), terminal_markup(e.event),
                           terminal_markup(details))
-        console = Console()
+        console = output_console()
         console.print(table)
         console.print("[green]chain verified[/]" if result.ok else
                       f"[red]chain broken at line {result.first_bad_line}: {terminal_markup(result.reason)}[/]")
@@ -202,17 +266,84 @@ def render_snapshot(snap: Snapshot) -> Group:
         events = narrow_table("pool and fault events", "event", "worker", "round", "detail")
         events.columns[-1].no_wrap = False
         for e in snap.events[-12:]:
-            detail = e.get("reason") or (f"moved {e['moved']} samples" if "moved" in e else "") or (
-                f"throughput {e['throughput']}/s" if "throughput" in e else "") or (
-                f"segments {e['segments']} re-executed: passed" if e.get("passed") else "")
             # The audit log's fields are other parties' words (a worker's error as the reason): cut, then escaped.
             worker = short(str(e["worker"])) if e.get("worker") else "-"
             events.add_row(terminal_markup(e["event"]), terminal_markup(worker), terminal_markup(e.get("round", "-")),
-                           terminal_markup(str(detail)[:70]))
+                           terminal_markup(_event_detail(e)[:70]))
         parts.append(events)
     if snap.escrow is not None:
         parts.append(_escrow_line(snap))
     return Group(*parts)
+
+
+def _event_detail(e: dict[str, Any]) -> str:
+    """What a pool or fault event from the audit log says, in a few words."""
+    return str(e.get("reason") or (f"moved {e['moved']} samples" if "moved" in e else "") or (
+        f"throughput {e['throughput']}/s" if "throughput" in e else "") or (
+        f"segments {e['segments']} re-executed: passed" if e.get("passed") else ""))
+
+
+# -- monitor --follow in a pipe: one line (or JSON object) per event ------------------------------
+
+_WORKER_STEP = ("round", "status", "epoch")  # a worker's progress worth a line
+
+
+def snapshot_events(before: Snapshot | None, after: Snapshot) -> list[dict[str, Any]]:
+    """What happened between two snapshots of a training, oldest kind first, as JSON-ready records with an
+    ``event`` key: phase, round (a finished round's metrics), worker (a step of its job), payment, and the
+    audit log's pool and fault events under their own names. BEFORE None: everything so far."""
+    out: list[dict[str, Any]] = []
+    if before is None or before.phase != after.phase:
+        out.append({"event": "phase", "training_id": after.training_id, "phase": after.phase.value,
+                    "round": after.round, "rounds": after.rounds})
+    done = {r.round for r in before.round_metrics} if before else set()
+    out += [{"event": "round", "rounds": after.rounds, **r.model_dump(mode="json")}
+            for r in after.round_metrics if r.round not in done]
+    seen = {w.worker_id: tuple(getattr(w, f) for f in _WORKER_STEP) for w in before.workers} if before else {}
+    out += [{"event": "worker", **w.model_dump(mode="json")} for w in after.workers
+            if seen.get(w.worker_id) != tuple(getattr(w, f) for f in _WORKER_STEP)]
+    out += [{"event": "payment", **p.model_dump(mode="json")}
+            for p in after.payments[len(before.payments) if before else 0:]]
+    out += [dict(e) for e in after.events[len(before.events) if before else 0:]]
+    return out
+
+
+def event_line(event: dict[str, Any]) -> str:
+    """One event as a line of rich markup; other parties' words are escaped."""
+    kind = event["event"]
+    if kind == "phase":
+        return f"{terminal_markup(event['training_id'])}: {event['phase']}, round {event['round']}/{event['rounds']}"
+    if kind == "round":
+        metrics = RoundMetrics.model_validate({k: v for k, v in event.items() if k in RoundMetrics.model_fields})
+        return f"round {event['round']}/{event['rounds']}: {round_detail(metrics)}"
+    if kind == "worker":
+        loss = f" loss {event['loss']:.4f}" if event.get("loss") is not None else ""
+        speed = f" {event['samples_per_s']:,.0f} samples/s" if event.get("samples_per_s") else ""
+        return (f"worker {terminal_markup(short(event['worker_id']))} round {event['round']} "
+                f"{terminal_markup(event['status'])} epoch {event['epoch']}/{event['epochs']}{loss}{speed}")
+    if kind == "payment":
+        return (f"paid {flow.eth_text(int(event['amount_wei']))} ETH to {terminal_markup(short(event['worker_id']))} "
+                f"(tx {terminal_markup(short(event['tx_hash'], 10, 8))})")
+    if kind == "finished":
+        return f"{terminal_markup(event['training_id'])} ended: {event['phase']} after round {event['round']}"
+    worker = f" worker {short(str(event['worker']))}" if event.get("worker") else ""
+    where = f" round {event['round']}" if "round" in event else ""
+    detail = _event_detail(event)
+    return terminal_markup(f"{kind}{worker}{where}{': ' + detail[:200] if detail else ''}")
+
+
+def follow_events(read: Callable[[], Snapshot], interval: float, emit: Callable[[dict[str, Any]], None]) -> Snapshot:
+    """Emit each event as it happens until the training ends, then ``finished`` with the last snapshot."""
+    before: Snapshot | None = None
+    while True:
+        after = read()
+        for event in snapshot_events(before, after):
+            emit(event)
+        if after.finished:
+            emit({"event": "finished", **after.model_dump(mode="json")})
+            return after
+        before = after
+        time.sleep(interval)
 
 
 def register(app: typer.Typer) -> None:
