@@ -137,8 +137,9 @@ PASSWORD_FILE = "wallet-password"
 
 
 def devnet_password(home: Path, *, create: bool = False) -> str | None:
-    """The password of the devnet's own wallets: $AITBC_WALLET_PASSWORD, else a random one kept 0600 in $AITBC_HOME."""
-    if env := os.environ.get("AITBC_WALLET_PASSWORD"):
+    """The password of the devnet's own wallets: $AITBC_PASSWORD or $AITBC_WALLET_PASSWORD (its older name), else
+    a random one kept 0600 in $AITBC_HOME."""
+    if env := os.environ.get("AITBC_PASSWORD") or os.environ.get("AITBC_WALLET_PASSWORD"):
         return env
     path = home / "devnet" / PASSWORD_FILE
     if path.is_file():

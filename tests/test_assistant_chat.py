@@ -220,11 +220,25 @@ def test_gate_on_a_real_devnet(aitbc_cmd, cli_env, aitbc_home, devnet) -> None:
     request = "find 2 workers under 1 eth each and train an mlp on digits for 1 round"
     before = chain_balance(aitbc_home)
 
-    for attempt in (["--dry-run"], []):  # a dry run, then "n" at the prompt
-        done = chat(aitbc_cmd, cli_env, *attempt, request, stdin="n\n")
-        assert done.returncode == 0, done.stderr
-        assert "discover_workers" in done.stdout and ("Dry run" in done.stdout or "not confirmed" in done.stdout)
-        assert trainings(aitbc_home) == [] and chain_balance(aitbc_home) == before
+    planned = chat(aitbc_cmd, cli_env, "--dry-run", request)
+    assert planned.returncode == 0, planned.stderr
+    assert "discover_workers" in planned.stdout and "Dry run" in planned.stdout
+    # No terminal to ask and no --yes: exit 2 naming the flag, as run and distribute do; nothing spent.
+    refused = chat(aitbc_cmd, cli_env, request, stdin="y\n")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "--yes" in refused.stderr and "Traceback" not in refused.stderr
+    assert trainings(aitbc_home) == [] and chain_balance(aitbc_home) == before
+
+    # A cost question gets a figure from the market's offers (workers x price x rounds), not a plan.
+    priced = chat(aitbc_cmd, cli_env, "--json", "how much would 2 workers for 3 rounds cost?")
+    assert priced.returncode == 0, priced.stderr
+    step, = json.loads(priced.stdout)["steps"]
+    estimate = step["result"]["data"]
+    assert step["tool"] == "cost_estimate" and len(estimate["workers"]) == 2
+    deposit = sum(int(w["price_wei"]) for w in estimate["workers"]) * 3
+    assert estimate["cost"]["deposit_wei"] == str(deposit)
+    assert f"{deposit / 10**18:.4f} ETH" in step["result"]["summary"]
+    assert chain_balance(aitbc_home) == before
 
     done = chat(aitbc_cmd, cli_env, "--yes", "--json", request)
     assert done.returncode == 0, done.stderr

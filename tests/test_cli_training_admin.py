@@ -1,6 +1,7 @@
 """Managing trainings from the CLI, as `sky status/logs/cancel` and `flwr ls/log/stop` users expect:
 `distribute` previews its cost and asks, `list`, `logs --follow`, and `stop` of a detached
-coordinator. Real servers: mosquitto, anvil and provider daemons from `aitbc devnet up`."""
+coordinator. Real servers: mosquitto, anvil and provider daemons, started by `init --yes` on a home with no
+devnet, as on a fresh machine."""
 
 import asyncio
 import json
@@ -42,9 +43,10 @@ def listed(aitbc_cmd, env, tid) -> dict:
 
 @pytest.fixture
 def devnet(aitbc_cmd, cli_env, aitbc_home):
+    """Stops the devnet that the test's `init --yes` starts."""
     aitbc_home.mkdir(parents=True, exist_ok=True)
     cli_env.pop("AITBC_WALLET_PASSWORD", None)
-    aitbc(aitbc_cmd, cli_env, "devnet", "up", "--providers", "3", timeout=300)
+    cli_env.pop("AITBC_PASSWORD", None)
     try:
         yield
     finally:
@@ -54,7 +56,13 @@ def devnet(aitbc_cmd, cli_env, aitbc_home):
 def test_preview_list_logs_and_stop_of_a_detached_coordinator(aitbc_cmd, cli_env, aitbc_home, devnet):
     assert aitbc(aitbc_cmd, cli_env, "distributed-training", "list") == {"trainings": []}
     assert not (aitbc_home / "aitbc.db").exists()  # listing an empty home creates nothing
-    tid = aitbc(aitbc_cmd, cli_env, "distributed-training", "init", "--wallet", "dev", "--workers", "3",
+    # A fresh machine: no devnet, no terminal to ask whether to start one, no password set.
+    bare = cli(aitbc_cmd, cli_env, "distributed-training", "init", "--wallet", "my-agent-wallet")
+    assert bare.returncode == 2 and "--yes" in bare.stderr and "aitbc devnet up" in bare.stderr, bare.stderr
+    assert "password" not in bare.stderr and not (aitbc_home / "profile.json").exists()
+    # --yes starts the local devnet (the seed's wallet name funded as a coordinator), then creates the training.
+    tid = aitbc(aitbc_cmd, cli_env, "distributed-training", "init", "--yes", "--wallet", "my-agent-wallet",
+                "--workers", "3",
                 "--rounds", str(ROUNDS), "--epochs", "1", "--round-timeout", "900", "--first-round-deadline", "150",
                 "--resend-timeout", "12.5")["training_id"]
     with sqlite3.connect(aitbc_home / "aitbc.db") as db:  # the timeouts are stored with the training

@@ -76,6 +76,7 @@ LEXICON: dict[str, tuple[str, ...]] = {
     "RESUME": ("resume", "continue", "carry on", "pick up", "restart", "relaunch", "revive", "restore",
                "take over", "keep go"),
     "COORD": ("coordinator", "daemon", "driver", "orchestrator", "coordinat"),
+    "COST": ("cost", "estimate", "quote", "price of", "expense", "expensive", "budget"),
 }
 
 

@@ -22,6 +22,14 @@ class OffersArgs(ToolArgs):
     wallet: str = Field("dev", description="wallet that signs the discovery request (nothing is spent)")
 
 
+class CostArgs(ToolArgs):
+    workers: int = Field(3, ge=1, le=64, description="workers to price")
+    rounds: int = Field(5, ge=1, le=1000, description="federated rounds")
+    min_gpu: str | None = Field(None, description="slowest GPU accepted, e.g. RTX4090; omitted: any")
+    max_price: float | None = Field(None, gt=0, description="highest price per round per worker, in ETH")
+    wallet: str = Field("dev", description="wallet that signs the discovery request (nothing is spent)")
+
+
 class WalletArgs(ToolArgs):
     wallet: str = Field("dev", description="wallet name in $AITBC_HOME/wallets")
 
@@ -32,7 +40,11 @@ async def monitor(ctx: ToolContext, a: TrainingArgs) -> ToolResult:
     words = [f"{tid} is {snap.phase.value}, round {snap.round} of {snap.rounds} ({snap.model_type})."]
     if snap.round_metrics:
         last = snap.round_metrics[-1]
-        words.append(f"Round {last.round} reached test accuracy {last.accuracy:.4f} (loss {last.loss:.4f}).")
+        # The task's own metric (a regression's mse): accuracy only where the task reported it
+        own = [(n, v) for n, v in last.metrics.items() if n not in ("loss", "accuracy")]
+        score = (f"test accuracy {last.accuracy:.4f}" if "accuracy" in last.metrics or not own
+                 else f"{own[0][0]} {own[0][1]:.4f}")
+        words.append(f"Round {last.round} reached {score} (loss {last.loss:.4f}).")
     busy = [w for w in snap.workers if w.role == "worker"]
     if busy:
         words.append(f"{len(busy)} workers: " + ", ".join(f"{w.status} {w.progress:.0f}%" for w in busy[:8]) + ".")
@@ -93,6 +105,23 @@ async def market_offers(ctx: ToolContext, a: OffersArgs) -> ToolResult:
     return ToolResult(f"{len(rows)} offers on the market for {what}.", {"offers": rows})
 
 
+async def cost_estimate(ctx: ToolContext, a: CostArgs) -> ToolResult:
+    """The escrow a training would need, priced as ``run --dry-run`` prices it: the offers the coordinator
+    would pick (its scoring), workers x price x rounds (flow.preview)."""
+    from .. import flow
+
+    max_wei = sdk.to_wei(a.max_price) if a.max_price is not None else None
+    account = await sdk.unlock(ctx, a.wallet)
+    async with sdk.devnet_agent(ctx, account) as agent:
+        found = await agent.discover_gpu_workers(min_gpu=a.min_gpu, max_price_wei=max_wei)
+        picked = agent.coordinator.select(found, a.workers)
+        cost = flow.preview([w.price for w in picked], [], a.rounds, min_stake_wei=agent.coordinator.min_stake(None))
+    return ToolResult(flow.estimate_text(cost, asked=a.workers, hardware=a.min_gpu),
+                      {"asked_workers": a.workers, "min_gpu": a.min_gpu, "cost": cost.as_json(),
+                       "workers": [{"provider": w.worker_id, "hardware": w.gpu_type, "price_wei": str(w.price)}
+                                   for w in picked]})
+
+
 async def wallet_balance(ctx: ToolContext, a: WalletArgs) -> ToolResult:
     from ..chain import connect_rpc
     from ..devnet.network import wallet_store
@@ -120,6 +149,9 @@ TOOLS: tuple[Tool, ...] = (
          "coordinator daemon is running it).", TrainingArgs, "spend", pay_workers, "pay the workers"),
     Tool("market_offers", "List the providers' current offers (GPU, price, bond, reputation), scored.",
          OffersArgs, "read", market_offers, "find RTX 3090 workers under 0.5 ETH"),
+    Tool("cost_estimate", "What a training would cost: the best offers for the hardware asked, workers x price "
+         "x rounds, as run --dry-run shows it. Spends nothing.", CostArgs, "read", cost_estimate,
+         "how much would 8 RTX 4090s for 20 rounds cost?"),
     Tool("wallet_balance", "A wallet's address and ETH balance on the devnet chain.", WalletArgs, "read",
          wallet_balance, "what is my wallet balance?"),
 )

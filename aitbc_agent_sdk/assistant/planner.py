@@ -117,6 +117,8 @@ PLANNERS: dict[str, Callable[[Entities], list[Step]]] = {
     "pay_workers": lambda e: [Step("pay_workers", _given(training_id=e.training_id))],
     "payments": lambda e: [Step("payments", _given(training_id=e.training_id))],
     "wallet_balance": lambda e: [Step("wallet_balance", _given(wallet=e.wallet))],
+    "cost_estimate": lambda e: [Step("cost_estimate", _given(workers=e.worker_count, rounds=e.rounds,
+                                                             min_gpu=e.gpu_model, max_price=_price(e)))],
 }
 
 

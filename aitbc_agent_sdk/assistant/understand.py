@@ -53,7 +53,7 @@ RULES: tuple[IntentRule, ...] = (
         "TRAIN": 2, "MARKET": 1.5, "price": 1.5, "gpu_model": 1, "worker_count": 1, "HIRE": 1, "model_type": 1,
         "language_model": 1.5,
         "path": 0.5, "NODE": -1.5, "host_count": -2, "training_id": -3, "STATUS": -1.5, "PAY_ACT": -2,
-        "PAYMENT_REC": -1, "MOUNT": -2, "CRASH": -2, "INIT": -2, "WALLET": -0.5}),
+        "PAYMENT_REC": -1, "MOUNT": -2, "CRASH": -2, "INIT": -2, "WALLET": -0.5, "COST": -2}),
     IntentRule("market_offers", (("MARKET", "price", "gpu_model"), ("DETECT", "HIRE", "price", "SHOWISH")), {
         "MARKET": 2, "DETECT": 1, "price": 1.5, "gpu_model": 1, "worker_count": 0.5,
         "TRAIN": -2.5, "training_id": -2, "PAY_ACT": -3, "PAYMENT_REC": -1.5, "NODE": -1, "CLUSTER": -1.5,
@@ -79,7 +79,11 @@ RULES: tuple[IntentRule, ...] = (
         "PAY_ACT": 3, "LEAD_PAY_ACT": 2, "MARKET": 1, "training_id": 1, "SHOWISH": -2, "PAST": -2, "WALLET": -1}),
     IntentRule("payments", (("PAYMENT_REC", "PAY_ACT"), ("SHOWISH", "PAST")), {
         "PAYMENT_REC": 2, "SHOWISH": 1.5, "PAST": 1.5, "training_id": 1, "MARKET": 0.5,
-        "WALLET": -1}),
+        "WALLET": -1, "COST": -1.5}),
+    # "How much would 8 RTX 4090s for 20 rounds cost?": a figure, never a plan that hires or pays.
+    IntentRule("cost_estimate", (("COST",), ("worker_count", "gpu_model", "rounds", "MARKET", "TRAIN")), {
+        "COST": 3, "worker_count": 1, "gpu_model": 1, "rounds": 1, "MARKET": 0.5, "TRAIN": 0.5,
+        "training_id": -3, "PAST": -3, "WALLET": -1, "NODE": -1, "host_count": -2}),
     IntentRule("wallet_balance", (("WALLET",),), {
         "WALLET": 2.5, "BALWORD": 1, "SHOWISH": 0.5, "wallet": 1,
         "MEMORY": -3, "GPU": -2, "PAY_ACT": -2, "BATCH": -2, "training_id": -1, "TRAIN": -1}),

@@ -12,11 +12,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import AitbcError, NotEnoughWorkersError, TrainingError
+from ..errors import AitbcError, ConfigError, NotEnoughWorkersError, TrainingError
 from ..models import (
     RoundReport, Settlement, TrainingPhase, TrainingRecord, TrainingReport, TrainingSpec, Worker, WorkerReport,
 )
 from ..training.bound_task import REHEARSAL_SAMPLES
+from ..training.file_sharding import partition_problem
+from ..training.task import TrainingTask
 from ..training.dataset_dirs import manifest_shape
 from .deadlines import job_work, round_timeout
 from .inputs import RoundInputs
@@ -52,16 +54,26 @@ async def prepare(coordinator: Coordinator, request: RunRequest) -> Prepared:
     blocks a later run reuses), so it is read once and a rehearsal reads a few samples of it."""
     spec = request.spec
     dataset_cid, manifest = await coordinator.data.import_dataset(request.dataset, label_column=request.label_column,
+                                                                  target=spec.target,
                                                                   declared_size=spec.dataset_size,
                                                                   encrypt=spec.encrypt)
     spec = spec_for_dataset(spec, manifest.kind)  # transformer on a corpus: the language model
+    if (problem := partition_problem(manifest, spec.partition)) is not None:  # before anything is funded
+        raise ConfigError(problem)
     task = await coordinator.tasks.bound(spec)  # an unknown task or bad parameters: fail now
     task.model_spec(manifest_shape(manifest))
     sample = await coordinator.data.load_sample(manifest, spec, REHEARSAL_TOKENS if manifest.kind == "tokens"
                                                 else REHEARSAL_SAMPLES)
-    await asyncio.to_thread(task.rehearse, sample, spec.job, spec.seed)  # and a broken task, before funding
-    found = await coordinator.discover(min_gpu=request.min_gpu, max_price_wei=spec.max_price_wei, task=spec.task,
-                                       min_stake_wei=spec.min_stake_wei)
+    # A broken task fails here, before funding; the market is asked meanwhile (its answers take a while).
+    discovery = asyncio.create_task(coordinator.discover(min_gpu=request.min_gpu, max_price_wei=spec.max_price_wei,
+                                                         task=spec.task, min_stake_wei=spec.min_stake_wei))
+    try:
+        await asyncio.to_thread(task.rehearse, sample, spec.job, spec.seed)
+    except BaseException:
+        discovery.cancel()
+        await asyncio.gather(discovery, return_exceptions=True)
+        raise
+    found = await discovery
     if len(found) < spec.target_workers:
         raise NotEnoughWorkersError(
             f"asked for {spec.target_workers} workers but only {len(found)} suitable providers answered"
@@ -122,7 +134,11 @@ async def drive_training(coordinator: Coordinator, tid: str, *,
         settlement = await coordinator.money.settle(tid)
         await coordinator.update_phase(tid, P.COMPLETE)
         return settlement, compute
-    except (AitbcError, asyncio.CancelledError, TimeoutError) as exc:
+    except asyncio.CancelledError:
+        # Interrupted, not failed: the training stays funded and open, as after a crash, so its caller can
+        # pay the accepted rounds (`run` on Ctrl-C, flow.settle_interrupted) or a later resume carry it on.
+        raise
+    except (AitbcError, TimeoutError) as exc:
         await fail_training(coordinator, tid, str(exc) or type(exc).__name__)
         if isinstance(exc, TimeoutError):
             within = f" within {limit:g}s" if limit is not None else ""
@@ -227,7 +243,20 @@ async def _report(coordinator: Coordinator, tid: str, selected: list[Worker], re
                     bytes_sent=r.bytes_sent, bytes_received=r.bytes_received)
         for r in rounds)
     assert record.model_cid is not None and record.manifest_cid is not None
+    task = await _reported_task(coordinator, record)
     return TrainingReport(
+        metric=task.metric, higher_is_better=task.higher_is_better, loss_name=task.loss_name,
+        final_metric=rounds[-1].metrics.get(task.metric),
         training_id=tid, status=record.phase, final_accuracy=rounds[-1].accuracy, model_cid=record.model_cid,
         manifest_cid=record.manifest_cid, rounds=round_reports, workers=tuple(workers), escrow=escrow,
         refund_tx=refund_tx, wall_seconds=time.perf_counter() - started, compute_seconds=compute)
+
+
+async def _reported_task(coordinator: Coordinator, record: TrainingRecord) -> TrainingTask:
+    """The task as the report labels it: its metric and loss on the dataset's target kind."""
+    bound = await coordinator.tasks.bound(record.spec)
+    target = "classes"
+    if record.dataset_cid is not None:
+        manifest = await coordinator.data.manifest(record.dataset_cid)
+        target = manifest.arrays.target if manifest.arrays is not None else "classes"
+    return bound.task.for_target(target)

@@ -39,6 +39,8 @@ class DevnetOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     providers: int = Field(default=3, ge=0, le=64)
+    wallets: tuple[str, ...] = Field(default=(), max_length=64, description="coordinator wallets to create (if "
+                                    "missing), fund and admit to the broker besides 'dev' (init names its own)")
     ipfs: Literal["local", "daemon"] = "local"
     ipfs_api: str | None = Field(default=None, description="use this running Kubo/js-ipfs API instead")
     provider_price_wei: int = Field(default=ETH // 100, ge=0)
@@ -104,11 +106,12 @@ async def devnet_up(home: Path, options: DevnetOptions) -> Profile:
         password = devnet_password(home, create=True)
         assert password is not None
         wallets = wallet_store(home)
-        coordinator = await _ensure_wallet(wallets, COORDINATOR_WALLET, password)
+        coordinators = [await _ensure_wallet(wallets, name, password)
+                         for name in dict.fromkeys((COORDINATOR_WALLET, *options.wallets))]
         names = [provider_wallet(i) for i in range(options.providers)]
         addresses = [await _ensure_wallet(wallets, n, password) for n in names]
         accounts = BrokerAccounts(broker_auth_dir(home))
-        accounts.ensure([coordinator, *addresses])
+        accounts.ensure([*coordinators, *addresses])
         tls = None
         if options.broker_tls:
             from .tls import make_broker_tls
@@ -122,7 +125,7 @@ async def devnet_up(home: Path, options: DevnetOptions) -> Profile:
         started.append(node)
         store = await _start_store(home, options, started)
         rpc_url = f"http://{node.host}:{node.port}"
-        deployment = await _deploy_and_fund(rpc_url, coordinator, addresses, options)
+        deployment = await _deploy_and_fund(rpc_url, coordinators, addresses, options)
         profile = Profile(
             bus=BusSettings(host=broker.host, port=broker.port, tls=tls is not None,
                             ca_pem=tls.ca_pem() if tls else None, accounts_dir=accounts.accounts_dir,
@@ -169,15 +172,15 @@ async def _start_store(home: Path, options: DevnetOptions, started: list[Service
     return StoreSettings(kind="local", root=home / "store")
 
 
-async def _deploy_and_fund(rpc_url: str, coordinator: str, providers: list[str],
+async def _deploy_and_fund(rpc_url: str, coordinators: list[str], providers: list[str],
                            options: DevnetOptions) -> Deployment:
-    """Deploy the contracts from anvil's first dev account and fund the coordinator's and providers' wallets."""
+    """Deploy the contracts from anvil's first dev account and fund the coordinators' and providers' wallets."""
     from .anvil import dev_accounts
 
     w3 = await connect_rpc(rpc_url)
     funder = TransactionSender(w3, dev_accounts(1)[0])
     deployment = await deploy_contracts(funder)
-    await fund_accounts(funder, [coordinator], options.coordinator_funding_wei)
+    await fund_accounts(funder, coordinators, options.coordinator_funding_wei)
     if providers:
         await fund_accounts(funder, providers, options.provider_funding_wei)
     return deployment

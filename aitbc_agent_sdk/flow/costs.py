@@ -72,3 +72,17 @@ def preview(prices_wei: Sequence[int], spare_prices_wei: Sequence[int], rounds: 
     return CostPreview(workers=len(prices_wei), rounds=rounds, prices_wei=tuple(prices_wei),
                        spares=len(spare_prices_wei), spare_prices_wei=tuple(spare_prices_wei),
                        min_stake_wei=min_stake_wei, stake_skipped=stake_skipped)
+
+
+def estimate_text(cost: CostPreview, *, asked: int, hardware: str | None) -> str:
+    """A cost question answered in a sentence: COST is the preview ``run --dry-run`` shows, over the best
+    offers the market has now (fewer than ASKED when it has fewer)."""
+    what = f"{hardware} or faster" if hardware else "any hardware"
+    if cost.workers == 0:
+        return f"No offers for {what} on the market now, so {asked} workers cannot be priced; nothing was spent."
+    (line, wei), *_ = cost.items()
+    short = "" if cost.workers >= asked else (f" The market has only {cost.workers} offers for {what} now, "
+                                              f"so {asked} cannot be hired; this prices {cost.workers}.")
+    return (f"{cost.workers} workers ({what}) for {cost.rounds} rounds would put {eth_text(wei)} ETH into the "
+            f"escrow ({line}), paid out only for accepted rounds; the same estimate as `run --dry-run`. "
+            f"Nothing was spent.{short}")

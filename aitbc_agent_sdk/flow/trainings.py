@@ -95,8 +95,9 @@ def _complete_lines(path: Path, offset: int) -> tuple[list[str], int]:
 
 
 async def log_lines(home: Path, training_id: str, source: LogSource = "auto", *, follow: bool = False,
-                    interval: float = 0.5) -> AsyncIterator[str]:
-    """The training's log lines; with ``follow``, new ones as they come until it ends."""
+                    interval: float = 0.5, raw: bool = False) -> AsyncIterator[str]:
+    """The training's log lines; with ``follow``, new ones as they come until it ends. An audit log's
+    lines are made readable (``audit_text``) unless ``raw``."""
     from ..coordinator.phases import is_terminal
 
     await load_training(home, training_id)  # an unknown id fails here
@@ -109,13 +110,13 @@ async def log_lines(home: Path, training_id: str, source: LogSource = "auto", *,
             ended_at = time.monotonic()
         lines, offset = _complete_lines(path, offset)
         for line in lines:
-            yield audit_text(line) if kind == "audit" else line
+            yield audit_text(line) if kind == "audit" and not raw else line
         if not follow:
             return
         # Ended: the daemon still writes its last lines until it lets go of the lock.
         if ended_at is not None and (not is_driven_now(home, training_id) or time.monotonic() - ended_at > 5):
             for line in _complete_lines(path, offset)[0]:
-                yield audit_text(line) if kind == "audit" else line
+                yield audit_text(line) if kind == "audit" and not raw else line
             return
         await asyncio.sleep(interval)
 
@@ -197,3 +198,42 @@ async def wind_down(coordinator: Coordinator, training_id: str) -> tuple[int, in
     await reassign.audit.append("training_failed", reason=STOPPED_REASON)
     await coordinator.update_phase(training_id, TrainingPhase.FAILED)
     return paid, refunded, tx
+
+
+# -- an interrupted in-process run (Ctrl-C, SIGTERM on `run`) ------------------------------------
+@dataclass(frozen=True)
+class Interrupted:
+    """What settling an interrupted run did: the accepted rounds paid, the rest refunded, as ``stop`` does."""
+
+    training_id: str | None  # None: interrupted before a training was written, so nothing was funded
+    accepted_rounds: int = 0
+    workers_paid: int = 0
+    paid_wei: int = 0
+    refunded_wei: int = 0  # back at once
+    held_wei: int = 0  # the escrow keeps it for the workers' receipts until held_until, then it can be reclaimed
+    held_until: int | None = None
+    funded: bool = False
+
+
+async def settle_interrupted(coordinator: Coordinator, known: set[str]) -> Interrupted:
+    """Settle the training an interrupted run wrote (the one not in ``known``): pay its accepted rounds,
+    refund the rest and mark it failed (``wind_down``). One that had already ended (it failed while being
+    funded, and was refunded then) is only reported."""
+    from ..coordinator.phases import is_terminal
+
+    new = [r for r in await coordinator.db.trainings() if r.training_id not in known]
+    if not new:
+        return Interrupted(None)
+    record = max(new, key=lambda r: r.created_at)
+    tid = record.training_id
+    if not is_terminal(record.phase):
+        await wind_down(coordinator, tid)
+    escrow = await coordinator.db.escrow(tid)
+    if escrow is None:
+        return Interrupted(tid)
+    # A round counts once a worker's result in it was accepted (and so paid), aggregated or not.
+    accepted = {c.round for c in await coordinator.db.checkpoints(tid, "accepted")}
+    paid_to = {p.worker_id for p in await coordinator.db.payments(tid) if p.amount_wei > 0}
+    return Interrupted(tid, accepted_rounds=max(accepted, default=0), workers_paid=len(paid_to),
+                       paid_wei=escrow.paid_wei, refunded_wei=escrow.refunded_wei, held_wei=escrow.held_wei,
+                       held_until=escrow.held_until, funded=True)

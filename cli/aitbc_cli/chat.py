@@ -11,22 +11,25 @@ from __future__ import annotations
 import asyncio
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from aitbc_agent_sdk.assistant.executor import StepOutcome
-from aitbc_agent_sdk.assistant.llm import LlmConfig
-from aitbc_agent_sdk.assistant.reply import plan_lines
-from aitbc_agent_sdk.assistant.session import Assistant, Reply
 from aitbc_agent_sdk.errors import ConfigError
 from aitbc_agent_sdk.models.inert import terminal_markup, visible
 from aitbc_agent_sdk.profile import devnet_password
 
-from .common import HomeOption, JsonOption, print_json, resolve_home
+from .common import (
+    HomeOption, JsonOption, PasswordFileOption, PasswordSource, given_password, no_terminal_to_ask, print_json,
+    resolve_home,
+)
 from .render import eth
+
+if TYPE_CHECKING:  # the assistant's tools import torch and web3: only when chat runs
+    from aitbc_agent_sdk.assistant.executor import StepOutcome
+    from aitbc_agent_sdk.assistant.session import Assistant, Reply
 
 EXIT_WORDS = {"exit", "quit", "bye", ":q"}
 
@@ -40,6 +43,7 @@ def chat(
                                                              "http://127.0.0.1:8000/v1 [$AITBC_LLM_BASE_URL]")] = None,
     llm_model: Annotated[Optional[str], typer.Option(help="model name [$AITBC_LLM_MODEL]")] = None,
     offline: Annotated[bool, typer.Option("--offline", help="use the built-in planner even if an LLM is set")] = False,
+    password_file: PasswordFileOption = None,
     home: HomeOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -51,10 +55,14 @@ def chat(
 
     Example: aitbc chat --dry-run "train an mlp on digits with 2 workers"
     """
+    from aitbc_agent_sdk.assistant.llm import LlmConfig
+    from aitbc_agent_sdk.assistant.session import Assistant
+
     root = resolve_home(home)
     llm = None if offline else LlmConfig.resolve(llm_base_url, llm_model)
     out = Console(stderr=as_json)  # with --json, stdout carries one JSON object and nothing else
-    assistant = Assistant(home=root, password=_password_source(root, interactive=not as_json), llm=llm,
+    password = _password_source(root, PasswordSource(password_file, interactive=not as_json))
+    assistant = Assistant(home=root, password=password, llm=llm,
                           notice=lambda line: out.print(f"  {visible(line)}", highlight=False, markup=False))
     if request is not None:
         reply = asyncio.run(_handle(assistant, request, out, yes=yes, dry_run=dry_run, as_json=as_json))
@@ -86,6 +94,8 @@ def _repl(assistant: Assistant, out: Console, *, yes: bool, dry_run: bool, as_js
 
 async def _handle(assistant: Assistant, request: str, out: Console, *, yes: bool, dry_run: bool,
                   as_json: bool) -> Reply:
+    from aitbc_agent_sdk.assistant.reply import plan_lines
+
     quiet = as_json and dry_run
 
     def show(outcomes: list[StepOutcome]) -> None:
@@ -94,19 +104,26 @@ async def _handle(assistant: Assistant, request: str, out: Console, *, yes: bool
             for line in plan_lines(outcomes):
                 out.print(f"  {line}", highlight=False, markup=False)
 
+    unasked: list[str] = []  # what needed a yes that nobody could give (no terminal, no --yes)
+
     def confirm(outcomes: list[StepOutcome]) -> bool:
         gated = [o for o in outcomes if o.gated]
-        out.print(f"[yellow]this {'plan' if len(outcomes) > 1 else 'step'} "
-                  f"{' and '.join(sorted({_effect(o.effect) for o in gated}))}[/]")
+        effects = ' and '.join(sorted({_effect(o.effect) for o in gated}))
+        out.print(f"[yellow]this {'plan' if len(outcomes) > 1 else 'step'} {effects}[/]")
         if yes:
             out.print("confirmed by --yes")
             return True
+        if not sys.stdin.isatty():  # declined here, refused below: exit 2 as run and distribute do
+            unasked.append(f"this request {effects}")
+            return False
         try:
             return typer.confirm("Go ahead?", default=False, err=True)
         except typer.Abort:  # end of input: no answer is a no
             return False
 
     reply = await assistant.handle(request, dry_run=dry_run, confirm=confirm, show=show)
+    if unasked:
+        raise no_terminal_to_ask(unasked[0])
     if as_json:
         if dry_run:
             print_json(reply.plan.as_json())
@@ -133,14 +150,17 @@ def _effect(effect: str) -> str:
     return {"spend": "spends money", "change-hosts": "changes hosts", "stop": "stops or restarts work"}[effect]
 
 
-def _password_source(home: Path, *, interactive: bool):  # type: ignore[no-untyped-def]
+def _password_source(home: Path, source: PasswordSource):  # type: ignore[no-untyped-def]
     def password(wallet: str) -> str:
-        found = devnet_password(home)
+        found = given_password(source)
+        if found is None:
+            found = devnet_password(home)
         if found is not None:
             return found
-        if interactive and sys.stdin.isatty():
+        if source.interactive and sys.stdin.isatty():  # the request itself may have come on stdin
             return str(typer.prompt(f"password of wallet {wallet!r}", hide_input=True, err=True))
-        raise ConfigError(f"wallet {wallet!r} needs a password: set AITBC_WALLET_PASSWORD")
+        raise ConfigError(f"wallet {wallet!r} needs a password and there is no terminal to ask "
+                          f"(or --json): set $AITBC_PASSWORD or pass --password-file PATH")
     return password
 
 

@@ -8,6 +8,7 @@ amount is one parser). The parsers live in ``params``, the exit codes in ``exits
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -146,16 +147,69 @@ def wallet_store(home: Path) -> WalletStore:
     return devnet_wallets(home)
 
 
-def wallet_password(home: Path) -> str:
-    """$AITBC_WALLET_PASSWORD, else the devnet's own password file, else ask (on stderr: stdout may be JSON)."""
-    password = devnet_password(home)
-    if password is None:
-        password = typer.prompt("wallet password", hide_input=True, err=True)
+PASSWORD_ENV = "AITBC_PASSWORD"
+OLD_PASSWORD_ENV = "AITBC_WALLET_PASSWORD"  # still read
+PasswordFileOption = Annotated[Optional[Path], typer.Option(
+    "--password-file", metavar="PATH", dir_okay=False,
+    help=f"read the wallet password from the first line of PATH (else ${PASSWORD_ENV}, the devnet's own "
+         "password, or a prompt; --json never prompts)")]
+
+
+@dataclass(frozen=True)
+class PasswordSource:
+    """Where a command may take a wallet's password from, besides the environment and the devnet's file."""
+
+    file: Path | None = None  # --password-file
+    interactive: bool = True  # False under --json: stdout is for one JSON object, and nobody may be watching
+
+
+def read_password_file(path: Path) -> str:
+    """The first line of PATH; ConfigError (exit 2) naming PATH when it cannot be read or is empty."""
+    try:
+        with path.open(encoding="utf-8") as handle:
+            password = handle.readline(4096).rstrip("\r\n")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or exc
+        raise ConfigError(f"--password-file {path}: cannot read it ({reason})") from exc
+    if not password:
+        raise ConfigError(f"--password-file {path}: its first line is empty; write the wallet password there")
     return password
 
 
-async def unlock(home: Path, wallet: str) -> tuple[LocalAccount, str]:
-    password = wallet_password(home)
+def given_password(source: PasswordSource) -> str | None:
+    """The password the user gave without a prompt: --password-file, else $AITBC_PASSWORD, else
+    $AITBC_WALLET_PASSWORD (its older name); None if none."""
+    if source.file is not None:
+        return read_password_file(source.file)
+    for name in (PASSWORD_ENV, OLD_PASSWORD_ENV):
+        if (env := os.environ.get(name)) is not None:
+            if not env:
+                raise ConfigError(f"${name} is set but empty")
+            return env
+    return None
+
+
+def no_prompt(wallet: str) -> ConfigError:
+    """Exit 2 where a password would be asked for and must not be (--json)."""
+    return ConfigError(f"wallet {wallet!r} needs a password and --json never prompts: set ${PASSWORD_ENV} "
+                       f"or pass --password-file PATH")
+
+
+def wallet_password(home: Path, wallet: str, source: PasswordSource = PasswordSource()) -> str:
+    """What the user gave (given_password), else the devnet's own password file, else ask on stderr
+    (stdout may be JSON), except under --json: exit 2 saying how to give it."""
+    password = given_password(source)
+    if password is None:
+        password = devnet_password(home)
+    if password is not None:
+        return password
+    if not source.interactive:
+        raise no_prompt(wallet)
+    return str(typer.prompt("wallet password", hide_input=True, err=True))
+
+
+async def unlock(home: Path, wallet: str, source: PasswordSource = PasswordSource()) -> tuple[LocalAccount, str]:
+    password = wallet_password(home, wallet, source)
     return await wallet_store(home).unlock(wallet, password), password
 
 
@@ -209,9 +263,16 @@ class SpendPreview:
                 "total_wei": str(self.total_wei), **({"notes": list(self.notes)} if self.notes else {})}
 
 
-def confirm_spend(preview: SpendPreview, *, yes: bool, dry_run: bool) -> bool:
+def no_terminal_to_ask(what: str) -> ConfirmationRequired:
+    """The exit-2 error of a question nobody can answer: it names the flag that answers it."""
+    return ConfirmationRequired(f"{what} and there is no terminal to ask: pass --yes to confirm, "
+                                f"or --dry-run to only plan")
+
+
+def confirm_spend(preview: SpendPreview, *, yes: bool, dry_run: bool, play_money: bool = False) -> bool:
     """Show the cost (stderr) and ask, as ``sky launch`` does. True: go ahead; False: --dry-run, spend
-    nothing (the caller prints its plan). Without --yes and without a terminal: ConfirmationRequired (exit 2)."""
+    nothing (the caller prints its plan). Without --yes and without a terminal: ConfirmationRequired (exit 2).
+    PLAY_MONEY (the embedded network's in-process chain): shown, never asked."""
     err = Console(stderr=True)
     err.print(f"[bold]{preview.action}[/]: {format_eth(preview.total_wei)} ETH", highlight=False)
     for what, wei in preview.items:
@@ -221,11 +282,13 @@ def confirm_spend(preview: SpendPreview, *, yes: bool, dry_run: bool) -> bool:
     if dry_run:
         err.print("dry run: nothing spent")
         return False
+    if play_money:
+        err.print("play money on the embedded network: nothing to confirm")
+        return True
     if yes:
         return True
     if not sys.stdin.isatty():
-        raise ConfirmationRequired(f"{preview.action} would spend {format_eth(preview.total_wei)} ETH and there is "
-                                   f"no terminal to ask: pass --yes to confirm, or --dry-run to only plan")
+        raise no_terminal_to_ask(f"{preview.action} would spend {format_eth(preview.total_wei)} ETH")
     if not typer.confirm(f"Spend {format_eth(preview.total_wei)} ETH?", default=False, err=True):
         raise SpendDeclined("not confirmed: nothing was spent")
     return True

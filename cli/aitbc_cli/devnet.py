@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -15,6 +15,10 @@ from aitbc_agent_sdk.models.inert import terminal_markup
 
 from .common import ExitCode, HomeOption, JsonOption, cli_parser, eth_amount_option, print_json, resolve_home
 from .params import parse_ipfs_api
+
+if TYPE_CHECKING:
+    from aitbc_agent_sdk.devnet.network import DevnetOptions
+    from aitbc_agent_sdk.profile import Profile
 
 app = typer.Typer(help="Run a local devnet: MQTT broker, anvil with the contracts, IPFS, provider daemons.",
                   no_args_is_help=True)
@@ -53,14 +57,12 @@ def up(
 
     Example: aitbc devnet up --providers 3 --ipfs daemon --json
     """
-    from aitbc_agent_sdk.devnet.network import DevnetOptions, devnet_up
+    from aitbc_agent_sdk.devnet.network import DevnetOptions
 
     options = DevnetOptions(providers=providers, ipfs=ipfs.value, ipfs_api=ipfs_api,
                             provider_price_wei=price, host=host, tls=tls,
                             max_message_bytes=max_message_kib * 1024)
-    console = Console(stderr=True, quiet=as_json)
-    with console.status("starting broker, chain, contracts and providers..."):
-        profile = asyncio.run(devnet_up(resolve_home(home), options))
+    profile = start_devnet(resolve_home(home), options, quiet=as_json)
     if as_json:
         print_json(profile.model_dump(mode="json"))
         return
@@ -72,6 +74,15 @@ def up(
     Console().print(table)
     Console().print(f"chain {profile.chain.rpc_url} (id {profile.chain.chain_id}), escrow {profile.chain.escrow}; "
                     f"store {profile.store.kind}; coordinator wallet 'dev'")
+
+
+def start_devnet(home: Path, options: DevnetOptions, *, quiet: bool = False) -> Profile:
+    """Start the devnet's servers in HOME and write its profile (``up``, and ``init`` on a fresh machine)."""
+    from aitbc_agent_sdk.devnet.network import devnet_up
+
+    console = Console(stderr=True, quiet=quiet)
+    with console.status("starting broker, chain, contracts and providers..."):
+        return asyncio.run(devnet_up(home, options))
 
 
 @app.command()

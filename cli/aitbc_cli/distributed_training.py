@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 import tempfile
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
@@ -20,12 +19,14 @@ from aitbc_agent_sdk.models.inert import terminal_markup
 
 from . import sample, steps, training_views
 from .common import (
-    ConfirmationRequired, DryRunOption, HeartbeatOption, HomeOption, JsonOption, MaxWorkersOption, MinWorkersOption,
-    ScaleWindowOption, SparesOption, SpendPreview, TargetThroughputOption, YesOption, confirm_spend,
+    DryRunOption, HeartbeatOption, HomeOption, JsonOption, MaxWorkersOption, MinWorkersOption,
+    ScaleWindowOption, SparesOption, SpendPreview, TargetThroughputOption, YesOption, confirm_spend, exit_code_for,
     elastic_policy, eth_amount_option, print_json, EncryptOption,
 )
+from .interrupts import Interruption, interrupted_line, stop_on_signal
+from .paths import check_writable_png
 from .plot import plot_report
-from .render import LiveTraining
+from .render import LiveTraining, hiring_warnings
 from .report_view import final_text, report_tables
 from .task_options import TaskOption, TaskParamOption
 from .training_options import (
@@ -34,7 +35,7 @@ from .training_options import (
     FirstRoundDeadlineOption, LrOption, MinDeadlineOption, MinGpuOption, MinRoundTimeoutOption, ModelType,
     ModelTypeOption, PartitionOption, PingTimeoutOption, PlotOption, ResendTimeoutOption, RoundsOption,
     SpotChecksOption, OpeningTimeoutOption, MinStakeOption,
-    RoundTimeoutOption, SeedOption, TargetWorkersOption,
+    RoundTimeoutOption, SeedOption, TargetOption, TargetWorkersOption,
 )
 
 if TYPE_CHECKING:
@@ -53,6 +54,7 @@ def run(
     dataset: Annotated[str, typer.Option(help="bundled dataset name (digits)")] = "digits",
     data_path: Annotated[Optional[Path], typer.Option(help=".npz/.pt/.csv file or a directory (text corpus, CLASS/ image folders, your task's files); overrides --dataset")] = None,
     label_column: Annotated[Optional[str], typer.Option(help="label column of a CSV file")] = None,
+    target: TargetOption = None,
     model_type: ModelTypeOption = ModelType.mlp,
     task: TaskOption = None,
     task_param: TaskParamOption = None,
@@ -101,7 +103,9 @@ def run(
 ) -> None:
     """Train across several workers with FedAvg, pay them on-chain, print the result.
 
-    Before the escrow is funded it shows the cost (workers x price x rounds, plus what spares could add) and asks; --yes skips the question, --dry-run only plans (no training is kept).
+    Before the escrow is funded it shows the cost (workers x price x rounds, plus what spares could add); the embedded network's play money needs no confirmation, so it runs without a terminal. --dry-run only plans (no training is kept).
+
+    Ctrl-C or SIGTERM settles as `stop` does: the accepted rounds are paid, the rest refunded, one line says so (exit 130 or 143); a second signal while settling is ignored.
 
     Example: aitbc distributed-training run --dataset digits --target-workers 4 --rounds 5 --yes --plot curves.png
     """
@@ -110,16 +114,14 @@ def run(
         raise ConfigError(f"dataset not found: {data_path}")
     if plot is not None:
         check_writable_png(plot)  # before anything is paid, not after
-    if not (yes or dry_run) and not sys.stdin.isatty():
-        raise ConfirmationRequired("run funds an escrow and there is no terminal to ask: pass --yes to confirm, "
-                                   "or --dry-run to see the plan and its cost")
     source = data_path or dataset
-    flow.check_dataset(source, label_column)  # a bad file: a clear error now, not a traceback mid-run
+    target_kind = getattr(target, "value", target)
+    flow.check_dataset(source, label_column, target_kind)  # a bad file: a clear error now, not a traceback mid-run
     flow.check_task_source(task)
     task_choice = flow.TaskChoice(task, flow.parse_task_params(task_param))
     spec = TrainingSpec(model_type=ModelType(model_type).value, target_workers=target_workers, rounds=rounds,
                         partition=getattr(partition, "value", partition), dirichlet_alpha=alpha, seed=seed,
-                        spare_workers=spares, encrypt=encrypt, outer=getattr(outer, "value", outer), outer_lr=outer_lr, outer_momentum=outer_momentum,
+                        target=target_kind, spare_workers=spares, encrypt=encrypt, outer=getattr(outer, "value", outer), outer_lr=outer_lr, outer_momentum=outer_momentum,
                         min_stake_wei=min_stake,
                         update_encoding=getattr(update_encoding, "value", update_encoding),
                         aggregation=getattr(aggregation, "value", aggregation),
@@ -137,7 +139,7 @@ def run(
     console = Console(stderr=True, quiet=as_json)
     if dry_run:  # the embedded stack in a scratch home: this home and its chain stay untouched
         with tempfile.TemporaryDirectory(prefix="aitbc-dry-run-") as scratch:
-            config = AgentConfig(name="aitbc-cli", home=Path(scratch), **settings)
+            config = AgentConfig(name="aitbc-cli", home=Path(scratch), warm_providers=False, **settings)
             plan = asyncio.run(_plan(config, spec, task_choice, source, label_column, min_gpu, console))
         if as_json:
             print_json({"dry_run": True, **plan})
@@ -145,34 +147,37 @@ def run(
     if home is not None:
         settings["home"] = home
     config = AgentConfig(name="aitbc-cli", **settings)
+    warnings: list[str] = []
     report = asyncio.run(_run(config, spec, task_choice, source, label_column, min_gpu, console, yes=yes,
-                              live=not as_json))
-    if plot is not None:
-        plot_report(report, plot)
+                              live=not as_json, warnings=warnings))
+    if isinstance(report, Interruption):
+        _say_interrupted(report, as_json)
+    plot_failure = _write_plot(report, plot)  # whatever happens to the plot, the results are shown
     if as_json:
-        print_json(report.model_dump(mode="json"))
-        return
-    out = Console()
-    for table in report_tables(report):
-        out.print(table)
-    out.print(f"[bold green]complete[/]: {terminal_markup(final_text(report))}, model {report.model_cid}")
-    if plot is not None:
-        out.print(f"plot written to {plot}")
+        print_json({**report.model_dump(mode="json"), "warnings": warnings,
+                    **({"plot_error": str(plot_failure)} if plot_failure else {})})
+    else:
+        out = Console()
+        for table in report_tables(report):
+            out.print(table)
+        out.print(f"[bold green]complete[/]: {terminal_markup(final_text(report))}, model {report.model_cid}")
+        if plot is not None and plot_failure is None:
+            out.print(f"plot written to {plot}")
+    if plot_failure is not None and as_json:  # one JSON object: the error is in it already
+        raise typer.Exit(exit_code_for(plot_failure))
+    if plot_failure is not None:
+        raise plot_failure
 
 
-def check_writable_png(path: Path) -> None:
-    """A .png that can be written: its directory exists (or can be made) and is writable."""
-    if path.suffix.lower() != ".png":
-        raise ConfigError(f"--plot must name a .png file, got {path}")
-    if path.is_dir():
-        raise ConfigError(f"--plot {path} is a directory; name a .png file")
-    parent = path.parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise ConfigError(f"--plot {path}: {parent} is a file, not a directory")
-    if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise ConfigError(f"--plot {path}: cannot write there (permission denied)")
+def _write_plot(report: TrainingReport, plot: Path | None) -> Exception | None:
+    """The plot's failure, returned rather than raised: the paid-for results are printed first."""
+    if plot is None:
+        return None
+    try:
+        plot_report(report, plot)
+    except Exception as exc:  # noqa: BLE001 - any failure; the caller raises it after the results
+        return exc
+    return None
 
 
 async def _start(config: AgentConfig, console: Console, view: LiveTraining | None = None) -> Agent:
@@ -216,26 +221,65 @@ async def _plan(config: AgentConfig, spec: TrainingSpec, task: flow.TaskChoice, 
     workers = [{"worker_id": w.worker_id, "role": role, "gpu": w.gpu_type, "price_wei": w.price}
                for role, group in (("worker", selected), ("spare", spares)) for w in group]
     return {"cost": cost.as_json(), "workers": workers, "task": task_ref_of(planned).name, "outer": planned.outer,
+            "warnings": _shortfall(spec, (dataset_cid, selected, spares)),
             "update_encoding": planned.upload_encoding, **spend.as_json()}
 
 
 async def _run(config: AgentConfig, spec: TrainingSpec, task: flow.TaskChoice, source: str | Path,
                label_column: str | None, min_gpu: str | None, console: Console, *, yes: bool,
-               live: bool) -> TrainingReport:
+               live: bool, warnings: list[str]) -> TrainingReport | Interruption:
+    """The report; or, after Ctrl-C or SIGTERM, the signal, with the training settled as ``stop`` settles it."""
     view = LiveTraining(console, spec) if live else None
     agent = await _start(config, console, view)
     try:
-        spec = await flow.attach_task(agent, spec, task.source, task.params)
-        # The workers priced are the workers hired: the run reuses what the preview checked.
-        cost, prepared = await _cost(agent, spec, source, label_column, min_gpu)
-        spend = SpendPreview("fund the escrow of a new training", tuple(cost.items()), tuple(cost.notes()))
-        # Asked off the event loop: the embedded providers keep answering meanwhile.
-        await asyncio.to_thread(confirm_spend, spend, yes=yes, dry_run=False)
-        if view is None:
-            return await agent.run_distributed_training(spec, dataset=source, label_column=label_column,
-                                                        min_gpu=min_gpu, prepared=prepared)
-        with view:
-            return await agent.run_distributed_training(spec, dataset=source, label_column=label_column,
-                                                        min_gpu=min_gpu, prepared=prepared)
+        known = {r.training_id for r in await agent.coordinator.db.trainings()}
+        work = asyncio.ensure_future(_train(agent, spec, task, source, label_column, min_gpu, view, yes=yes,
+                                            warnings=warnings))
+        async with stop_on_signal(work, lambda line: typer.echo(line, err=True)) as caught:
+            try:
+                return await work
+            except asyncio.CancelledError:
+                if caught.signum is None:
+                    raise
+                caught.outcome = await flow.settle_interrupted(agent.coordinator, known)
+                return caught
     finally:
         await agent.stop()
+
+
+async def _train(agent: Agent, spec: TrainingSpec, task: flow.TaskChoice, source: str | Path,
+                 label_column: str | None, min_gpu: str | None, view: LiveTraining | None, *, yes: bool,
+                 warnings: list[str]) -> TrainingReport:
+    spec = await flow.attach_task(agent, spec, task.source, task.params)
+    # The workers priced are the workers hired: the run reuses what the preview checked.
+    cost, prepared = await _cost(agent, spec, source, label_column, min_gpu)
+    warnings.extend(_shortfall(spec, prepared))
+    spend = SpendPreview("fund the escrow of a new training", tuple(cost.items()), tuple(cost.notes()))
+    # The embedded network's chain is play money in this process: shown, not asked.
+    confirm_spend(spend, yes=yes, dry_run=False, play_money=agent.config.network == "embedded")
+    with view or nullcontext():
+        return await agent.run_distributed_training(spec, dataset=source, label_column=label_column,
+                                                    min_gpu=min_gpu, prepared=prepared)
+
+
+def _say_interrupted(caught: Interruption, as_json: bool) -> None:
+    """One line (or one JSON object) on what the interrupted run paid and refunded; exit 130 or 143."""
+    assert caught.outcome is not None
+    line = interrupted_line(caught.outcome)
+    if as_json:
+        print_json({"status": "interrupted", "message": line, "training_id": caught.outcome.training_id,
+                    "accepted_rounds": caught.outcome.accepted_rounds, "paid_wei": caught.outcome.paid_wei,
+                    "refunded_wei": caught.outcome.refunded_wei, "resumable": False})
+    else:
+        typer.echo(line, err=True)
+    raise typer.Exit(caught.exit_code)
+
+
+def _shortfall(spec: TrainingSpec, prepared: Any) -> list[str]:
+    """Warnings (also on stderr at once) when the market filled fewer places than asked."""
+    _, selected, spares = prepared
+    lines = hiring_warnings(asked_workers=spec.target_workers, asked_spares=spec.spare_workers,
+                            workers=len(selected), spares=len(spares))
+    for line in lines:
+        typer.echo(f"warning: {line}", err=True)
+    return lines

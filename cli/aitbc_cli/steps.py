@@ -5,25 +5,28 @@ init, upload-data, discover-workers, distribute, resume, stop. The steps themsel
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional, TypeVar
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from aitbc_agent_sdk import flow
-from aitbc_agent_sdk.errors import ConfigError
+from aitbc_agent_sdk.errors import AitbcError, ConfigError
 from aitbc_agent_sdk.models import FaultPolicy, JobConfig, TrainingSpec, format_size, parse_size
 from aitbc_agent_sdk.models.inert import terminal_markup
 
 from .common import (
     DryRunOption, HeartbeatOption, HomeOption, JsonOption, MaxWorkersOption, MinWorkersOption, ScaleWindowOption,
     SparesOption, SpendPreview, TargetThroughputOption, YesOption, confirm_spend, elastic_policy,
-    eth_amount_option, print_json, resolve_home, unlock, EncryptOption,
+    eth_amount_option, print_json, resolve_home, unlock, EncryptOption, PasswordFileOption, PasswordSource,
 )
 from .params import format_eth
+from .render import hiring_warnings, output_console
+from .training_views import LATEST, TrainingRefArgument, resolve_training_id
 from .task_options import TaskOption, TaskParamOption
 from .training_options import (
     FAULTS, JOB, SPEC, AggregationChoiceOption, AssumedSpeedOption, OuterLrOption, OuterMomentumOption, OuterOption,
@@ -31,7 +34,7 @@ from .training_options import (
     FirstRoundDeadlineOption, LrOption, MinDeadlineOption, MinGpuOption, MinRoundTimeoutOption, ModelType,
     ModelTypeOption, PartitionOption, PingTimeoutOption, AlphaOption, ResendTimeoutOption, RoundsOption,
     SpotChecksOption, OpeningTimeoutOption, RoundTimeoutOption, MinStakeOption,
-    SeedOption, Strategy, TrainingIdArgument, TrainingIdOption,
+    SeedOption, Strategy, TargetOption, TrainingIdOption,
 )
 
 if TYPE_CHECKING:
@@ -40,10 +43,11 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-def run_as(home: Path, training_id: str, work: Callable[[Agent], Awaitable[T]]) -> T:
+def run_as(home: Path, training_id: str, work: Callable[[Agent], Awaitable[T]],
+           password: PasswordSource = PasswordSource()) -> T:
     """Unlock the training's wallet and run ``work`` with a devnet agent signing as it."""
     async def go() -> T:
-        account, _ = await unlock(home, await flow.wallet_of(home, training_id))
+        account, _ = await unlock(home, await flow.wallet_of(home, training_id), password)
         async with flow.devnet_agent(home, account) as agent:
             return await work(agent)
     return asyncio.run(go())
@@ -67,6 +71,7 @@ def init(
     partition: PartitionOption = "iid",
     alpha: AlphaOption = SPEC["dirichlet_alpha"].default,
     seed: SeedOption = 0,
+    target: TargetOption = None,
     spares: SparesOption = 0,
     encrypt: EncryptOption = False,
     aggregation: AggregationChoiceOption = "fedavg",
@@ -90,17 +95,24 @@ def init(
     max_workers: MaxWorkersOption = 64,
     scale_window: ScaleWindowOption = 2,
     min_stake: MinStakeOption = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="no devnet here: start the local one without asking")
+                   ] = False,
+    password_file: PasswordFileOption = None,
     home: HomeOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Create a training on the devnet; nothing is spent yet.
+
+    With no devnet in the home it offers to start the local one (as 'aitbc devnet up' does, with the wallet
+    named here funded as a coordinator); --yes starts it without asking.
 
     Example: aitbc distributed-training init --wallet dev --model-type mlp --target-workers 3 --rounds 3
     """
     # Long because: typer declares every option (the fault policy's timeouts too) in the signature.
     root = resolve_home(home)
     spec = TrainingSpec(model_type=ModelType(model_type).value, target_workers=target_workers, rounds=rounds,
-                        dataset_size=dataset_size, partition=_value(partition), dirichlet_alpha=alpha, seed=seed, spare_workers=spares,
+                        dataset_size=dataset_size, partition=_value(partition), dirichlet_alpha=alpha, seed=seed,
+                        target=_value(target), spare_workers=spares,
                         encrypt=encrypt, min_stake_wei=min_stake,
                         outer=getattr(outer, "value", outer), outer_lr=outer_lr, outer_momentum=outer_momentum,
                         update_encoding=getattr(update_encoding, "value", update_encoding),
@@ -117,8 +129,11 @@ def init(
     flow.check_task_source(task)
     params = flow.parse_task_params(task_param)
 
+    _ensure_devnet(root, wallet, providers=target_workers + spares, yes=yes,
+                   can_ask=not as_json and sys.stdin.isatty(), quiet=as_json)
+
     async def create() -> Any:
-        account, _ = await unlock(root, wallet)
+        account, _ = await unlock(root, wallet, PasswordSource(password_file, interactive=not as_json))
         async with flow.devnet_agent(root, account) as agent:
             return await flow.create_training(agent, await flow.attach_task(agent, spec, task, params), wallet)
 
@@ -141,6 +156,42 @@ def init(
     console.print(f"Status: {record.status}")
 
 
+DevnetChoice = Literal["use", "start", "ask", "refuse"]
+DEVNET_PROVIDERS = 3  # what 'aitbc devnet up' starts; init starts more when the training asks for more
+
+
+def devnet_choice(*, has_profile: bool, yes: bool, can_ask: bool) -> DevnetChoice:
+    """What init does about the devnet: use the one the home has, start one (--yes), ask (a terminal, no
+    --json), or refuse (nobody to ask)."""
+    if has_profile:
+        return "use"
+    if yes:
+        return "start"
+    return "ask" if can_ask else "refuse"
+
+
+def _ensure_devnet(home: Path, wallet: str, *, providers: int, yes: bool, can_ask: bool, quiet: bool) -> None:
+    """Start the local devnet when the home has none and the user agrees (see devnet_choice)."""
+    from aitbc_agent_sdk.profile import profile_path
+
+    choice = devnet_choice(has_profile=profile_path(home).is_file(), yes=yes, can_ask=can_ask)
+    if choice == "use":
+        return
+    if choice == "refuse":
+        raise ConfigError(f"no devnet runs from {home} and there is no terminal to ask: pass --yes to start the "
+                          f"local one, or run 'aitbc devnet up' first")
+    if choice == "ask" and not typer.confirm(f"No devnet runs from {home}. Start the local one (broker, chain, "
+                                             f"content store, provider daemons) now?", default=True, err=True):
+        raise AitbcError("no devnet started, so there is nowhere to create the training: run 'aitbc devnet up', "
+                         "or answer yes")
+    from aitbc_agent_sdk.devnet.network import DevnetOptions
+
+    from .devnet import start_devnet
+
+    start_devnet(home, DevnetOptions(providers=min(max(DEVNET_PROVIDERS, providers), 64), wallets=(wallet,)),
+                 quiet=quiet)
+
+
 def _value(choice: Any) -> Any:
     """An enum member's value (typer passes members; a default given as text passes as it is)."""
     return getattr(choice, "value", choice)
@@ -150,17 +201,23 @@ def upload_data(
     training_id: TrainingIdOption,
     data_path: Annotated[Path, typer.Option(help=".npz/.pt/.csv file, a directory (text corpus, CLASS/ image folders, your task's files), or 'digits'")],
     label_column: Annotated[Optional[str], typer.Option(help="label column of a CSV file")] = None,
+    target: TargetOption = None,
+    password_file: PasswordFileOption = None,
     home: HomeOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Validate the dataset and store it by CID in the devnet's content store.
+    """Validate the dataset and store it by CID in the devnet's content store (--target: as init's, which it
+    overrides).
 
     Example: aitbc distributed-training upload-data --training-id training_... --data-path data.csv --label-column y
     """
     root = resolve_home(home)
     source = flow.dataset_source(data_path)
-    flow.check_dataset(source, label_column)  # fail before connecting anywhere
-    cid = run_as(root, training_id, lambda agent: flow.upload_data(agent, training_id, source, label_column))
+    target_kind = _value(target)
+    flow.check_dataset(source, label_column, target_kind)  # fail before connecting anywhere
+    cid = run_as(root, training_id, lambda agent: flow.upload_data(agent, training_id, source, label_column,
+                                                                   target_kind),
+                 PasswordSource(password_file, interactive=not as_json))
     if as_json:
         print_json({"training_id": training_id, "dataset_cid": cid})
     else:
@@ -173,6 +230,7 @@ def discover_workers(
                                                   help="workers to hire")],
     min_gpu: MinGpuOption = None,
     max_price: Annotated[Optional[int], eth_amount_option("--max-price", help="highest price per round")] = None,
+    password_file: PasswordFileOption = None,
     home: HomeOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -182,14 +240,20 @@ def discover_workers(
     """
     root = resolve_home(home)
 
-    async def hire(agent: Agent) -> tuple[list[flow.HiredWorker], str | None]:
+    async def hire(agent: Agent) -> tuple[list[flow.HiredWorker], str | None, int]:
         hired = await flow.hire_workers(agent, training_id, required_workers, min_gpu=min_gpu, max_price_wei=max_price)
         spec = (await agent.coordinator.db.training(training_id)).spec
-        return hired, agent.coordinator.stake_skips(spec.min_stake_wei)
+        return hired, agent.coordinator.stake_skips(spec.min_stake_wei), spec.spare_workers
 
-    hired, skipped = run_as(root, training_id, hire)
+    hired, skipped, spares = run_as(root, training_id, hire, PasswordSource(password_file, interactive=not as_json))
+    warnings = hiring_warnings(asked_workers=required_workers, asked_spares=spares,
+                               workers=sum(h.role == "worker" for h in hired),
+                               spares=sum(h.role == "spare" for h in hired))
+    for line in warnings:
+        typer.echo(f"warning: {line}", err=True)
     if as_json:
-        print_json({"training_id": training_id, "workers": [h.as_dict() for h in hired], "stake_skipped": skipped})
+        print_json({"training_id": training_id, "workers": [h.as_dict() for h in hired], "stake_skipped": skipped,
+                    "warnings": warnings})
         return
     if skipped:
         Console(stderr=True).print(skipped, markup=False, highlight=False)
@@ -201,7 +265,7 @@ def discover_workers(
     for h in hired:
         table.add_row(terminal_markup(short(h.worker_id)), terminal_markup(h.role), terminal_markup(h.gpu),
                       flow.eth_text(h.price_wei), f"{h.reputation:.2f}", f"{h.score:.3f}", terminal_markup(h.contract_id))
-    Console().print(table)
+    output_console().print(table)
 
 
 def distribute(
@@ -210,6 +274,7 @@ def distribute(
     Strategy.data_parallel,
     yes: YesOption = False,
     dry_run: DryRunOption = False,
+    password_file: PasswordFileOption = None,
     home: HomeOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -229,7 +294,7 @@ def distribute(
 
     async def go() -> flow.Started:
         wallet = await flow.wallet_of(root, training_id)
-        account, password = await unlock(root, wallet)
+        account, password = await unlock(root, wallet, PasswordSource(password_file, interactive=not as_json))
         return await flow.distribute(root, training_id, account, password)
 
     started = asyncio.run(go())
@@ -243,6 +308,7 @@ def distribute(
 
 def resume(
     training_id: TrainingIdOption,
+    password_file: PasswordFileOption = None,
     home: HomeOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -256,7 +322,8 @@ def resume(
         record = await flow.load_training(root, training_id)
         if (reason := flow.resume_blocker(root, record)) is not None:
             raise ConfigError(reason)
-        _, password = await unlock(root, await flow.wallet_of(root, training_id))
+        _, password = await unlock(root, await flow.wallet_of(root, training_id),
+                                   PasswordSource(password_file, interactive=not as_json))
         return record, await flow.resume(root, training_id, password)
 
     record, started = asyncio.run(go())
@@ -269,7 +336,8 @@ def resume(
 
 
 def stop(
-    training_id: TrainingIdArgument,
+    training_id: TrainingRefArgument = LATEST,
+    password_file: PasswordFileOption = None,
     home: HomeOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -280,9 +348,11 @@ def stop(
     Example: aitbc distributed-training stop training_0123456789abcdef
     """
     root = resolve_home(home)
+    training_id = resolve_training_id(root, training_id)
 
     async def go() -> flow.Stopped:
-        account, _ = await unlock(root, await flow.wallet_of(root, training_id))
+        account, _ = await unlock(root, await flow.wallet_of(root, training_id),
+                                  PasswordSource(password_file, interactive=not as_json))
         return await flow.stop_training(root, training_id, account)
 
     stopped = asyncio.run(go())

@@ -1,48 +1,50 @@
 """``aitbc wallet``: create, import, list and inspect keystore wallets in ``$AITBC_HOME/wallets``.
 
 Keys never pass through argv (shell history, ``ps``): ``import`` reads them from a file
-or stdin. Passwords come from ``$AITBC_WALLET_PASSWORD`` or a hidden prompt. Nothing
+or stdin. Passwords come from ``--password-file``, ``$AITBC_PASSWORD`` (or the older
+``$AITBC_WALLET_PASSWORD``) or a hidden prompt, never a prompt under ``--json``. Nothing
 here ever prints a key or a password. SDK errors propagate to ``app.main`` (see ``exits``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from eth_account import Account
-from eth_account.signers.local import LocalAccount
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
-from web3.types import TxReceipt
 
-from aitbc_agent_sdk.chain import TransactionSender, Wallet, WalletStore, connect_rpc
-from aitbc_agent_sdk.chain.tx import CHAIN_EXCEPTIONS, map_chain_error
 from aitbc_agent_sdk.errors import ConfigError
 from aitbc_agent_sdk.profile import load_profile, profile_path
 from aitbc_agent_sdk.settings import BUILTIN_NETWORKS
 
 from .common import (
-    HomeOption, JsonOption, NetworkOption, RpcUrlOption, eth_amount_option, network_or_default, print_json,
-    resolve_home, user_settings,
+    HomeOption, JsonOption, NetworkOption, PasswordFileOption, PasswordSource, RpcUrlOption, eth_amount_option,
+    given_password, network_or_default, no_prompt, print_json, resolve_home, user_settings,
 )
 from .params import format_eth
+
+if TYPE_CHECKING:  # eth-account and web3 are imported when a command runs, not for --help
+    from eth_account.signers.local import LocalAccount
+    from web3.types import TxReceipt
+
+    from aitbc_agent_sdk.chain import Wallet, WalletStore
 
 app = typer.Typer(help="Manage local wallets (encrypted keystore v3 files in $AITBC_HOME/wallets).",
                   no_args_is_help=True)
 
-PASSWORD_ENV = "AITBC_WALLET_PASSWORD"
 RPC_ENV = "AITBC_RPC_URL"
 
 NameArgument = Annotated[str, typer.Argument(help="wallet name (1-64 letters, digits, '.', '_', '-')")]
 
 
 def _store(home: Path | None) -> WalletStore:
+    from aitbc_agent_sdk.chain import WalletStore
+
     return WalletStore(resolve_home(home) / "wallets")
 
 
@@ -55,11 +57,11 @@ def _new_wallet_store(name: str, home: Path | None) -> WalletStore:
     return store
 
 
-def _password(name: str, *, confirm: bool) -> str:
-    if (env := os.environ.get(PASSWORD_ENV)) is not None:
-        if not env:
-            raise ConfigError(f"${PASSWORD_ENV} is set but empty")
-        return env
+def _password(name: str, *, confirm: bool, source: PasswordSource) -> str:
+    if (given := given_password(source)) is not None:
+        return given
+    if not source.interactive:
+        raise no_prompt(name)
     # Hidden, on stderr (stdout may carry JSON), and asked twice on create/import: a typo here locks the key away.
     password: str = typer.prompt(f"Password for wallet {name!r}", hide_input=True,
                                  confirmation_prompt=confirm, err=True)
@@ -102,13 +104,15 @@ def _emit(as_json: bool, data: dict[str, Any], text: str) -> None:
 
 
 @app.command()
-def create(name: NameArgument, home: HomeOption = None, as_json: JsonOption = False) -> None:
+def create(name: NameArgument, password_file: PasswordFileOption = None, home: HomeOption = None,
+           as_json: JsonOption = False) -> None:
     """Generate a new key and store it encrypted under NAME.
 
     Example: aitbc wallet create alice --json
     """
     store = _new_wallet_store(name, home)
-    wallet = asyncio.run(store.create(name, _password(name, confirm=True)))
+    wallet = asyncio.run(store.create(name, _password(name, confirm=True,
+                                                      source=PasswordSource(password_file, not as_json))))
     _emit(as_json, _wallet_json(wallet),
           f"created wallet [bold]{wallet.name}[/] {wallet.address}\n  {escape(str(wallet.path))}")
 
@@ -117,14 +121,15 @@ def create(name: NameArgument, home: HomeOption = None, as_json: JsonOption = Fa
 def import_(name: NameArgument,
             private_key_file: Annotated[Path, typer.Option(
                 "--private-key-file", help="file holding the hex private key; '-' reads one line of stdin")],
-            home: HomeOption = None, as_json: JsonOption = False) -> None:
+            password_file: PasswordFileOption = None, home: HomeOption = None, as_json: JsonOption = False) -> None:
     """Encrypt an existing private key under NAME (the key is read from a file, never argv).
 
     Example: aitbc wallet import bob --private-key-file key.txt
     """
     store = _new_wallet_store(name, home)
     key = _read_key(private_key_file)
-    wallet = asyncio.run(store.import_key(name, key, _password(name, confirm=True)))
+    wallet = asyncio.run(store.import_key(name, key, _password(name, confirm=True,
+                                                               source=PasswordSource(password_file, not as_json))))
     _emit(as_json, _wallet_json(wallet),
           f"imported wallet [bold]{wallet.name}[/] {wallet.address}\n  {escape(str(wallet.path))}")
 
@@ -172,8 +177,8 @@ def balance(name: NameArgument, rpc: RpcUrlOption = None, network: NetworkOption
 def send(name: Annotated[str, typer.Argument(help="wallet to pay from")],
          to: Annotated[str, typer.Option("--to", help="recipient address (0x...)")],
          amount: Annotated[int, eth_amount_option("--amount", "--eth", help="amount to send")],
-         rpc: RpcUrlOption = None, network: NetworkOption = None, home: HomeOption = None,
-         as_json: JsonOption = False) -> None:
+         rpc: RpcUrlOption = None, network: NetworkOption = None, password_file: PasswordFileOption = None,
+         home: HomeOption = None, as_json: JsonOption = False) -> None:
     """Send ETH from a wallet (unlocks it with its password); the chain as for `balance`.
 
     Example: aitbc wallet send dev --to 0xRecipient --amount 0.25 --json
@@ -181,7 +186,8 @@ def send(name: Annotated[str, typer.Argument(help="wallet to pay from")],
     url = _rpc_url(rpc, home, network)
     store = _store(home)
     asyncio.run(store.get(name))  # a missing wallet fails before the password prompt
-    account = asyncio.run(store.unlock(name, _password(name, confirm=False)))
+    account = asyncio.run(store.unlock(name, _password(name, confirm=False,
+                                                       source=PasswordSource(password_file, not as_json))))
     receipt = asyncio.run(_send(url, account, to, amount))
     tx_hash = receipt["transactionHash"].to_0x_hex()
     data = {"name": name, "from": account.address, "to": receipt["to"], "wei": amount, "tx_hash": tx_hash,
@@ -198,6 +204,8 @@ def _read_key(path: Path) -> str:
     key = text.strip()
     if not key:
         raise ConfigError(f"private key file {path} is empty")
+    from eth_account import Account
+
     try:  # check before the password prompt; the message must not echo the key
         Account.from_key(key)
     except (ValueError, TypeError) as exc:
@@ -206,6 +214,9 @@ def _read_key(path: Path) -> str:
 
 
 async def _balance(url: str, address: str) -> tuple[int, int]:
+    from aitbc_agent_sdk.chain import connect_rpc
+    from aitbc_agent_sdk.chain.tx import CHAIN_EXCEPTIONS, map_chain_error
+
     w3 = await connect_rpc(url)
     try:
         return int(await w3.eth.chain_id), int(await w3.eth.get_balance(w3.to_checksum_address(address)))
@@ -216,6 +227,8 @@ async def _balance(url: str, address: str) -> tuple[int, int]:
 
 
 async def _send(url: str, account: LocalAccount, to: str, wei: int) -> TxReceipt:
+    from aitbc_agent_sdk.chain import TransactionSender, connect_rpc
+
     w3 = await connect_rpc(url)
     try:
         try:
