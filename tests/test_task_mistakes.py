@@ -101,8 +101,22 @@ def test_helpers_and_names_far_from_every_hook_are_fine(tmp_path: Path) -> None:
             return F.cross_entropy(logits, targets)
         def summary(self):
             return "a helper"
+        def metric_fn(self, logits, targets):
+            return 0.0
+        def losses(self):
+            return []
+        def batch(self, rows):
+            return rows
     """)
     assert pack_task(path).manifest.name == "mine"
+
+
+def test_a_report_label_too_long_for_the_report_is_refused_before_funding(tmp_path: Path) -> None:
+    path = task_file(tmp_path, MODEL, f"""
+        loss_name = "{'x' * 65}"
+    """)
+    with pytest.raises(ConfigError, match=rf"^{path}:\d+: loss_name of Mine must be a name of 1 to 64"):
+        pack_task(path)
 
 
 def test_a_misspelt_hook_in_a_task_directory_names_the_file_inside_it(tmp_path: Path) -> None:

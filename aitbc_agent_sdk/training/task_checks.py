@@ -20,10 +20,11 @@ from aitbc_agent_sdk import limits
 from aitbc_agent_sdk.errors import ConfigError
 from aitbc_agent_sdk.training.task import TrainingTask
 
-# difflib's ratio: 'los'/'loss' 0.86, 'evalute'/'evaluate' 0.93, 'metrics'/'metric' 0.92; helpers
-# such as 'loss_fn' (0.73), 'optimizer' (0.64) or 'build' (0.62) stay well below it.
-CLOSE_TO_HOOK = 0.8
+# difflib's ratio: 'los'/'loss' 0.86, 'evalute'/'evaluate' 0.93, 'metrics'/'metric' 0.92; helpers such as
+# 'batch' (0.83 to 'batches'), 'losses' (0.80), 'optimizer' (0.64) or 'build' (0.62) stay below it.
+CLOSE_TO_HOOK = 0.85
 SDK_PACKAGE = TrainingTask.__module__.split(".")[0]
+REPORT_LABEL_MAX = 64  # TrainingReport's metric and loss_name
 MAX_MESSAGE = limits.TEXT_MAX_LENGTH // 2  # of an exception's text in a reason; the rest is for its place
 
 
@@ -48,14 +49,21 @@ class TaskOrigin:
         return str(self.shown / relative)
 
 
-def task_hooks() -> frozenset[str]:
-    """The public names of TrainingTask (hooks and class attributes), read from the class itself."""
-    return frozenset(name for name in dir(TrainingTask) if not name.startswith("_"))
+def _is_method(value: object) -> bool:
+    return inspect.isfunction(value) or isinstance(value, (staticmethod, classmethod, property))
+
+
+def task_hooks(methods: bool | None = None) -> frozenset[str]:
+    """The public names of TrainingTask, read from the class itself: its methods (``methods=True``), its
+    class attributes (False, nested classes such as ``Params`` included), or both (None)."""
+    return frozenset(name for name in dir(TrainingTask) if not name.startswith("_")
+                     and (methods is None or _is_method(inspect.getattr_static(TrainingTask, name)) == methods))
 
 
 def close_hook(name: str, hooks: frozenset[str]) -> str | None:
-    """The hook ``name`` is a likely misspelling of (case aside), or None: an exact hook or a helper."""
-    if name.startswith("_") or name in hooks:
+    """The hook ``name`` is a likely misspelling of (case aside), or None: an exact hook or a helper
+    (a leading '_', or a hook's name with a suffix: ``loss_fn``, ``metric_name``)."""
+    if name.startswith("_") or name in hooks or any(name.startswith(hook + "_") for hook in hooks):
         return None
     by_lower = {hook.lower(): hook for hook in hooks}
     match = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=CLOSE_TO_HOOK)
@@ -64,13 +72,18 @@ def close_hook(name: str, hooks: frozenset[str]) -> str | None:
 
 def misspelt_hooks(cls: type) -> list[tuple[type, str, str]]:
     """(the class defining it, name, hook) for each public name of the user's classes close to a hook."""
-    hooks = task_hooks()
+    # A method is compared with the methods and an attribute with the attributes: a helper 'metric_fn()' is
+    # no misspelt 'metric = ...'.
+    hooks = {True: task_hooks(methods=True), False: task_hooks(methods=False)}
+    everything = task_hooks()
     found = []
     for owner in cls.__mro__:
         if owner is object or owner.__module__.split(".")[0] == SDK_PACKAGE:
             continue  # the SDK's own classes (a built-in the user subclasses) are not the user's mistakes
-        for name in vars(owner):
-            hook = close_hook(name, hooks)
+        for name, value in vars(owner).items():
+            if name in everything:
+                continue
+            hook = close_hook(name, hooks[_is_method(value)])
             if hook is not None:
                 found.append((owner, name, hook))
     return found
@@ -79,6 +92,11 @@ def misspelt_hooks(cls: type) -> list[tuple[type, str, str]]:
 def check_task_class(cls: type, origin: TaskOrigin | None = None) -> None:
     """ConfigError naming each misspelt hook or attribute of ``cls`` with its file and line."""
     problems = []
+    for label in ("metric", "loss_name"):  # they label the report, which is written after payment
+        value = getattr(cls, label, None)
+        if not isinstance(value, str) or not 0 < len(value) <= REPORT_LABEL_MAX:
+            problems.append(f"{source_place(_defining(cls, label), label, origin)}: {label} of {cls.__name__} "
+                            f"must be a name of 1 to {REPORT_LABEL_MAX} characters, got {value!r:.80}")
     for owner, name, hook in misspelt_hooks(cls):
         what = "method" if callable(vars(owner)[name]) else "class attribute"
         problems.append(f"{source_place(owner, name, origin)}: {what} {name!r} of {owner.__name__} is not a "
