@@ -143,6 +143,7 @@ def test_a_dry_run_shows_the_cost_and_touches_neither_home_nor_chain(aitbc_cmd, 
     assert done.returncode == 0, done.stderr
     plan = json.loads(done.stdout)
     assert plan["dry_run"] is True
+    assert plan["target"] == "classes"  # the digits' labels, detected, and said before anything is paid
     workers = [w for w in plan["workers"] if w["role"] == "worker"]
     spares = [w for w in plan["workers"] if w["role"] == "spare"]
     assert len(workers) == 2 and len(spares) == 1

@@ -104,6 +104,11 @@ def test_detection_thresholds() -> None:
     assert detect_target(np.arange(300, dtype=np.int64)) == "classes"  # an integer dtype says classes
     assert detect_target(np.arange(300, dtype=np.int64), typed=False) == "values"  # a CSV's integers do not
     assert detect_target(np.array([0.5, 1.0])) == "values"
+    rng = np.random.default_rng(0)
+    # A CSV of 200 rows and 26 integer classes is classes; 2,000 ages stored as floats are values.
+    assert detect_target(rng.integers(0, 26, 200), typed=False) == "classes"
+    assert detect_target(rng.integers(18, 98, 2000).astype(np.float32)) == "values"
+    assert detect_target(rng.integers(0, 5, (100, 3))) == "values"  # an integer vector per row
 
 
 def manifest_of(directory: Path, layout) -> DatasetManifest:

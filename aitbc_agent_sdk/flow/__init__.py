@@ -10,9 +10,9 @@ from .._lazy import lazy_exports
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "costs": ("CostPreview", "estimate_text", "eth_text", "preview"),
     "steps": (
-        "HiredWorker", "Started", "check_dataset", "coordinator_log", "create_training", "dataset_source", "db_path",
-        "devnet_agent", "distribute", "distribution_cost", "hire_workers", "load_training", "min_stake_of", "resume",
-        "resume_blocker", "start_coordinator", "upload_data", "wait_for_daemon", "wallet_of",
+        "HiredWorker", "Started", "check_dataset", "coordinator_log", "create_training", "dataset_source",
+        "dataset_target", "db_path", "devnet_agent", "distribute", "distribution_cost", "hire_workers", "load_training", "min_stake_of", "resume",
+        "resume_blocker", "start_coordinator", "target_line", "upload_data", "wait_for_daemon", "wallet_of",
     ),
     "tasks": ("TaskChoice", "attach_task", "check_task_source", "parse_task_params"),
     "trainings": (
@@ -24,9 +24,9 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
 if TYPE_CHECKING:  # static tools see ordinary imports
     from .costs import CostPreview, estimate_text, eth_text, preview
     from .steps import (
-        HiredWorker, Started, check_dataset, coordinator_log, create_training, dataset_source, db_path, devnet_agent,
-        distribute, distribution_cost, hire_workers, load_training, min_stake_of, resume, resume_blocker,
-        start_coordinator, upload_data, wait_for_daemon, wallet_of,
+        HiredWorker, Started, check_dataset, coordinator_log, create_training, dataset_source, dataset_target, db_path,
+        devnet_agent, distribute, distribution_cost, hire_workers, load_training, min_stake_of, resume,
+        resume_blocker, start_coordinator, target_line, upload_data, wait_for_daemon, wallet_of,
     )
     from .tasks import TaskChoice, attach_task, check_task_source, parse_task_params
     from .trainings import (

@@ -114,6 +114,22 @@ async def upload_data(agent: Agent, training_id: str, source: str | Path, label_
     return await agent.upload_training_data(training_id, source, label_column=label_column, target=target)
 
 
+async def dataset_target(agent: Agent, dataset_cid: str) -> TargetKind | None:
+    """The target kind a stored dataset was recorded with (None: not labelled arrays, e.g. a text corpus)."""
+    manifest = await agent.coordinator.data.manifest(dataset_cid)
+    return manifest.arrays.target if manifest.arrays is not None else None
+
+
+def target_line(kind: TargetKind | None, chosen: bool) -> str | None:
+    """What a user reads about the target before paying: detection can guess wrong, so it says how to override."""
+    if kind is None:
+        return None
+    if chosen:
+        return f"target: {kind} (--target)"
+    others = " or ".join(k for k in ("classes", "values", "none") if k != kind)
+    return f"target: {kind}, detected from the data (--target {others} to override)"
+
+
 @dataclass(frozen=True)
 class HiredWorker:
     worker_id: str

@@ -50,7 +50,8 @@ class LabeledData:
         return LabeledData(self.features[idx], self.labels[idx], self.num_classes, self.target)
 
 
-# An integral target with at most this many distinct values (or a tenth of the rows) is read as classes.
+# Floats that happen to be whole numbers (0.0/1.0 labels, but also ages or prices) are classes only when
+# this few; an untyped column of integers (a CSV's) is classes unless most rows hold a value of their own.
 _FEW_DISTINCT = 10
 
 
@@ -59,14 +60,19 @@ def _integral(raw: np.ndarray) -> bool:
 
 
 def detect_target(raw: np.ndarray, *, typed: bool = True) -> TargetKind:
-    """The kind of a target array: integers (of an integer dtype, when ``typed``) or strings are classes, as are
-    integral numbers with few distinct values; other numbers (or a vector per row) are values. Untyped data (a
-    CSV column) holds integers by chance as often as by design, so only a few distinct ones make classes."""
-    if raw.dtype.kind in "bUSO" or (typed and raw.dtype.kind in "iu"):
+    """The kind of a target array: strings, booleans and integers of an integer dtype are classes; a vector per
+    row and non-integral numbers are values; whole-number floats are classes only when there are few distinct
+    ones. An untyped column (a CSV's, ``typed=False``) of integers is classes unless more than half of its rows
+    hold a value of their own (then it is more likely a count or a price than a label)."""
+    if raw.dtype.kind in "USO":
         return "classes"
-    if raw.ndim != 1 or not _integral(raw):
+    if raw.ndim != 1:  # a vector per row, of whatever number type
         return "values"
-    few = max(_FEW_DISTINCT, len(raw) // 10)
+    if raw.dtype.kind == "b" or (typed and raw.dtype.kind in "iu"):
+        return "classes"
+    if not _integral(raw):
+        return "values"
+    few = _FEW_DISTINCT if typed else max(_FEW_DISTINCT, len(raw) // 2)
     return "classes" if len(np.unique(raw)) <= min(few, MAX_CLASSES) else "values"
 
 

@@ -212,16 +212,19 @@ async def _plan(config: AgentConfig, spec: TrainingSpec, task: flow.TaskChoice, 
         cost, (dataset_cid, selected, spares) = await _cost(agent, spec, source, label_column, min_gpu)
         # What will train: the data decides it (transformer on a corpus is the gpt language model).
         planned = spec_for_dataset(spec, (await agent.coordinator.data.manifest(dataset_cid)).kind)
+        target = await flow.dataset_target(agent, dataset_cid)
     finally:
         await agent.stop()
     spend = SpendPreview("fund the escrow of a new training", tuple(cost.items()), tuple(cost.notes()))
     confirm_spend(spend, yes=False, dry_run=True)
     console.print(f"task: {terminal_markup(task_ref_of(planned).name)}, outer: {planned.outer}, "
                   f"uploads: {planned.upload_encoding}")
+    if (line := flow.target_line(target, spec.target is not None)) is not None:
+        console.print(line)
     workers = [{"worker_id": w.worker_id, "role": role, "gpu": w.gpu_type, "price_wei": w.price}
                for role, group in (("worker", selected), ("spare", spares)) for w in group]
     return {"cost": cost.as_json(), "workers": workers, "task": task_ref_of(planned).name, "outer": planned.outer,
-            "warnings": _shortfall(spec, (dataset_cid, selected, spares)),
+            "target": target, "warnings": _shortfall(spec, (dataset_cid, selected, spares)),
             "update_encoding": planned.upload_encoding, **spend.as_json()}
 
 
@@ -254,6 +257,9 @@ async def _train(agent: Agent, spec: TrainingSpec, task: flow.TaskChoice, source
     # The workers priced are the workers hired: the run reuses what the preview checked.
     cost, prepared = await _cost(agent, spec, source, label_column, min_gpu)
     warnings.extend(_shortfall(spec, prepared))
+    if view is not None and (line := flow.target_line(await flow.dataset_target(agent, prepared[0]),
+                                                      spec.target is not None)):
+        typer.echo(line, err=True)
     spend = SpendPreview("fund the escrow of a new training", tuple(cost.items()), tuple(cost.notes()))
     # The embedded network's chain is play money in this process: shown, not asked.
     confirm_spend(spend, yes=yes, dry_run=False, play_money=agent.config.network == "embedded")

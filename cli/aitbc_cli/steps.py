@@ -39,6 +39,7 @@ from .training_options import (
 
 if TYPE_CHECKING:
     from aitbc_agent_sdk.agent import Agent
+    from aitbc_agent_sdk.models.datasets import TargetKind
 
 T = TypeVar("T")
 
@@ -215,13 +216,17 @@ def upload_data(
     source = flow.dataset_source(data_path)
     target_kind = _value(target)
     flow.check_dataset(source, label_column, target_kind)  # fail before connecting anywhere
-    cid = run_as(root, training_id, lambda agent: flow.upload_data(agent, training_id, source, label_column,
-                                                                   target_kind),
-                 PasswordSource(password_file, interactive=not as_json))
+    async def upload(agent: Agent) -> tuple[str, TargetKind | None]:
+        cid = await flow.upload_data(agent, training_id, source, label_column, target_kind)
+        return cid, await flow.dataset_target(agent, cid)
+
+    cid, found = run_as(root, training_id, upload, PasswordSource(password_file, interactive=not as_json))
     if as_json:
-        print_json({"training_id": training_id, "dataset_cid": cid})
-    else:
-        Console().print(f"Dataset uploaded: {cid}")
+        print_json({"training_id": training_id, "dataset_cid": cid, "target": found})
+        return
+    Console().print(f"Dataset uploaded: {cid}")
+    if (line := flow.target_line(found, target_kind is not None)) is not None:
+        Console().print(line)
 
 
 def discover_workers(
