@@ -103,3 +103,30 @@ async def test_other_registered_models_run_federated(aitbc_home, model):
         report = await agent.run_distributed_training(spec)
     assert report.status == TrainingPhase.COMPLETE
     assert report.final_accuracy > 0.3  # one short round; learning, not chance (0.1)
+
+
+async def test_a_cancelled_training_pays_its_accepted_rounds_and_refunds_the_rest(aitbc_home):
+    """An SDK caller who gives up (a timeout, Ctrl-C under asyncio.run) leaves nothing locked in the escrow."""
+    import asyncio
+
+    from aitbc_agent_sdk.models import RoundMetrics
+
+    first_round = asyncio.Event()
+    observer = lambda event: first_round.set() if isinstance(event, RoundMetrics) else None  # noqa: E731
+    async with Agent(AgentConfig(home=aitbc_home, providers=2), observer=observer) as agent:
+        spec = TrainingSpec(model_type="mlp", target_workers=2, rounds=100,
+                            job=JobConfig(batch_size=64, learning_rate=1e-2, epochs=1))
+        training = asyncio.create_task(agent.run_distributed_training(spec))
+        waiting = asyncio.create_task(first_round.wait())
+        await asyncio.wait({training, waiting}, return_when=asyncio.FIRST_COMPLETED)
+        assert not training.done(), training.exception()
+        training.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await training
+        (record,) = await agent.coordinator.db.trainings()
+        escrow = await agent.coordinator.db.escrow(record.training_id)
+        state = await agent.coordinator.escrow.escrow.training(agent.coordinator.escrow.key(record.training_id))
+    assert record.phase == TrainingPhase.FAILED and state.closed
+    # The first round paid; the other 99 came back, or are held for the workers' receipts' claim window.
+    assert escrow.paid_wei > 0 and escrow.refunded_wei + escrow.held_wei > 0
+    assert escrow.deposited_wei == escrow.paid_wei + escrow.refunded_wei + escrow.held_wei

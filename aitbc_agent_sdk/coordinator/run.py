@@ -22,6 +22,7 @@ from ..training.task import TrainingTask
 from ..training.dataset_dirs import manifest_shape
 from .deadlines import job_work, round_timeout
 from .inputs import RoundInputs
+from .stopping import wind_down
 from .liveness import LivenessWatch
 from .pool import adapt_pool
 from .phases import is_terminal
@@ -99,7 +100,14 @@ async def run_training(coordinator: Coordinator, request: RunRequest, prepared: 
     except (AitbcError, asyncio.CancelledError) as exc:
         await fail_training(coordinator, tid, str(exc) or type(exc).__name__)
         raise
-    settlement, compute = await drive_training(coordinator, tid, round_timeout_s=request.round_timeout_s)
+    try:
+        settlement, compute = await drive_training(coordinator, tid, round_timeout_s=request.round_timeout_s)
+    except asyncio.CancelledError:
+        # The caller gave up on a funded training (Ctrl-C, a timeout, a cancelled task): pay the accepted
+        # rounds and refund the rest now, as `stop` does, instead of leaving the deposit to the deadline.
+        # Shielded: a second cancel while settling does not cut the settlement short.
+        await asyncio.shield(wind_down(coordinator, tid))
+        raise
     return await _report(coordinator, tid, [*selected, *spares], settlement.refund_tx, started, compute)
 
 
@@ -135,8 +143,8 @@ async def drive_training(coordinator: Coordinator, tid: str, *,
         await coordinator.update_phase(tid, P.COMPLETE)
         return settlement, compute
     except asyncio.CancelledError:
-        # Interrupted, not failed: the training stays funded and open, as after a crash, so its caller can
-        # pay the accepted rounds (`run` on Ctrl-C, flow.settle_interrupted) or a later resume carry it on.
+        # Interrupted, not failed: the training stays funded and open, as after a crash. run_training settles
+        # it as `stop` does; a resumed one (Agent.stop ending an auto-resume) is carried on by the next resume.
         raise
     except (AitbcError, TimeoutError) as exc:
         await fail_training(coordinator, tid, str(exc) or type(exc).__name__)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Literal
 from ..errors import AitbcError, ConfigError
 from ..models import TrainingPhase
 from ..profile import training_dir
+from ..coordinator.stopping import STOPPED_REASON, wind_down
 from .steps import coordinator_log, db_path, devnet_agent, load_training
 
 if TYPE_CHECKING:
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
     from ..coordinator import Coordinator
 
 LogSource = Literal["auto", "coordinator", "audit"]
-STOPPED_REASON = "stopped by the user"
 
 
 @dataclass(frozen=True)
@@ -175,29 +175,6 @@ async def stop_training(home: Path, training_id: str, account: LocalAccount) -> 
         async with devnet_agent(home, account) as agent:
             paid, refunded, tx = await wind_down(agent.coordinator, training_id)
     return Stopped(training_id, pid, paid, refunded, tx)
-
-
-async def wind_down(coordinator: Coordinator, training_id: str) -> tuple[int, int, str | None]:
-    """Cancel the open round's jobs, settle what was earned, mark the training failed."""
-    from ..coordinator.reassign import reassigner_for
-
-    reassign = reassigner_for(coordinator, training_id)
-    record = await coordinator.db.training(training_id)
-    await reassign.audit.append("training_stopped", round=record.round, phase=record.phase.value)
-    paid = refunded = 0
-    tx = None
-    if await coordinator.db.escrow(training_id) is not None:
-        await reassign.reconcile()  # a crash mid-replacement: the chain decides
-        for job in await coordinator.db.jobs(training_id, record.round + 1):
-            if await coordinator.db.checkpoint(job.job_id) is None:
-                await reassign.cancel_job(job.worker_id, job.job_id, STOPPED_REASON)
-        state = await coordinator.escrow.escrow.training(coordinator.escrow.key(training_id))
-        if state.exists and not state.closed:
-            settlement = await coordinator.money.settle(training_id)
-            paid, refunded, tx = settlement.escrow.paid_wei, settlement.refund_wei, settlement.refund_tx
-    await reassign.audit.append("training_failed", reason=STOPPED_REASON)
-    await coordinator.update_phase(training_id, TrainingPhase.FAILED)
-    return paid, refunded, tx
 
 
 # -- an interrupted in-process run (Ctrl-C, SIGTERM on `run`) ------------------------------------
