@@ -13,6 +13,7 @@ from aitbc_agent_sdk.models import ShardManifest
 from aitbc_agent_sdk.profile import load_profile
 from aitbc_agent_sdk.storage.kubo import KuboClient, KuboContentStore
 from aitbc_agent_sdk.training import load_dataset
+from test_target_kinds_run import ROOT, synthetic_csv
 
 pytestmark = pytest.mark.slow
 
@@ -110,6 +111,25 @@ def test_five_commands_across_processes(aitbc_cmd, cli_env, aitbc_home, tmp_path
     again = subprocess.run([*aitbc_cmd, "provider", "register", "--wallet", "provider-2", "--stake", "1"],
                            env=cli_env, capture_output=True, text=True, timeout=120)
     assert again.returncode == 2 and "already registered" in again.stderr
+
+    # The same five steps for a regression (issue #26): the example task on a float CSV column it was not
+    # written for, hired from the two providers still bonded; it reports its own metric, never accuracy 0.
+    csv = synthetic_csv(tmp_path / "synthetic.csv")
+    init = aitbc(aitbc_cmd, cli_env, "distributed-training", "init", "--wallet", "dev", "--task",
+                 str(ROOT / "examples/tasks/linear_regression.py"), "--target-workers", "2", "--rounds", "2")
+    tid = init["training_id"]
+    upload = aitbc(aitbc_cmd, cli_env, "distributed-training", "upload-data", "--training-id", tid,
+                   "--data-path", str(csv), "--label-column", "target")
+    assert upload["target"] == "values"
+    aitbc(aitbc_cmd, cli_env, "distributed-training", "discover-workers", "--training-id", tid, "--min-gpu", "cpu",
+          "--required-workers", "2")
+    aitbc(aitbc_cmd, cli_env, "distributed-training", "distribute", "--training-id", tid, "--yes")
+    snap = aitbc(aitbc_cmd, cli_env, "distributed-training", "monitor", "--training-id", tid, "--follow",
+                 "--interval", "0.5", timeout=300)
+    assert snap["phase"] == "complete", snap
+    last = snap["round_metrics"][-1]
+    assert last["accuracy"] is None and "accuracy" not in last["metrics"], last
+    assert last["metrics"]["mse"] < 0.5 and last["metrics"]["r2"] > 0.5, last  # the target's variance is 1
 
 
 def _record(home, tid) -> str:

@@ -44,6 +44,7 @@ def test_the_regression_example_trains_on_a_float_csv_and_reports_mse(aitbc_cmd,
     assert report["status"] == "complete"
     assert (report["metric"], report["higher_is_better"]) == ("mse", False)
     assert report["final_metric"] == report["rounds"][-1]["metrics"]["mse"]
+    assert report["final_accuracy"] is None and all(r["accuracy"] is None for r in report["rounds"])  # never 0
     assert report["loss_name"] == "mse (standardized target)"
     last = report["rounds"][-1]["metrics"]
     assert {"mse", "mae", "r2"} <= last.keys() and "accuracy" not in last

@@ -8,6 +8,7 @@ import os
 from pydantic import Field
 
 from ..errors import ConfigError
+from ..models import reported_accuracy
 from . import sdk
 from .base import Tool, ToolArgs, ToolContext, ToolResult
 from .market_tools import TrainingArgs
@@ -42,8 +43,9 @@ async def monitor(ctx: ToolContext, a: TrainingArgs) -> ToolResult:
         last = snap.round_metrics[-1]
         # The task's own metric (a regression's mse): accuracy only where the task reported it
         own = [(n, v) for n, v in last.metrics.items() if n not in ("loss", "accuracy")]
-        score = (f"test accuracy {last.accuracy:.4f}" if "accuracy" in last.metrics or not own
-                 else f"{own[0][0]} {own[0][1]:.4f}")
+        accuracy = reported_accuracy(last)
+        score = (f"test accuracy {accuracy:.4f}" if accuracy is not None and ("accuracy" in last.metrics or not own)
+                 else f"{own[0][0]} {own[0][1]:.4f}" if own else "no metric")
         words.append(f"Round {last.round} reached {score} (loss {last.loss:.4f}).")
     busy = [w for w in snap.workers if w.role == "worker"]
     if busy:

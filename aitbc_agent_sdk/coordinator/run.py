@@ -15,6 +15,7 @@ from pathlib import Path
 from ..errors import AitbcError, ConfigError, NotEnoughWorkersError, TrainingError
 from ..models import (
     RoundReport, Settlement, TrainingPhase, TrainingRecord, TrainingReport, TrainingSpec, Worker, WorkerReport,
+    reported_accuracy,
 )
 from ..training.bound_task import REHEARSAL_SAMPLES
 from ..training.file_sharding import partition_problem
@@ -245,7 +246,7 @@ async def _report(coordinator: Coordinator, tid: str, selected: list[Worker], re
             price_wei=contract.price_wei, role=contract.role,
             gpu_type=by_worker[contract.worker_id].gpu_type if contract.worker_id in by_worker else "unknown"))
     round_reports = tuple(
-        RoundReport(round=r.round, accuracy=r.accuracy, loss=r.loss, model_cid=r.model_cid,
+        RoundReport(round=r.round, accuracy=reported_accuracy(r), loss=r.loss, model_cid=r.model_cid,
                     worker_losses={c.worker_id: c.loss for c in accepted if c.round == r.round},
                     workers=r.workers, throughput=r.throughput, metrics=r.metrics,
                     bytes_sent=r.bytes_sent, bytes_received=r.bytes_received)
@@ -255,7 +256,7 @@ async def _report(coordinator: Coordinator, tid: str, selected: list[Worker], re
     return TrainingReport(
         metric=task.metric, higher_is_better=task.higher_is_better, loss_name=task.loss_name,
         final_metric=rounds[-1].metrics.get(task.metric),
-        training_id=tid, status=record.phase, final_accuracy=rounds[-1].accuracy, model_cid=record.model_cid,
+        training_id=tid, status=record.phase, final_accuracy=reported_accuracy(rounds[-1]), model_cid=record.model_cid,
         manifest_cid=record.manifest_cid, rounds=round_reports, workers=tuple(workers), escrow=escrow,
         refund_tx=refund_tx, wall_seconds=time.perf_counter() - started, compute_seconds=compute)
 

@@ -26,7 +26,7 @@ from ..messaging import SignedChannel, topics
 from ..models import (
     ContractProposal, ContractReply, JobAssignment, JobConfig, ModelSpec, Offer,
     Progress, RoundMetrics, Shard, ShardManifest, TaskRef, TrainingPhase, TrainingRecord, TrainingSpec,
-    TrainingStatus, Worker, WorkerContract, new_id,
+    TrainingStatus, Worker, WorkerContract, new_id, reported_accuracy,
 )
 from ..storage import ContentStore
 from ..training import AggregationStrategy, FedAvg, LabeledData, decode_state
@@ -323,8 +323,9 @@ class Coordinator(ResultChecks):
         round_ = record.round + 1
         jobs = await self.db.jobs(training_id, round_)
         round_metrics = RoundMetrics(
-            # A task without an accuracy reports 0; its own metric is in ``metrics``.
-            round=round_, accuracy=min(max(result.get("accuracy", 0.0), 0.0), 1.0), loss=result["loss"],
+            # A task without an accuracy (a regression) reports None; its own metric is in ``metrics``.
+            round=round_, accuracy=min(max(result["accuracy"], 0.0), 1.0) if "accuracy" in result else None,
+            loss=result["loss"],
             metrics=result, model_cid=model_cid,
             workers=len(stats.worker_samples) if stats else max(len({j.worker_id for j in jobs}), 1),
             throughput=stats.throughput if stats else None, round_seconds=stats.seconds if stats else None,
@@ -355,4 +356,4 @@ class Coordinator(ResultChecks):
         rounds = await self.db.rounds(training_id)
         return TrainingStatus(training_id=training_id, phase=record.phase, round=record.round,
                               rounds=record.spec.rounds, workers=len(await self.db.contracts(training_id, "worker")),
-                              accuracy=rounds[-1].accuracy if rounds else None, model_cid=record.model_cid)
+                              accuracy=reported_accuracy(rounds[-1]) if rounds else None, model_cid=record.model_cid)

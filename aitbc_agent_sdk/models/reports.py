@@ -23,7 +23,7 @@ class AggregateResult(Record):
 
 class RoundMetrics(Record):
     round: int = Field(ge=1)
-    accuracy: Fraction
+    accuracy: Fraction | None = Field(description="test accuracy; None when the task reports none (a regression)")
     loss: float
     model_cid: Cid
     workers: int = Field(ge=1)
@@ -33,6 +33,12 @@ class RoundMetrics(Record):
         default_factory=dict, max_length=32, description="every metric the task's evaluate() returned")
     bytes_sent: int | None = Field(default=None, ge=0, description="model bytes the coordinator sent the round's jobs")
     bytes_received: int | None = Field(default=None, ge=0, description="result bytes it fetched from workers")
+
+
+def reported_accuracy(round_: RoundMetrics) -> float | None:
+    """The round's test accuracy where the task reported one: None for a regression or a language model
+    (their metric is in ``metrics``). Rounds saved before tasks reported metrics were all classifiers."""
+    return round_.accuracy if "accuracy" in round_.metrics or not round_.metrics else None  # old rows held 0.0
 
 
 class Payment(Record):
@@ -87,7 +93,7 @@ class WorkerReport(Record):
 
 class RoundReport(Record):
     round: int = Field(ge=1)
-    accuracy: Fraction
+    accuracy: Fraction | None = Field(description="test accuracy; None when the task reports no accuracy (a regression)")
     loss: float
     model_cid: Cid
     worker_losses: dict[str, float]
@@ -101,7 +107,7 @@ class RoundReport(Record):
 class TrainingReport(Record):
     training_id: Id
     status: TrainingPhase
-    final_accuracy: Fraction
+    final_accuracy: Fraction | None = Field(description="None when the task reports no accuracy: see final_metric")
     model_cid: Cid
     manifest_cid: Cid
     rounds: tuple[RoundReport, ...] = Field(max_length=limits.MAX_ROUNDS)
