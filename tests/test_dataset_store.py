@@ -95,3 +95,32 @@ async def test_bad_input_leaves_nothing_behind_and_too_large_is_refused(tmp_path
     with pytest.raises(ConfigError, match="more than"):
         await data.import_dataset("digits", declared_size=1000)  # staged, measured, refused, removed
     assert not any(staging.iterdir())
+
+
+class FailingOnceStore(LocalContentStore):
+    """Fault injection (a mock, labelled): the store fails one import midway, as a daemon that dies would."""
+
+    failed = False
+
+    async def add_directory(self, path, **kwargs):
+        if not self.failed:
+            self.failed = True
+            raise OSError("the store went away")
+        return await super().add_directory(path, **kwargs)
+
+
+async def test_an_interrupted_import_is_not_reused_for_another_target_or_column(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    rows = ["a,b,grade,score"] + [f"{x:.3f},{y:.3f},{g},{g + 0.5 * y:.3f}"
+                                  for x, y, g in zip(rng.normal(size=60), rng.normal(size=60), rng.integers(0, 3, 60))]
+    csv = tmp_path / "grades.csv"
+    csv.write_text("\n".join(rows) + "\n")
+    data = DatasetStore(FailingOnceStore(tmp_path / "store"), tmp_path / "data")
+    with pytest.raises(OSError):  # interrupted after preparing: its staging stays for a rerun to resume
+        await data.import_dataset(csv, label_column="grade", target="classes")
+    _, other_column = await data.import_dataset(csv, label_column="score")  # detected, not the staged classes
+    assert other_column.arrays.target == "values" and other_column.arrays.feature_shape == (3,)
+    _, as_values = await data.import_dataset(csv, label_column="grade", target="values")
+    assert (as_values.arrays.target, as_values.arrays.num_classes) == ("values", 0)
+    _, as_classes = await data.import_dataset(csv, label_column="grade", target="classes")
+    assert (as_classes.arrays.target, as_classes.arrays.num_classes) == ("classes", 3)

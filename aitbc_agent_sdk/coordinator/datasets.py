@@ -75,7 +75,7 @@ class DatasetStore:
         on_disk = isinstance(source, (str, Path)) and Path(source).exists()
         if on_disk:  # the bytes the user gave (a corpus's text, not its tokens), named by the user's path
             check_declared_size(declared_size, source, await asyncio.to_thread(tree_size, Path(source)))
-        key = _staging_key(source)
+        key = _staging_key(source, label_column, kind, target)
         staging = self._dir() / "staging" / key
         marker, journal = staging.with_name(f"{key}.prepared.json"), staging.with_name(f"{key}.journal")
         sealed_dir = staging.with_name(f"{key}.sealed")
@@ -199,17 +199,16 @@ def _remove(*paths: Path) -> None:
             path.unlink(missing_ok=True)
 
 
-def _staging_key(source: object) -> str:
-    """The same source stages in the same place, so an interrupted import's journal is found again."""
+def _staging_key(source: object, *reading: object) -> str:
+    """The same source read the same way stages in the same place, so an interrupted import's journal is found
+    again; another label column or target kind is another staging (its prepared marker would be stale)."""
     if isinstance(source, (str, Path)) and Path(source).exists():
         path = Path(source).resolve()
         stat = path.stat()
         ident = f"{path}:{stat.st_size}:{stat.st_mtime_ns}"
     else:
         ident = f"memory:{id(source)}"
-    return hashlib.sha256(ident.encode()).hexdigest()[:24]
-
-
+    return hashlib.sha256(f"{ident}|{reading!r}".encode()).hexdigest()[:24]
 
 
 async def store_shard(store: ContentStore, data: LabeledData) -> tuple[str, int]:
