@@ -119,6 +119,22 @@ def test_wallet_commands_take_the_password_file_or_env_and_json_never_prompts(
     assert "Password" not in err and not (aitbc_home / "wallets" / "carol.json").exists()
 
 
+@pytest.mark.parametrize("command", [
+    ["provider", "register", "--stake", "1"], ["provider", "stake", "--amount", "1"], ["provider", "unregister"],
+    ["provider", "start", "--price", "0.01"]])
+def test_provider_commands_under_json_never_prompt_and_take_the_password_file(
+        capsys: pytest.CaptureFixture[str], aitbc_home: Path, tmp_path: Path, no_password: None,
+        command: list[str]) -> None:
+    secret = tmp_path / "pw"
+    secret.write_text(PASSWORD + "\n")
+    assert aitbc(capsys, "wallet", "create", "gpu-box", "--password-file", str(secret), "--json")[0] == 0
+    code, out, err = aitbc(capsys, *command, "--wallet", "gpu-box", "--json")
+    assert code == 2 and "--json never prompts" in json.loads(out)["error"], (out, err)
+    # With the file the wallet opens; what stops it next is the missing devnet, not a password.
+    code, out, err = aitbc(capsys, *command, "--wallet", "gpu-box", "--password-file", str(secret), "--json")
+    assert code == 2 and "password" not in json.loads(out.splitlines()[-1])["error"].lower(), (out, err)
+
+
 # -- Ctrl-C and SIGTERM on run -------------------------------------------------------------------
 
 def test_the_first_signal_stops_the_work_and_a_second_is_only_noted() -> None:

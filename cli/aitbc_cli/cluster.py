@@ -26,7 +26,9 @@ from .cluster_options import (
 )
 from .cluster_render import metric_text, render_inventory, render_monitor, render_mount, render_train
 from .cluster_run import collect, run_mount, run_train, serve_host, watch_cluster
-from .common import ExitCode, HomeOption, IpfsApiOption, JsonOption, print_json, resolve_home
+from .common import (
+    ExitCode, HomeOption, IpfsApiOption, JsonOption, PasswordFileOption, PasswordSource, print_json, resolve_home,
+)
 from .params import broker_parts, parse_broker
 
 if TYPE_CHECKING:
@@ -93,6 +95,7 @@ def inventory(
     timeout: Annotated[float, seconds_option("seconds to wait for each host")] = DEFAULT_TIMEOUT_S,
     html: Annotated[Optional[Path], typer.Option("--html", help="also write a self-contained HTML report")] = None,
     home: HomeOption = None,
+    password_file: PasswordFileOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Every host's GPUs, CPUs and memory; CPU-only hosts are marked, silent hosts listed as unreachable.
@@ -108,7 +111,7 @@ def inventory(
         result = asyncio.run(local_inventory(timeout=timeout))
     else:
         spec = load_cluster(root, cluster)
-        result = asyncio.run(collect(root, spec, wallet, timeout))
+        result = asyncio.run(collect(root, spec, wallet, timeout, PasswordSource(password_file, not as_json)))
     if html is not None:
         html.write_text(inventory_html(result))
     if as_json:
@@ -139,6 +142,7 @@ def serve(
     no_install: Annotated[bool, typer.Option(
         "--no-install", help="never apt-get install a missing mount client")] = False,
     home: HomeOption = None,
+    password_file: PasswordFileOption = None,
 ) -> None:
     """Serve the cluster as this host, in the foreground (Ctrl-C stops): inventory, preflight, torchrun, mounts.
 
@@ -159,7 +163,7 @@ def serve(
         mounts=MountSettings(s3_credentials_file=s3_credentials, ipfs_api=ipfs_api,
                              install_missing=not no_install))
     try:
-        asyncio.run(serve_host(root, spec, wallet, config))
+        asyncio.run(serve_host(root, spec, wallet, config, PasswordSource(password_file)))
     except (KeyboardInterrupt, asyncio.CancelledError):
         pass
 
@@ -186,6 +190,7 @@ def train(
         "seconds without a word from a host's agent before it counts as failed")] = 20.0,
     verbose: VerboseOption = False,
     home: HomeOption = None,
+    password_file: PasswordFileOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Run SCRIPT with torchrun on --hosts hosts of the cluster; streams the ranks' logs and metrics.
@@ -196,6 +201,7 @@ def train(
 
     Example: aitbc cluster train --cluster lab --wallet coord --hosts 3 --script /srv/train_ddp.py -- data.pt 30
     """
+    # Long because: typer declares every option in the signature; the body is some 30 lines.
     from aitbc_agent_sdk.cluster.job import TrainRequest
     from aitbc_agent_sdk.cluster.protocol import new_job_id
 
@@ -216,7 +222,8 @@ def train(
     job_dir.mkdir(parents=True, exist_ok=True)
     out = Console(stderr=as_json, highlight=False)
     try:
-        result = asyncio.run(run_train(root, spec, wallet, request, job_dir, out, verbose, host_timeout))
+        result = asyncio.run(run_train(root, spec, wallet, request, job_dir, out, verbose, host_timeout,
+                                           PasswordSource(password_file, not as_json)))
     except KeyboardInterrupt:
         Console(stderr=True).print(f"interrupted: job {job_id} stopped on every host (audit log "
                                    f"{job_dir / 'audit.jsonl'})")
@@ -247,6 +254,7 @@ def mount(
         "--measure-bytes", min=0, max=1 << 30, help="size of the throughput probe in bytes (0: none)")] = 4 << 20,
     timeout: Annotated[float, seconds_option("seconds to wait for each host (installs included)")] = 600.0,
     home: HomeOption = None,
+    password_file: PasswordFileOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Mount a shared dataset on every host and check it: read/write, same content (hash manifest), speed.
@@ -271,7 +279,8 @@ def mount(
         raise ClusterConfigError(f"no host {', '.join(sorted(unknown))} in cluster {cluster}")
     command = MountCommand(source=source, target=target, endpoint=endpoint, mountpoint=str(mountpoint),
                            check_write=not no_write_check, measure_bytes=measure_bytes)
-    report = asyncio.run(run_mount(root, spec, wallet, members, command, timeout))
+    report = asyncio.run(run_mount(root, spec, wallet, members, command, timeout,
+                                  PasswordSource(password_file, not as_json)))
     if as_json:
         print_json(report.model_dump(mode="json"))
     else:

@@ -15,7 +15,7 @@ from aitbc_agent_sdk.cluster.errors import ClusterConfigError
 from aitbc_agent_sdk.models.inert import terminal_markup
 
 from .cluster_render import event_printer
-from .common import unlock
+from .common import PasswordSource, unlock
 
 if TYPE_CHECKING:
     from aitbc_agent_sdk.cluster.host_agent import HostAgentConfig
@@ -27,13 +27,14 @@ if TYPE_CHECKING:
     from aitbc_agent_sdk.messaging.mqtt import MqttBus
 
 
-async def serve_host(root: Path, spec: ClusterSpec, wallet: str, config: HostAgentConfig) -> None:
+async def serve_host(root: Path, spec: ClusterSpec, wallet: str, config: HostAgentConfig,
+                     password: PasswordSource) -> None:
     from aitbc_agent_sdk.cluster.host_agent import ClusterAgent
     from aitbc_agent_sdk.messaging.channel import SignedChannel
     from aitbc_agent_sdk.profile import load_profile
 
     broker = spec.bus or load_profile(root).bus
-    account, _ = await unlock(root, wallet)
+    account, _ = await unlock(root, wallet, password)
     if spec.host(account.address) is None:
         raise ClusterConfigError(f"wallet {wallet} ({account.address}) is not a host of cluster {spec.name}")
     main = asyncio.current_task()
@@ -50,12 +51,12 @@ async def serve_host(root: Path, spec: ClusterSpec, wallet: str, config: HostAge
 
 
 async def run_train(root: Path, spec: ClusterSpec, wallet: str, request: TrainRequest, job_dir: Path, out: Console,
-                 verbose: bool, host_timeout: float) -> TrainResult:
+                 verbose: bool, host_timeout: float, password: PasswordSource) -> TrainResult:
     from aitbc_agent_sdk.audit import AuditLog
     from aitbc_agent_sdk.cluster.launcher import TrainingCoordinator
     from aitbc_agent_sdk.messaging.channel import SignedChannel
 
-    account, _ = await unlock(root, wallet)
+    account, _ = await unlock(root, wallet, password)
     if spec.coordinators and account.address.lower() not in {a.lower() for a in spec.coordinators}:
         raise ClusterConfigError(f"wallet {wallet} ({account.address}) is not a coordinator of cluster {spec.name}")
     async with cluster_bus(root, spec, "aitbc-cluster-train") as bus:
@@ -68,12 +69,12 @@ async def run_train(root: Path, spec: ClusterSpec, wallet: str, request: TrainRe
 
 
 async def run_mount(root: Path, spec: ClusterSpec, wallet: str, members: list[HostSpec], command: MountCommand,
-                 timeout: float) -> ClusterMountReport:
+                 timeout: float, password: PasswordSource) -> ClusterMountReport:
     from aitbc_agent_sdk.audit import AuditLog
     from aitbc_agent_sdk.cluster.launcher import TrainingCoordinator
     from aitbc_agent_sdk.messaging.channel import SignedChannel
 
-    account, _ = await unlock(root, wallet)
+    account, _ = await unlock(root, wallet, password)
     async with cluster_bus(root, spec, "aitbc-cluster-mount") as bus:
         audit = AuditLog(root / "clusters" / "mounts" / f"{spec.name}.audit.jsonl")
         coordinator = TrainingCoordinator(SignedChannel(bus, account), spec, audit=audit)
@@ -104,14 +105,15 @@ def cluster_bus(root: Path, spec: ClusterSpec, prefix: str, identity: str | None
     return connect_bus(settings, f"{prefix}-{time.time_ns()}", identity=identity, persistent=False)
 
 
-async def collect(root: Path, spec: ClusterSpec, wallet: str | None, timeout: float) -> ClusterInventory:
+async def collect(root: Path, spec: ClusterSpec, wallet: str | None, timeout: float,
+                  password: PasswordSource) -> ClusterInventory:
     from eth_account import Account
 
     from aitbc_agent_sdk.cluster.transport import collect_inventory
     from aitbc_agent_sdk.messaging.channel import SignedChannel
 
     if wallet is not None:
-        account, _ = await unlock(root, wallet)
+        account, _ = await unlock(root, wallet, password)
     elif spec.coordinators:
         raise ClusterConfigError(f"cluster {spec.name} answers only its coordinators: pass --wallet")
     else:

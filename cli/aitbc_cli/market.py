@@ -11,7 +11,10 @@ from rich.table import Table
 
 from aitbc_agent_sdk.models.inert import terminal_markup
 
-from .common import HomeOption, JsonOption, NetworkOption, network_or_default, print_json, resolve_home, unlock
+from .common import (
+    HomeOption, JsonOption, NetworkOption, PasswordFileOption, PasswordSource, network_or_default, print_json,
+    resolve_home, unlock,
+)
 from .render import eth, output_console
 
 app = typer.Typer(help="Browse the market: signed offers, bonds and on-chain reputation.", no_args_is_help=True)
@@ -38,6 +41,7 @@ def list_offers(
                        ] = "cpu",
     network: NetworkOption = None,
     home: HomeOption = None,
+    password_file: PasswordFileOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Every current offer with its score, price, bond and reputation.
@@ -52,7 +56,7 @@ def list_offers(
         from aitbc_agent_sdk.config import AgentConfig
 
         config = AgentConfig(name="aitbc-market", network=name, home=root)  # a bad network fails before the prompt
-        account, _ = await unlock(root, wallet)
+        account, _ = await unlock(root, wallet, PasswordSource(password_file, interactive=not as_json))
         async with Agent(config, account=account) as agent:
             # The whole market, unbonded offers too: the stake column says who a training would hire.
             workers = await agent.discover_gpu_workers(min_gpu=min_gpu, include_busy=True, min_stake_wei=0)

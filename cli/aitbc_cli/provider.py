@@ -22,7 +22,8 @@ from aitbc_agent_sdk.models.inert import terminal_markup
 from aitbc_agent_sdk.profile import load_profile
 
 from .common import (
-    HomeOption, JsonOption, cli_parser, eth_amount_option, print_json, resolve_home, unlock, wallet_store,
+    HomeOption, JsonOption, PasswordFileOption, PasswordSource, cli_parser, eth_amount_option, print_json,
+    resolve_home, unlock, wallet_store,
 )
 from .params import format_eth
 from .render import output_console
@@ -86,6 +87,7 @@ def start(
         help="stop working for a coordinator once N delivered rounds lack its signed payment receipt "
              "(default 2; 0: never stop, trusting it to pay)")] = None,
     home: HomeOption = None,
+    password_file: PasswordFileOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="once serving, print one JSON object on stdout: "
                                                          "{address, price_wei, slots, tasks}; errors too")] = False,
 ) -> None:
@@ -100,7 +102,7 @@ def start(
         from aitbc_agent_sdk.provider.daemon import serve_provider
         from aitbc_agent_sdk.provider.sandbox import TrainingSandbox
 
-        account, _ = await unlock(root, wallet)
+        account, _ = await unlock(root, wallet, PasswordSource(password_file, interactive=not as_json))
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)
@@ -161,13 +163,14 @@ async def _earnings(home: Path, address: str) -> list[dict]:
             for e in await escrow.worker_payments(address, from_block=profile.chain.deployed_block)]
 
 
-async def _registry_action(home: Path, wallet: str, action: str, amount_wei: int = 0) -> dict:
+async def _registry_action(home: Path, wallet: str, action: str, password: PasswordSource,
+                           amount_wei: int = 0) -> dict:
     """Run one registry transaction signed by the provider's wallet; return its new state."""
     from aitbc_agent_sdk.chain import EscrowClient, TransactionSender, connect_rpc
     from aitbc_agent_sdk.chain.registry import RegistryClient
     from eth_utils import keccak
 
-    account, _ = await unlock(home, wallet)
+    account, _ = await unlock(home, wallet, password)
     profile = load_profile(home)
     w3 = await connect_rpc(profile.chain.rpc_url)
     registry = RegistryClient(w3, await EscrowClient(w3, profile.chain.escrow).registry())
@@ -209,6 +212,7 @@ def register(
     wallet: WalletOption,
     stake: Annotated[int, eth_amount_option("--stake", help="bond to post")],
     home: HomeOption = None,
+    password_file: PasswordFileOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Register in the on-chain provider registry with a bond.
@@ -217,7 +221,8 @@ def register(
     """
     if stake <= 0:
         raise ConfigError("--stake must be positive")
-    _show_registry(asyncio.run(_registry_action(resolve_home(home), wallet, "register", stake)),
+    _show_registry(asyncio.run(_registry_action(resolve_home(home), wallet, "register",
+                                                  PasswordSource(password_file, not as_json), stake)),
                    as_json, "registered")
 
 
@@ -226,6 +231,7 @@ def add_stake(
     wallet: WalletOption,
     add: Annotated[int, eth_amount_option("--amount", "--add", help="amount to add to the bond")],
     home: HomeOption = None,
+    password_file: PasswordFileOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Add to the bond (this also cancels a pending unbonding).
@@ -234,14 +240,17 @@ def add_stake(
     """
     if add <= 0:
         raise ConfigError("--amount must be positive")
-    _show_registry(asyncio.run(_registry_action(resolve_home(home), wallet, "stake", add)),
+    _show_registry(asyncio.run(_registry_action(resolve_home(home), wallet, "stake",
+                                                  PasswordSource(password_file, not as_json), add)),
                    as_json, "bonded")
 
 
 @app.command()
-def unregister(wallet: WalletOption, home: HomeOption = None, as_json: JsonOption = False) -> None:
+def unregister(wallet: WalletOption, home: HomeOption = None, password_file: PasswordFileOption = None,
+               as_json: JsonOption = False) -> None:
     """Start unbonding; run again after the delay to withdraw the bond (never while assigned).
 
     Example: aitbc provider unregister --wallet provider-0
     """
-    _show_registry(asyncio.run(_registry_action(resolve_home(home), wallet, "unregister")), as_json, "unregistering")
+    _show_registry(asyncio.run(_registry_action(resolve_home(home), wallet, "unregister",
+                                                PasswordSource(password_file, not as_json))), as_json, "unregistering")
