@@ -73,6 +73,9 @@ def main() -> None:
 
     final = {"rank": rank, "world": world, "digest": weights_digest(model.module)}
     emit("FINAL " + json.dumps(final))
+    # Every rank past its last all-reduce before any tears gloo down: a peer's pair closing under a rank's
+    # pending work aborts it at exit ("terminate called without an active exception", exit -6).
+    dist.barrier()
     dist.destroy_process_group()
 
 
