@@ -1,14 +1,17 @@
 """IPFS through a Kubo RPC daemon: the ContentStore adapter, verifying everything it reads.
 
 ``KuboClient`` (:mod:`.kubo_rpc`) is the transport and trusts the daemon. ``KuboContentStore``
-does not: ``add`` recomputes the CID locally and ``stream``/``cat`` fetch raw blocks and check
-every one against its CID before a byte is yielded.
+does not: ``add`` recomputes the CID locally, and ``stream``/``cat`` check every block against its
+CID before a byte is yielded. A whole file comes as one ``dag/export`` CAR stream, checked block by
+block as it arrives (:mod:`.car`); a range, or a daemon without ``dag/export``, is read block by
+block with ``block/get``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import io
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterable
@@ -18,8 +21,9 @@ from typing import TypeVar
 
 from ..errors import ContentNotFoundError, FetchLimitError, IntegrityError, StorageError
 from .bounds import Child, DagBudget, check_range, deadline_after, node_parts, read_file_node
+from .car import CarFileReader, IncompleteCarError
 from .directory_import import FileRequest, FileResult, ImportJournal, ImportTracker, Steps, import_steps
-from .kubo_rpc import DEFAULT_API, KuboClient, same_cid
+from .kubo_rpc import DEFAULT_API, KuboClient, UnsupportedEndpointError, same_cid
 from .local import compute_directory_cid, compute_file_cid, file_dag
 from .paths import parse_content_path, resolve_steps, walk_steps
 from .port import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, DEFAULT_TIMEOUT_S, AddOptions, DirEntry
@@ -52,6 +56,7 @@ class KuboContentStore:
     def __init__(self, client: KuboClient, *, prefetch: int = 8) -> None:
         self.client = client
         self._prefetch = max(1, prefetch)
+        self._car = True  # until the daemon shows it has no dag/export
 
     async def add(self, data: bytes | Path, *, pin: bool = True, options: AddOptions | None = None,
                   only_hash: bool = False) -> str:
@@ -110,8 +115,10 @@ class KuboContentStore:
 
     async def cat(self, cid: str, *, max_bytes: int | None = DEFAULT_MAX_BYTES,
                   timeout_s: float | None = DEFAULT_TIMEOUT_S, offset: int = 0, length: int | None = None) -> bytes:
-        return b"".join([chunk async for chunk in self.stream(cid, max_bytes=max_bytes, timeout_s=timeout_s,
-                                                              offset=offset, length=length)])
+        out = io.BytesIO()  # getvalue() hands over its buffer: the content is held once, not twice
+        async for chunk in self.stream(cid, max_bytes=max_bytes, timeout_s=timeout_s, offset=offset, length=length):
+            out.write(chunk)
+        return out.getvalue()
 
     async def stream(self, cid: str, *, max_bytes: int | None = DEFAULT_MAX_BYTES,
                      timeout_s: float | None = DEFAULT_TIMEOUT_S, offset: int = 0,
@@ -125,6 +132,18 @@ class KuboContentStore:
         deadline = deadline_after(timeout_s)
         root = await self._resolve(cid, deadline)  # InvalidCidError before any I/O
         budget = DagBudget(root, max_bytes, deadline, offset, length)
+        if self._car and offset == 0 and length is None:
+            started = False
+            try:
+                async for chunk in self._stream_car(root, budget):
+                    started = True
+                    yield chunk
+                return
+            except UnsupportedEndpointError:
+                if started:
+                    raise
+                self._car = False  # this daemon has no dag/export: read block by block from now on
+                budget = DagBudget(root, max_bytes, deadline, offset, length)
         node = budget.accept(root, await self._within(budget, self._get_verified(root)), None, 0)
         data, children = node_parts(node, 0, budget.lo, budget.hi)
         if data:
@@ -252,6 +271,30 @@ class KuboContentStore:
                 return await step
         except TimeoutError as exc:
             raise FetchLimitError(f"reading {what} timed out") from exc
+
+    async def _stream_car(self, root: bytes, budget: DagBudget) -> AsyncIterator[bytes]:
+        """The whole file from one ``dag/export`` CAR, each block checked as it arrives.
+
+        A block the exporter sent once but the file uses again, and that the reader no longer
+        holds, is fetched with ``block/get`` (and checked too).
+        """
+        reader = CarFileReader(root, budget)
+        chunks = aiter(self.client.dag_export(cid_to_str(root)))
+        try:
+            while (piece := await self._within(budget, anext(chunks, None))) is not None:
+                out = reader.feed(piece)
+                while True:
+                    for data in out:
+                        yield data
+                    if reader.wants is None:
+                        break
+                    out = reader.supply(reader.wants, await self._within(budget, self._get_verified(reader.wants)))
+            reader.finish()
+        except IncompleteCarError as exc:
+            raise ContentNotFoundError(f"IPFS API {self.client.api_url}: dag/export {budget.root}: content not found"
+                                       f" in time ({exc})") from exc
+        finally:
+            await chunks.aclose()  # type: ignore[attr-defined]
 
     async def _fetch_in_order(self, children: list[Child]) -> AsyncIterator[tuple[bytes, int, int, bytes]]:
         """Children as (CID, declared size, start, verified block) in link order, up to ``prefetch`` ahead.

@@ -25,12 +25,18 @@ from .address import parse_api_address
 from .bounds import MAX_BLOCK_BYTES
 from .cid import DAG_PB, RAW, cid_from_str, cid_to_str
 
-__all__ = ["DEFAULT_API", "KuboClient", "same_cid"]
+__all__ = ["DEFAULT_API", "KuboClient", "UnsupportedEndpointError", "same_cid"]
 
 DEFAULT_API = "http://127.0.0.1:5001"
 _UPLOAD_PIECE = 1024 * 1024  # bytes read from disk per event-loop hop while uploading
 # Substrings of daemon messages that mean "this content is not here / was not found in time".
+# What kubo (Go's http.NotFound) and js-ipfs (hapi) answer for a path they do not route.
+_NO_ROUTE = ("404 page not found", "not found", "method not allowed", "not implemented")
 _MISSING = ("not found", "could not find", "timed out", "deadline exceeded", "timeout")
+
+
+class UnsupportedEndpointError(StorageError):
+    """The daemon does not serve this RPC endpoint (HTTP 404/405/501 for the endpoint itself)."""
 
 
 def _ms(seconds: float) -> str:
@@ -102,6 +108,20 @@ class KuboClient:
                     yield chunk
             except httpx.HTTPError as exc:
                 raise StorageError(f"IPFS API {self.api_url}: cat {cid} broke off: {exc!r}") from exc
+
+    async def dag_export(self, cid: str) -> AsyncIterator[bytes]:
+        """Stream the DAG under ``cid`` as a CAR v1, as the daemon sends it. Not verified: see
+        :class:`~aitbc_agent_sdk.storage.car.CarFileReader`. UnsupportedEndpointError if the
+        daemon has no ``dag/export``."""
+        params = {"arg": cid, "timeout": _ms(self.find_timeout)}
+        async with self._request("dag/export", params, fetches=True) as reply:
+            try:
+                async for chunk in reply.aiter_bytes():
+                    yield chunk
+            except httpx.HTTPError as exc:
+                raise StorageError(f"IPFS API {self.api_url}: dag/export {cid} broke off: {exc!r}") from exc
+            # js-ipfs and kubo report a failure after the first byte in this trailer, which httpx
+            # drops: the reader's own completeness check catches the truncated stream instead.
 
     # --- blocks
 
@@ -217,6 +237,8 @@ def _error_for(status: int, body: bytes, url: str, what: str, request: httpx.Req
         message = body[:200].decode(errors="replace")
     arg = request.url.params.get("arg")
     subject = f"{what} {arg}" if arg else what
+    if status in (404, 405, 501) and (not message or message.lower() in _NO_ROUTE or "unknown endpoint" in message):
+        return UnsupportedEndpointError(f"IPFS API {url} does not serve {what} (HTTP {status}: {message})")
     if fetches and any(m in message.lower() for m in _MISSING):
         return ContentNotFoundError(f"IPFS API {url}: {subject}: content not found in time"
                                     f" (HTTP {status}: {message})")

@@ -3,7 +3,13 @@
 Layout under ``root``::
 
     blocks/<xy>/<key>   one file per block; key = base32 of the binary CID, xy = key[-3:-1]
+    packs/<id>.pack     the blocks of one large ``add``, back to back
+    packs/<id>.idx      where each block of that pack is; written (renamed into place) last
     pins/<key>          one empty file per pinned root
+
+An ``add`` of at least ``pack_min_bytes`` goes to one pack (:mod:`.packs`), not a file per
+block: 1 GB is one sequential write, not 4,000 files. Pack and index are renamed into place
+when the import is done, index last: an interrupted import leaves nothing a reader uses.
 
 Keys are lower-case base32 so the store also works on case-insensitive file systems
 (base58 CIDv0 strings differ only by case in places). Block writes are atomic (temp
@@ -27,11 +33,11 @@ from typing import TypeVar
 from ..errors import ContentNotFoundError, FetchLimitError, IntegrityError, StorageError
 from .bounds import MAX_BLOCK_BYTES, check_range, deadline_after, read_file_node, walk_file
 from .directory_import import FileRequest, ImportJournal, ImportTracker, import_steps, run_import
+from .packs import PackIndex, PackWriter
 from .paths import drive, parse_content_path, resolve_steps, walk_steps
 from .port import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, DEFAULT_TIMEOUT_S, AddOptions, DirEntry
 from .unixfs import (
     Block,
-    Buffer,
     FileDagBuilder,
     cid_from_str,
     cid_to_str,
@@ -40,6 +46,7 @@ from .unixfs import (
 )
 
 _DEFAULT_READ_BATCH = 4 * 1024 * 1024
+_DEFAULT_PACK_MIN = 8 * 1024 * 1024
 T = TypeVar("T")
 
 
@@ -105,11 +112,14 @@ class LocalContentStore:
     ``pin`` needs the root block to be present; ``unpin`` of an unpinned CID is a no-op.
     """
 
-    def __init__(self, root: Path, *, read_batch_bytes: int = _DEFAULT_READ_BATCH) -> None:
+    def __init__(self, root: Path, *, read_batch_bytes: int = _DEFAULT_READ_BATCH,
+                 pack_min_bytes: int = _DEFAULT_PACK_MIN) -> None:
         self.root = Path(root)
         self._blocks = self.root / "blocks"
+        self._packs = PackIndex(self.root / "packs")
         self._pins = self.root / "pins"
         self._read_batch = read_batch_bytes
+        self._pack_min = pack_min_bytes
         self._made_dirs: set[Path] = set()
 
     # --- port methods
@@ -204,7 +214,7 @@ class LocalContentStore:
 
     async def has(self, cid: str) -> bool:
         """Whether the root block of ``cid`` is stored (children are not checked)."""
-        return await self._io(self._block_path(cid_from_str(cid)).is_file)
+        return await self._io(self._has_block, cid_from_str(cid))
 
     # --- blocking helpers (run in a worker thread)
 
@@ -227,7 +237,7 @@ class LocalContentStore:
                 self._put_block(cid, block)
 
         def has_block(raw_cid: bytes) -> bool:  # a journalled file counts only while its root is stored
-            return only_hash or self._block_path(raw_cid).is_file()
+            return only_hash or self._has_block(raw_cid)
 
         root = run_import(import_steps(path, options, hidden=hidden), tracker, add_file, put_blocks, has_block)
         if pin and not only_hash:
@@ -264,20 +274,33 @@ class LocalContentStore:
 
     def _add_sync(self, data: bytes | Path, pin: bool, options: AddOptions | None, only_hash: bool) -> str:
         builder = FileDagBuilder(options, emit_blocks=not only_hash)
-        chunks: Iterator[Buffer]
         if isinstance(data, Path):
-            chunks = read_chunks(data, builder.chunk_size)
+            chunks, size = read_chunks(data, builder.chunk_size), data.stat().st_size
         else:
-            chunks = split(data, builder.chunk_size)
-        for chunk in chunks:
-            for cid, block in builder.add_chunk(chunk):
-                self._put_block(cid, block)
-        last, root = builder.finish()
-        for cid, block in last:
-            self._put_block(cid, block)
+            chunks, size = split(data, builder.chunk_size), len(data)
+        pack = PackWriter(self._packs.folder) if not only_hash and size >= self._pack_min else None
+        put = (lambda cid, block: pack.put(cid_from_str(cid), block)) if pack else self._put_block
+        try:
+            for chunk in chunks:
+                for cid, block in builder.add_chunk(chunk):
+                    put(cid, block)
+            last, root = builder.finish()
+            for cid, block in last:
+                put(cid, block)
+            if pack:
+                pack.commit()
+                self._packs.add(pack.name, pack.entries)
+        except BaseException:
+            if pack:
+                pack.abort()
+            raise
         if pin and not only_hash:
             self._pin_sync(cid_from_str(root))
         return root
+
+    def _has_block(self, raw_cid: bytes) -> bool:
+        return self._packs.find(raw_cid, refresh=False) is not None or self._block_path(raw_cid).is_file() \
+            or self._packs.find(raw_cid) is not None
 
     def _block_path(self, raw_cid: bytes) -> Path:
         key = _key(raw_cid)
@@ -319,8 +342,7 @@ class LocalContentStore:
     def _get_block(self, raw_cid: bytes) -> bytes:
         """Read one block (at most MAX_BLOCK_BYTES) and check it hashes to its CID."""
         try:
-            with open(self._block_path(raw_cid), "rb") as f:
-                block = f.read(MAX_BLOCK_BYTES + 1)
+            block = self._read_block(raw_cid)
             if len(block) > MAX_BLOCK_BYTES:
                 raise FetchLimitError(f"block {cid_to_str(raw_cid)} is over the {MAX_BLOCK_BYTES}-byte block limit")
         except FileNotFoundError as exc:
@@ -331,6 +353,17 @@ class LocalContentStore:
         if hashlib.sha256(block).digest() != digest:
             raise IntegrityError(f"block {cid_to_str(raw_cid)} does not match its hash")
         return block
+
+    def _read_block(self, raw_cid: bytes) -> bytes:
+        """A block's stored bytes (unchecked), from a pack or its own file; FileNotFoundError if absent."""
+        if self._packs.find(raw_cid, refresh=False) is None:
+            try:
+                with open(self._block_path(raw_cid), "rb") as f:
+                    return f.read(MAX_BLOCK_BYTES + 1)
+            except FileNotFoundError:
+                if self._packs.find(raw_cid) is None:  # perhaps packed since this store last looked
+                    raise
+        return self._packs.read(raw_cid, MAX_BLOCK_BYTES + 1)
 
     def _iter_content(self, cid: str, max_bytes: int | None, deadline: float | None, offset: int = 0,
                       length: int | None = None) -> Generator[bytes, None, None]:
@@ -352,7 +385,7 @@ class LocalContentStore:
         return batch, None
 
     def _pin_sync(self, raw_cid: bytes) -> None:
-        if not self._block_path(raw_cid).is_file():
+        if not self._has_block(raw_cid):
             raise ContentNotFoundError(f"cannot pin {cid_to_str(raw_cid)}: it is not stored")
         path = self._pins / _key(raw_cid)
         if not path.exists():
