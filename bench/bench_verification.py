@@ -3,9 +3,11 @@
 Three measurements, each a ratio within this run:
 
 1. **Compute.** A worker's job trained as a provider trains it (one torch thread, trajectory recorded
-   and its boundary files written) against the same job without the recorder; then the coordinator's
-   spot check at the default rate (``FaultPolicy.spot_checks`` segments of ``JobConfig.segments``:
-   hash the opened states, replay the batch order, re-execute) against that training. Goal: <= 10 %.
+   and its kept boundary files written) against the same job without the recorder; then the
+   coordinator's spot check at the default rate (``FaultPolicy.spot_checks`` segments of
+   ``JobConfig.segments``: hash the opened states, replay the batch order, re-execute) against that
+   training. Goal: <= 10 %. The worker's opening (recomputing the boundaries it did not keep) is
+   reported beside it, as ``opening_over_training_ratio``.
    Two workloads: the mlp on digits (a 450-sample shard, 20 epochs: 300 steps of a 10k-parameter model,
    the worst case for the recorder's fixed costs) and a 4-layer gpt (width 128) on byte text, 256 steps.
 2. **Detection.** A worker that skips a fraction of its steps, either in whole segments (the cheater's
@@ -31,6 +33,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -46,8 +49,8 @@ from aitbc_agent_sdk.training import LabeledData, load_dataset  # noqa: E402
 from aitbc_agent_sdk.training.bound_task import bind_task  # noqa: E402
 from aitbc_agent_sdk.training.shard_files import TokenData  # noqa: E402
 from aitbc_agent_sdk.training.task_loop import train_task  # noqa: E402
-from aitbc_agent_sdk.training.trajectory import TrajectoryRecorder, boundary_hashes, boundary_name  # noqa: E402
-from aitbc_agent_sdk.training.trajectory_replay import reexecute_segments  # noqa: E402
+from aitbc_agent_sdk.training.trajectory import TrajectoryRecorder, boundary_hashes, recompute_plan  # noqa: E402
+from aitbc_agent_sdk.training.trajectory_replay import open_boundaries, reexecute_segments  # noqa: E402
 
 POLICY = FaultPolicy()
 WORKER = "0x" + "ab" * 20
@@ -80,40 +83,48 @@ def train(bound, data, config, directory: Path | None, record: bool):
     return spec, seconds, recorder.commitment("job-1", WORKER, "cpu") if recorder else None
 
 
-def spot_check(bound, spec, data, config, commitment, directory: Path, checks: int) -> tuple[float, bool]:
-    """The coordinator's work for one result: hash the opened boundaries, re-execute, compare."""
+def spot_check(bound, spec, data, config, commitment, directory: Path, checks: int) -> tuple[float, float, bool]:
+    """The worker's opening (its kept boundaries, the others recomputed), then the coordinator's work for one
+    result: hash the opened boundaries, re-execute, compare. Seconds of each, and whether it passed."""
+    segments = pick_segments(commitment.segments, checks, random.SystemRandom())
+    started = time.perf_counter()
+    opened = open_boundaries(bound, spec, data, config, 7, commitment, directory,
+                             {b for s in segments for b in (s, s + 1)})
+    opening = time.perf_counter() - started
     started = time.perf_counter()
     ok, starts = True, {}
-    for segment in pick_segments(commitment.segments, checks, random.SystemRandom()):
-        start, end = ((directory / boundary_name(b)).read_bytes() for b in (segment, segment + 1))
+    for segment in segments:
+        start, end = opened[segment], opened[segment + 1]
         ok &= boundary_hashes(start)[1] == commitment.state_hashes[segment]
         ok &= boundary_hashes(end)[1] == commitment.state_hashes[segment + 1]
         starts[segment] = start
     for segment, again in reexecute_segments(bound, spec, data, config, 7, commitment, starts).items():
         ok &= again.problem is None and again.state_hash == commitment.state_hashes[segment + 1]
-    return time.perf_counter() - started, ok
+    return time.perf_counter() - started, opening, ok
 
 
 def measure_compute(quick: bool, repeat: int) -> dict:
     rows = {}
     for name, (bound, data, config) in workloads(quick).items():
         train(bound, data, config, None, record=False)  # warm: torch's first steps load much of itself
-        plain, recorded, verify = [], [], []
+        plain, recorded, verify, opens = [], [], [], []
         for _ in range(repeat):
             plain.append(train(bound, data, config, None, record=False)[1])
             with tempfile.TemporaryDirectory() as tmp:
                 spec, seconds, commitment = train(bound, data, config, Path(tmp), record=True)
                 recorded.append(seconds)
-                cost, ok = spot_check(bound, spec, data, config, commitment, Path(tmp), POLICY.spot_checks)
+                cost, opening, ok = spot_check(bound, spec, data, config, commitment, Path(tmp), POLICY.spot_checks)
                 if not ok:
                     raise SystemExit(f"{name}: an honest segment failed its spot check")
                 verify.append(cost)
+                opens.append(opening)
         rows[name] = {"steps": commitment.steps, "segments": commitment.segments,
                       "train_s": round(statistics.median(recorded), 4), "plain_s": round(statistics.median(plain), 4),
                       "verify_s": round(statistics.median(verify), 4),
                       "recording_over_plain_ratio": round(statistics.median(recorded) / statistics.median(plain), 3),
                       "verification_over_training_ratio": round(statistics.median(verify) /
-                                                                statistics.median(recorded), 4)}
+                                                                statistics.median(recorded), 4),
+                      "opening_over_training_ratio": round(statistics.median(opens) / statistics.median(recorded), 4)}
     return rows
 
 
@@ -137,10 +148,11 @@ def simulate(rounds: int, segments: int, steps_per_segment: int) -> list[dict]:
 
 
 class SkippingTask:
-    """The mlp task, except that in the skipped segments its loss is a zero: no gradient, no work done."""
+    """The mlp task, except that in the skipped segments its loss is a zero: no gradient, no work done.
+    ``calls``: the steps before the first one it trains (a recomputation starts at a kept boundary)."""
 
-    def __init__(self, bound, segment_steps: int, skipped: set[int]) -> None:
-        self._task, self._k, self._skipped, self.calls = bound.task, segment_steps, skipped, 0
+    def __init__(self, bound, segment_steps: int, skipped: set[int], calls: int = 0) -> None:
+        self._task, self._k, self._skipped, self.calls = bound.task, segment_steps, skipped, calls
 
     def __getattr__(self, name):
         return getattr(self._task, name)
@@ -167,7 +179,7 @@ def real_rounds(rounds: int) -> dict:
                        trajectory=recorder)
             commitment = recorder.commitment("job-1", WORKER, "cpu")
             drawn = pick_segments(commitment.segments, POLICY.spot_checks, random.SystemRandom())
-            starts = {s: (Path(tmp) / boundary_name(s)).read_bytes() for s in drawn}
+            starts = {s: skipper_opens(bound, spec, data, config, commitment, Path(tmp), skipped, s) for s in drawn}
             failed = any(again.state_hash != commitment.state_hashes[s + 1] for s, again in
                          reexecute_segments(bound, spec, data, config, 7, commitment, starts).items())
             predicted = bool(skipped & set(drawn))
@@ -176,6 +188,14 @@ def real_rounds(rounds: int) -> dict:
             dirty_drawn += predicted
     return {"rounds": rounds, "verdicts_matching_the_dirty_draw_ratio": agree / rounds, "caught": caught,
             "dirty_drawn": dirty_drawn}
+
+
+def skipper_opens(bound, spec, data, config, commitment, directory: Path, skipped: set[int], boundary: int) -> bytes:
+    """The skipping worker's opening of one boundary: kept, or recomputed by its own skipping code."""
+    starts = recompute_plan(len(commitment.state_hashes), [boundary])
+    calls = next(iter(starts), 0) * commitment.segment_steps
+    skipping = replace(bound, task=SkippingTask(bound, commitment.segment_steps, skipped, calls))
+    return open_boundaries(skipping, spec, data, config, 7, commitment, directory, [boundary])[boundary]
 
 
 # -- accuracy ----------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import sysconfig
 import tempfile
@@ -48,6 +49,14 @@ class Skipping:
         return loss * 0.0 if segment % 2 else loss
 
 
+class EveryBoundary(TrajectoryRecorder):
+    """Writes every boundary's state, not only the kept ones: each segment's end is compared here."""
+
+    def start(self, total_steps, *args, **kwargs) -> None:
+        super().start(total_steps, *args, **kwargs)  # writes boundary 0
+        self.kept = tuple(range(math.ceil(total_steps / self.segment_steps) + 1))
+
+
 def model_of(blob: bytes) -> dict[str, torch.Tensor]:
     return {k.removeprefix("model/"): v for k, v in decode_state(blob).items() if k.startswith("model/")}
 
@@ -63,7 +72,7 @@ def distances(bound, data, config, device: torch.device, skipping: bool) -> dict
             train_task(bound.task, bound.build(spec, samples=len(data), seed=1), data, bound.params, config, seed=7,
                        device=device, trajectory=probe)
             task = Skipping(bound.task, probe.segment_steps)
-        recorder = TrajectoryRecorder(directory, config.segments)
+        recorder = EveryBoundary(directory, config.segments)
         train_task(task, model, data, bound.params, config, seed=7, device=device, trajectory=recorder)
         commitment = recorder.commitment("job-1", "0x" + "ab" * 20, device.type)
         worst: dict[str, float] = {}

@@ -28,10 +28,10 @@ from aitbc_agent_sdk.training.shard_files import TokenData, write_shard
 from aitbc_agent_sdk.training.task import TrainingTask
 from aitbc_agent_sdk.training.task_loop import train_step, train_task
 from aitbc_agent_sdk.training.trajectory import (
-    TrajectoryRecorder, boundary_hashes, boundary_name, encode_boundary, load_boundary, read_commitment,
-    tensor_digest,
+    TrajectoryRecorder, boundary_hashes, boundary_name, encode_boundary, kept_boundaries, load_boundary,
+    read_commitment, tensor_digest,
 )
-from aitbc_agent_sdk.training.trajectory_replay import reexecute_segment, relative_distance
+from aitbc_agent_sdk.training.trajectory_replay import open_boundaries, reexecute_segment, relative_distance
 from aitbc_agent_sdk.training.update_codec import decode_update
 
 WORKER = "0x" + "ab" * 20
@@ -67,6 +67,16 @@ def boundary(directory: Path, index: int) -> bytes:
     return (directory / boundary_name(index)).read_bytes()
 
 
+def fill(bound, spec, data, config, commitment, directory: Path, seed: int = 5) -> None:
+    """Write the boundaries the recorder did not keep, recomputed as a worker opens them (checked there)."""
+    n = len(commitment.state_hashes)
+    assert sorted(p.name for p in directory.iterdir()) == [boundary_name(i) for i in kept_boundaries(n)]
+    opened = open_boundaries(bound, spec, data, config, seed, commitment, directory, range(n))
+    for index, blob in opened.items():
+        if index not in kept_boundaries(n):
+            (directory / boundary_name(index)).write_bytes(blob)
+
+
 MLP = bind_task(TaskRef(name="mlp", params={"hidden": 16}))
 MLP_CONFIG = JobConfig(epochs=2, batch_size=32, learning_rate=1e-2, segments=8)  # 20 steps, 7 segments of 3
 
@@ -75,6 +85,7 @@ MLP_CONFIG = JobConfig(epochs=2, batch_size=32, learning_rate=1e-2, segments=8) 
 def mlp_job(tmp_path_factory):
     directory = tmp_path_factory.mktemp("mlp") / "trajectory"
     spec, model, commitment, _ = record(MLP, synthetic(), MLP_CONFIG, directory)
+    fill(MLP, spec, synthetic(), MLP_CONFIG, commitment, directory)
     return spec, model, commitment, directory
 
 
@@ -153,6 +164,7 @@ def test_gpt_segments_with_dropout_and_a_resumed_optimizer_re_execute_bit_for_bi
                        bound.params, config, seed=2)
     spec, model, commitment, result = record(bound, data, config, tmp_path, seed=3, kept=first.task_state)
     assert result.resumed and (commitment.steps, commitment.segment_steps) == (6, 2)
+    fill(bound, spec, data, config, commitment, tmp_path, seed=3)  # boundary 2 recomputed with dropout
     for segment in range(commitment.segments):
         again = reexecute_segment(bound, spec, data, config, 3, commitment, segment, boundary(tmp_path, segment))
         assert again.problem is None
@@ -223,25 +235,29 @@ def test_the_trajectory_leaves_the_sandbox_as_regular_files_only(tmp_path, mlp_j
     source = mlp_job[3]
     out = tmp_path / "out"
     out.mkdir()
-    take_trajectory(source, out / "copy", boundaries=8, max_bytes=1 << 20, max_total_bytes=1 << 24)
-    assert [p.read_bytes() for p in sorted((out / "copy").iterdir())] == [boundary(source, i) for i in range(8)]
+    every = range(8)
+    take_trajectory(source, out / "copy", boundaries=every, max_bytes=1 << 20, max_total_bytes=1 << 24)
+    assert [p.read_bytes() for p in sorted((out / "copy").iterdir())] == [boundary(source, i) for i in every]
     with pytest.raises(TrainingError, match="not its 9 boundary files"):
-        take_trajectory(source, out / "copy", boundaries=8 + 1, max_bytes=1 << 20, max_total_bytes=1 << 24)
+        take_trajectory(source, out / "copy", boundaries=range(9), max_bytes=1 << 20, max_total_bytes=1 << 24)
+    with pytest.raises(TrainingError, match="not its 3 boundary files"):  # more than the kept ones
+        take_trajectory(source, out / "copy", boundaries=kept_boundaries(8), max_bytes=1 << 20,
+                        max_total_bytes=1 << 24)
     assert not (out / "copy").exists()
     with pytest.raises(TrainingError):
-        take_trajectory(source, out / "copy", boundaries=8, max_bytes=1 << 20, max_total_bytes=1000)
+        take_trajectory(source, out / "copy", boundaries=every, max_bytes=1 << 20, max_total_bytes=1000)
     linked = tmp_path / "linked"
     linked.symlink_to(source, target_is_directory=True)
     with pytest.raises(TrainingError, match="no usable trajectory"):
-        take_trajectory(linked, out / "copy", boundaries=8, max_bytes=1 << 20, max_total_bytes=1 << 24)
+        take_trajectory(linked, out / "copy", boundaries=every, max_bytes=1 << 20, max_total_bytes=1 << 24)
     planted = tmp_path / "planted"
     planted.mkdir()
     (planted / boundary_name(0)).symlink_to(source / boundary_name(0))
     with pytest.raises(TrainingError):
-        take_trajectory(planted, out / "copy", boundaries=1, max_bytes=1 << 20, max_total_bytes=1 << 24)
+        take_trajectory(planted, out / "copy", boundaries=[0], max_bytes=1 << 20, max_total_bytes=1 << 24)
 
 
-async def test_a_sandboxed_job_commits_its_trajectory_and_hands_out_its_boundaries(tmp_path):
+async def test_a_sandboxed_job_commits_its_trajectory_and_recomputes_the_boundaries_it_did_not_keep(tmp_path):
     from aitbc_agent_sdk.cluster.sandbox import available_backends
     if "bwrap" not in available_backends():
         pytest.skip("bubblewrap does not work here")
@@ -256,14 +272,27 @@ async def test_a_sandboxed_job_commits_its_trajectory_and_hands_out_its_boundari
     try:
         await process.train(job_dir, job_id="job-1", model=spec, config=MLP_CONFIG, seed=5, owner="t1",
                             update_encoding="int8", worker=WORKER)
+        commitment = read_commitment((job_dir / CHECKPOINT_FILE).read_bytes())
+        assert commitment is not None and commitment.worker.lower() == WORKER and commitment.job_id == "job-1"
+        kept = kept_boundaries(len(commitment.state_hashes))  # 8 boundaries: 0, 2 and 5 kept
+        files = {int(p.stem): p.read_bytes() for p in (job_dir / TRAJECTORY_DIR).iterdir()}
+        assert sorted(files) == list(kept) == [0, 2, 5]
+        assert all(boundary_hashes(blob)[1] == commitment.state_hashes[i] for i, blob in files.items())
+        # A spot check asks for segments 0 and 3: boundaries 1, 3 and 4 are recomputed in the sandbox.
+        again_dir = tmp_path / "again"
+        again_dir.mkdir()
+        write_shard(again_dir, data)
+        for index in (0, 2):
+            (again_dir / boundary_name(index)).write_bytes(files[index])
+        await process.recompute(again_dir, job_id="job-1", model=spec, config=MLP_CONFIG, seed=5,
+                                 commitment=commitment, wanted=(1, 3, 4), owner="t1")
     finally:
         await process.stop()
-    commitment = read_commitment((job_dir / CHECKPOINT_FILE).read_bytes())
-    assert commitment is not None and commitment.worker.lower() == WORKER and commitment.job_id == "job-1"
-    files = sorted((job_dir / TRAJECTORY_DIR).iterdir())
-    assert [boundary_hashes(p.read_bytes())[1] for p in files] == list(commitment.state_hashes)
-    again = reexecute_segment(MLP, spec, data, MLP_CONFIG, 5, commitment, 1, files[1].read_bytes())
-    assert again.problem is None and again.state_hash == commitment.state_hashes[2]
+    recomputed = {int(p.stem): p.read_bytes() for p in (again_dir / TRAJECTORY_DIR).iterdir()}
+    assert sorted(recomputed) == [1, 3, 4]
+    assert all(boundary_hashes(blob)[1] == commitment.state_hashes[i] for i, blob in recomputed.items())
+    again = reexecute_segment(MLP, spec, data, MLP_CONFIG, 5, commitment, 3, recomputed[3])
+    assert again.problem is None and again.state_hash == commitment.state_hashes[4]
 
 
 def test_several_segments_re_execute_in_one_pass_like_one_at_a_time(mlp_job):

@@ -9,7 +9,10 @@ the segment's own change when it trained on a GPU (whose kernels are not bit-rep
 
 A mismatch, or a batch order that is not the job's, contradicts the trajectory the worker signed
 (inside the checkpoint's CID): slashable. A worker that does not open its trajectory in time is
-unpaid for the round, but not slashed: it may just be gone.
+unpaid for the round, but not slashed: it may just be gone. In time follows the work: a worker keeps
+only a few boundary states (:func:`~aitbc_agent_sdk.training.trajectory.kept_boundaries`) and trains
+segments again to open the others, so its deadline grows with those steps at its measured speed
+(:func:`opening_deadline_s`).
 
 A check that cannot decide fails closed. Every opened state must be one the task's own model,
 optimizer and scheduler could be in (:mod:`~aitbc_agent_sdk.training.opened_state`) before anything
@@ -35,8 +38,9 @@ from ..errors import AitbcError
 from ..messaging import topics
 from ..models import JobAssignment, Shard, TrajectoryChallenge, TrajectoryCommitment, TrajectoryOpening
 from ..training import decode_state
-from ..training.trajectory import boundary_hashes
+from ..training.trajectory import boundary_hashes, recompute_segments
 from ..training.trajectory_replay import Reexecution, reexecute_segments, relative_distance, unfit_states
+from .deadlines import job_deadline, job_work
 from .inputs import RoundInputs
 from .logbook import AuditSink
 from .service import Coordinator
@@ -46,6 +50,19 @@ from .work_checks import (
 
 log = logging.getLogger(__name__)
 BOUNDARY_SLACK = 1 << 20  # a boundary file's header and the optimizer's scalars
+RECOMPUTE_SLACK = 2.0  # a worker recomputes at half its measured training speed or better (a busy host)
+
+
+def measured_step_s(train_seconds: float, steps: int, limit_s: float) -> float:
+    """Seconds per step of a job as its worker reported its training time, counted at most ``limit_s`` (the
+    job's deadline): claiming a slower job buys no more time than the deadline allowed."""
+    return min(max(train_seconds, 0.0), limit_s) / max(steps, 1)
+
+
+def opening_deadline_s(floor_s: float, step_s: float, recompute_steps: int, slack: float = RECOMPUTE_SLACK) -> float:
+    """Seconds a worker has to open a spot check: ``floor_s`` (fetch, upload, a process to start) plus the
+    steps it trains again to recompute the boundaries it did not keep, at ``slack`` times ``step_s``."""
+    return floor_s + slack * step_s * recompute_steps
 
 
 @dataclass(frozen=True)
@@ -94,7 +111,7 @@ class SpotChecker:
         cids: dict[str, str] = {}
         started = time.perf_counter()
         try:
-            opened = await self._open(job, segments)
+            opened = await self._open(job, segments, await self._opening_timeout(job, shard, commitment, segments))
             started = time.perf_counter()
             if isinstance(opened, WorkVerdict):
                 verdict = opened
@@ -112,12 +129,22 @@ class SpotChecker:
                                 slashable=verdict.slashable, opened=cids, seconds=round(seconds, 3))
         return SpotCheck(verdict, segments, seconds)
 
-    async def _open(self, job: JobAssignment, segments: tuple[int, ...]
+    async def _opening_timeout(self, job: JobAssignment, shard: Shard, commitment: TrajectoryCommitment,
+                               segments: tuple[int, ...]) -> float:
+        """The opening's deadline: the policy's floor, plus the worker's recomputation at its measured speed."""
+        wanted = {b for s in segments for b in (s, s + 1)}
+        steps = recompute_segments(len(commitment.state_hashes), wanted) * commitment.segment_steps
+        found = await self.c.db.checkpoint(job.job_id)
+        limit = job_deadline(job_work(shard.samples, job.config.epochs),
+                             self.c.round_times_of(job.training_id, job.worker_id), self.policy)
+        step_s = measured_step_s(found[0].train_seconds if found is not None else 0.0, commitment.steps, limit)
+        return opening_deadline_s(self.policy.opening_timeout_s, step_s, steps)
+
+    async def _open(self, job: JobAssignment, segments: tuple[int, ...], timeout: float
                     ) -> tuple[dict[int, bytes], dict[str, str]] | WorkVerdict:
         """The boundary states around ``segments`` and their CIDs, fetched and checked against nothing yet."""
         listener = await self.c.listener(job.training_id)
         waiting = listener.expect_opening(job.job_id)
-        timeout = self.policy.opening_timeout_s
         try:
             await self.c.channel.publish(topics.challenge(job.worker_id), TrajectoryChallenge(
                 job_id=job.job_id, training_id=job.training_id, round=job.round, segments=segments,

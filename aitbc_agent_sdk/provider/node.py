@@ -40,10 +40,11 @@ from .intake import MAX_JOBS_PER_CONTRACT, MAX_JOBS_PER_SLOT, ContractVerdicts, 
 from .jobs import ActiveJob, EpochReporter, HeldJob, Server, TrainOutcome, epoch_fields, job_progress
 from .inputs import JobInputs
 from .holdings import CHAIN_READ_S, TrainingHoldings
-from .kept import KeptResults
+from .kept import KeptJob, KeptResults
 from .onchain import ProviderChain
 from .owners import JobIdLedger, TrainingOwner
 from .process import CHECKPOINT_FILE, TrainingProcess
+from .recompute import recompute_kept_job
 from .receipts import ProviderReceipts
 from .slots import TrainingSlots, plan_slots
 from .tasks import ProviderTasks
@@ -325,8 +326,14 @@ class ProviderAgent:
             return  # only the job's coordinator may ask, for a job of its training this provider still holds
         job = kept.job
         opening = TrajectoryOpening(job_id=job.job_id, training_id=job.training_id, worker_id=self.address,
-                                    round=job.round, states=await self.kept.open(kept, request))
+                                    round=job.round, states=await self.kept.open(kept, request, self._recompute))
         await self.channel.publish(topics.openings(job.training_id), opening)
+
+    async def _recompute(self, kept: KeptJob, boundaries: tuple[int, ...], into: Path) -> None:
+        """Boundary states the job did not keep, recomputed in a training slot (``recompute``)."""
+        assert self.training is not None
+        async with self.training.slot() as process:
+            await recompute_kept_job(process, self.inputs, kept, boundaries, into)
 
     async def _report(self, owner: TrainingOwner, job: JobAssignment, status: str, **fields: Any) -> None:
         progress = job_progress(job, self.address, status, **fields)

@@ -9,6 +9,12 @@ behind, can reach nothing but later jobs of the same customer, whose data it cam
 the ``MAX_JOBS_PER_PROCESS``-th job (the CPU rlimit is sized for that many); its successor starts
 at once, so only a provider switching customers waits for torch to import. (A spare started
 beside every job was dearer: on a small host its import slowed the rounds it ran beside.)
+
+A process takes two requests: train a job, and recompute boundary states a delivered job did not
+keep (a spot check's opening), the same way, under the same owner rule.
+
+Long because: one handle owns the process's whole life (launch, log, ready, replace, kill, stop) and
+both of its requests, each sandboxed or not; split, that life would leak into two modules.
 """
 
 from __future__ import annotations
@@ -28,8 +34,9 @@ from typing import Any, BinaryIO
 
 from ..cluster.sandbox_plan import scrubbed_env
 from ..errors import AitbcError, TrainingError
-from ..models import JobConfig, ModelSpec, TaskRef
+from ..models import MAX_SEGMENTS, JobConfig, ModelSpec, TaskRef, TrajectoryCommitment
 from ..training.shard_files import SHARD_INFO
+from ..training.trajectory import boundary_name, kept_boundaries, recompute_plan
 from .sandbox import (
     MAX_JOBS_PER_PROCESS, SANDBOX_DIR, TrainingSandbox, clear_output, clear_output_dir, gpu_env, require_bwrap,
     sandbox_spec, stage_inputs, take_output, take_trajectory, within_disk_limits, worker_command,
@@ -43,7 +50,7 @@ TASK_FILE = "task.json"  # a user task's package, fetched by the provider from i
 STATE_FILE = "task_state.safetensors"  # a keep_state task's optimizer state: in from the last round, out for the next
 RESIDUAL_FILE = "residual.safetensors"  # a lossy update encoding's error feedback: kept like the task state
 KEPT_FILES = (STATE_FILE, RESIDUAL_FILE)  # what a worker carries from one round of a training to its next
-TRAJECTORY_DIR = "trajectory"  # the committed trajectory's boundary states, 000000.safetensors, ...: out only
+TRAJECTORY_DIR = "trajectory"  # the trajectory's kept (or recomputed) boundary states, 000000.safetensors, ...
 
 
 WORKER_LOG = "worker.log"  # what training processes print, in the provider's work directory
@@ -77,6 +84,40 @@ class _JobRequest:
             "device": device, "model": self.model.model_dump(mode="json"),
             "config": self.config.model_dump(mode="json"), "update_encoding": self.update_encoding,
             "worker": self.worker, "task": self.task.model_dump(mode="json") if self.task is not None else None})
+
+
+@dataclass(frozen=True)
+class _RecomputeRequest:
+    """Recompute boundary states a delivered job did not keep, from the kept ones staged beside its shard."""
+
+    job_id: str
+    model: ModelSpec
+    config: JobConfig
+    seed: int
+    task: TaskRef | None
+    commitment: TrajectoryCommitment
+    wanted: tuple[int, ...]
+    owner: str | None = None
+
+    @property
+    def starts(self) -> tuple[int, ...]:
+        return tuple(sorted(recompute_plan(len(self.commitment.state_hashes), self.wanted)))
+
+    def input_files(self, job_dir: Path) -> tuple[str, ...]:
+        user_code = self.task is not None and self.task.cid is not None
+        parts = tuple(sorted(p.name for p in job_dir.glob("part-*")))
+        return (SHARD_FILE, *parts, *((TASK_FILE,) if user_code else ()), *map(boundary_name, self.starts))
+
+    def line(self, job_dir: Path, out_dir: Path, device: str) -> str:
+        return json.dumps({
+            "op": "recompute", "job_dir": str(job_dir), "out_dir": str(out_dir), "job_id": self.job_id,
+            "seed": self.seed, "device": device, "model": self.model.model_dump(mode="json"),
+            "config": self.config.model_dump(mode="json"), "wanted": list(self.wanted),
+            "commitment": self.commitment.model_dump(mode="json"),
+            "task": self.task.model_dump(mode="json") if self.task is not None else None})
+
+
+_Request = _JobRequest | _RecomputeRequest
 
 
 @dataclass(frozen=True)
@@ -189,8 +230,25 @@ class TrainingProcess:
         """Run one job. ``owner`` (the training's on-chain identity) lets the process serve that
         training's next job too; ``None`` gives every job a fresh process. A user ``task``'s package is
         ``job_dir/TASK_FILE``. With a ``worker`` address the job commits its trajectory (in the
-        checkpoint's metadata) and leaves the boundary states in ``job_dir/TRAJECTORY_DIR``."""
+        checkpoint's metadata) and leaves its kept boundary states (``kept_boundaries``) in
+        ``job_dir/TRAJECTORY_DIR`` (:meth:`recompute` makes the others)."""
         request = _JobRequest(job_id, model, config, seed, task, update_encoding, worker, owner)
+        return await self._run(job_dir, request, on_epoch)
+
+    async def recompute(self, job_dir: Path, *, job_id: str, model: ModelSpec, config: JobConfig, seed: int,
+                        commitment: TrajectoryCommitment, wanted: tuple[int, ...], owner: str | None = None,
+                        task: TaskRef | None = None) -> None:
+        """Recompute the states of the ``wanted`` boundaries of a delivered job (none of them kept) into
+        ``job_dir/TRAJECTORY_DIR``, from the kept ones in ``job_dir`` (``NNNNNN.safetensors``, beside the job's
+        shard and task package) by training those segments again, as the job did. The process checks each
+        against ``commitment``; a mismatch is a TrainingError and no file."""
+        if not wanted or set(wanted) & set(kept_boundaries(len(commitment.state_hashes))):
+            raise ValueError(f"boundaries {list(wanted)}: none or some kept")
+        request = _RecomputeRequest(job_id, model, config, seed, task, commitment, tuple(sorted(wanted)), owner)
+        await self._run(job_dir, request, None)
+
+    async def _run(self, job_dir: Path, request: _Request, on_epoch: EpochCallback | None) -> dict[str, Any]:
+        owner = request.owner
         async with self._lock:
             try:
                 if self._proc is not None and self._jobs_served and (owner is None or owner != self._owner):
@@ -220,7 +278,7 @@ class TrainingProcess:
                 raise TrainingError(f"unexpected event from training process: {first}")
             self._ready = True
 
-    async def _train_sandboxed(self, job_dir: Path, request: _JobRequest, *, on_epoch: EpochCallback | None,
+    async def _train_sandboxed(self, job_dir: Path, request: _Request, *, on_epoch: EpochCallback | None,
                                owner: str | None) -> dict[str, Any]:
         assert self._sandbox is not None
         try:
@@ -235,17 +293,12 @@ class TrainingProcess:
                 done = await within_disk_limits(
                     self._train_locked(box / "in", request, on_epoch=on_epoch, out_dir=box / "out"),
                     self._sandbox, box / "out", request.job_id)
-            await asyncio.to_thread(take_output, box / "out" / CHECKPOINT_FILE, job_dir / CHECKPOINT_FILE,
-                                    max_bytes=self._sandbox.file_size_bytes)
-            for name, produced in ((STATE_FILE, done.get("task_state")), (RESIDUAL_FILE, done.get("residual"))):
-                if produced:
-                    await asyncio.to_thread(take_output, box / "out" / name, job_dir / name,
-                                            max_bytes=self._sandbox.file_size_bytes)
-            if boundaries := done.get("trajectory"):  # the process's word: take_trajectory checks it
+            if isinstance(request, _RecomputeRequest):
                 await asyncio.to_thread(take_trajectory, box / "out" / TRAJECTORY_DIR, job_dir / TRAJECTORY_DIR,
-                                        boundaries=boundaries if isinstance(boundaries, int) else -1,
-                                        max_bytes=self._sandbox.file_size_bytes,
+                                        boundaries=request.wanted, max_bytes=self._sandbox.file_size_bytes,
                                         max_total_bytes=self._sandbox.disk_bytes)
+            else:
+                await asyncio.to_thread(self._take_job_output, box / "out", job_dir, done)
         except TimeoutError as exc:
             await self._replace()
             raise TrainingError(f"job {request.job_id} ran past {self._sandbox.job_timeout_s:.0f}s and was killed") from exc
@@ -256,6 +309,18 @@ class TrainingProcess:
             raise
         await self._served(owner)
         return done
+
+    def _take_job_output(self, out_dir: Path, job_dir: Path, done: dict[str, Any]) -> None:
+        """Blocking: a trained job's checkpoint, kept state and residual, and its kept boundary states."""
+        assert self._sandbox is not None
+        take_output(out_dir / CHECKPOINT_FILE, job_dir / CHECKPOINT_FILE, max_bytes=self._sandbox.file_size_bytes)
+        for name, produced in ((STATE_FILE, done.get("task_state")), (RESIDUAL_FILE, done.get("residual"))):
+            if produced:
+                take_output(out_dir / name, job_dir / name, max_bytes=self._sandbox.file_size_bytes)
+        if boundaries := done.get("trajectory"):  # the process's word: its count names the kept files
+            count = boundaries if isinstance(boundaries, int) and 0 < boundaries <= MAX_SEGMENTS + 1 else 0
+            take_trajectory(out_dir / TRAJECTORY_DIR, job_dir / TRAJECTORY_DIR, boundaries=kept_boundaries(count),
+                            max_bytes=self._sandbox.file_size_bytes, max_total_bytes=self._sandbox.disk_bytes)
 
     async def _served(self, owner: str | None) -> None:
         """After a job that succeeded: a process without an owner, or at its job limit, is not reused."""
@@ -268,7 +333,7 @@ class TrainingProcess:
         with contextlib.suppress(AitbcError, OSError):
             await self.start()
 
-    async def _train_locked(self, job_dir: Path, request: _JobRequest, *, on_epoch: EpochCallback | None,
+    async def _train_locked(self, job_dir: Path, request: _Request, *, on_epoch: EpochCallback | None,
                             out_dir: Path | None = None) -> dict[str, Any]:
         await self._await_ready()
         assert self._proc is not None and self._proc.stdin is not None

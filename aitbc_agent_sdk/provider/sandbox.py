@@ -22,7 +22,7 @@ import os
 import shutil
 import stat
 import sys
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Collection
 from pathlib import Path
 from typing import TypeVar
 
@@ -173,8 +173,9 @@ def clear_output_dir(out_dir: Path, name: str) -> None:
         raise TrainingError(f"cannot clear the previous job's output: {exc}") from exc
 
 
-def take_trajectory(out_dir: Path, dest: Path, *, boundaries: int, max_bytes: int, max_total_bytes: int) -> None:
-    """Copy the ``boundaries`` state files of a committed trajectory (``000000.safetensors``, ...) from the
+def take_trajectory(out_dir: Path, dest: Path, *, boundaries: Collection[int], max_bytes: int,
+                    max_total_bytes: int) -> None:
+    """Copy the state files of a committed trajectory's ``boundaries`` (``000000.safetensors``, ...) from the
     sandbox's directory ``out_dir`` to a fresh ``dest``: regular files only, neither the directory nor a
     file followed through a link, nothing else in it, each within ``max_bytes`` and all within
     ``max_total_bytes``."""
@@ -185,9 +186,10 @@ def take_trajectory(out_dir: Path, dest: Path, *, boundaries: int, max_bytes: in
         raise TrainingError(f"the training process left no usable trajectory: {exc}") from exc
     try:
         names = sorted(os.listdir(dir_fd))
-        if not 1 <= boundaries <= MAX_SEGMENTS + 1 or names != [f"{i:06d}.safetensors" for i in range(boundaries)]:
+        expected = sorted(f"{i:06d}.safetensors" for i in set(boundaries) if 0 <= i <= MAX_SEGMENTS)
+        if not expected or names != expected:
             raise TrainingError(f"the training process left {len(names)} trajectory entries, not its "
-                                f"{boundaries} boundary files")
+                                f"{len(expected)} boundary files")
         dest.mkdir()
         total = 0
         for name in names:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import traceback
 from collections.abc import Callable
@@ -28,7 +29,8 @@ from ..training.task import TrainingTask
 from ..training.task_loop import train_task, training_device
 from ..training.task_checks import TaskOrigin, describe_task_error
 from ..training.task_package import decode_package, load_task
-from ..training.trajectory import TrajectoryRecorder
+from ..training.trajectory import TrajectoryRecorder, boundary_name
+from ..training.trajectory_replay import recompute_boundaries
 from ..training.update_codec import decode_residual, encode_residual, encode_update
 
 from .process import CHECKPOINT_FILE, RESIDUAL_FILE, SHARD_FILE, STATE_FILE, TASK_FILE, TRAJECTORY_DIR, WEIGHTS_FILE
@@ -53,6 +55,7 @@ def event_channel() -> Emit:
 
 
 def run_job(request: dict[str, Any], loaded: LoadedTasks, emit: Emit) -> dict[str, Any]:
+    """One request: ``train`` a job, or ``recompute`` boundary states of one it trained before."""
     job_dir = Path(request["job_dir"])
     out_dir = Path(request.get("out_dir") or job_dir)  # sandboxed: inputs are read-only, output goes here
     spec = ModelSpec.model_validate(request["model"])
@@ -66,6 +69,8 @@ def run_job(request: dict[str, Any], loaded: LoadedTasks, emit: Emit) -> dict[st
         user_task = loaded[ref.cid]
     task = bind_task(ref, user_task, TaskOrigin(out_dir / "tasks" / ref.cid) if ref.cid is not None else None)
     try:
+        if request.get("op") == "recompute":
+            return _recompute(request, task, job_dir, out_dir, config, spec)
         return _train_job(request, task, job_dir, out_dir, config, spec, emit)
     except AitbcError:
         raise
@@ -102,6 +107,32 @@ def _train_job(request: dict[str, Any], task: BoundTask, job_dir: Path, out_dir:
     return {"event": "done", "samples": result.samples, "loss": result.loss, "seconds": result.seconds,
             "task_state": kept_as, "residual": residual,
             "trajectory": 0 if commitment is None else len(commitment.state_hashes)}
+
+
+def _recompute(request: dict[str, Any], task: BoundTask, job_dir: Path, out_dir: Path, config: JobConfig,
+               spec: ModelSpec) -> dict[str, Any]:
+    """Recompute the boundaries asked for from the kept states in ``job_dir``, as many threads as the job
+    trained with (a CPU's sums depend on them), each checked against the commitment before it is written."""
+    commitment = TrajectoryCommitment.model_validate(request["commitment"])
+    wanted = [int(b) for b in request["wanted"]]
+    data = load_shard(job_dir)
+    directory = out_dir / TRAJECTORY_DIR
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+
+    def put(boundary: int, blob: bytes) -> None:  # one state in memory at a time
+        (directory / boundary_name(boundary)).write_bytes(blob)
+    before = torch.get_num_threads()
+    torch.set_num_threads(commitment.threads)
+    try:
+        recompute_boundaries(task, spec, data, config, int(request["seed"]), commitment, job_dir, wanted, put,
+                             device=training_device(str(request.get("device", "auto"))))
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)  # no file of a recomputation that failed
+        raise
+    finally:
+        torch.set_num_threads(before)
+    return {"event": "done", "recomputed": sorted(int(p.stem) for p in directory.iterdir())}
 
 
 def write_checkpoint(state: dict[str, torch.Tensor], reference: dict[str, torch.Tensor], job_dir: Path,
@@ -149,8 +180,18 @@ def warm_up() -> None:
         decode_state(encode_state({k: v.detach() for k, v in model.state_dict().items()}))
 
 
+def reproducible_gpu() -> None:
+    """On a GPU, kernels that give the same bits run after run (before CUDA starts): a boundary state the
+    provider did not keep is recomputed on the same GPU and must hash as committed. Ops torch has no
+    deterministic kernel for only warn."""
+    if torch.cuda.is_available():
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+
+
 def main() -> None:
     torch.set_num_threads(int(os.environ.get("AITBC_WORKER_THREADS", "1")))
+    reproducible_gpu()
     emit = event_channel()
     warm_up()
     emit({"event": "ready", "pid": os.getpid()})

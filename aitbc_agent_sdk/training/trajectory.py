@@ -1,11 +1,14 @@
 """A worker's committed trajectory: hashes of its training state every ``k`` steps and of the batches it used.
 
-While a job trains, :class:`TrajectoryRecorder` writes the state at every segment boundary (model,
-optimizer, scheduler) as one safetensors file and hashes it, and hashes each segment's batches as
-they are consumed; its :meth:`~TrajectoryRecorder.commitment` goes into the checkpoint the worker
-signs. The coordinator later asks for a few boundary files and re-executes the segments between
-them (:mod:`.trajectory_replay`). Each segment starts with the global RNG seeded from the job's
-seed and the segment's index, so dropout replays from the boundary state alone.
+While a job trains, :class:`TrajectoryRecorder` hashes the state at every segment boundary (model,
+optimizer, scheduler) and each segment's batches as they are consumed; its
+:meth:`~TrajectoryRecorder.commitment` goes into the checkpoint the worker signs. Only the states of
+:func:`kept_boundaries` (boundary 0 and evenly spaced ones: three at most, so a job's disk is at
+most three times its weights and optimizer) are written as safetensors files. The coordinator later
+asks for a few boundary files and re-executes the segments between them (:mod:`.trajectory_replay`);
+the worker recomputes one it did not keep from the kept one before it (:func:`recompute_plan`).
+Each segment starts with the global RNG seeded from the job's seed and the segment's index, so
+dropout replays from the boundary state alone.
 
 Boundary files arrive from strangers: decoding bounds the header, never unpickles, and a file
 whose tensors or JSON are not a state the task's own model, optimizer and scheduler could be in
@@ -20,7 +23,7 @@ import json
 import math
 import shutil
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +47,40 @@ MAX_HEADER_BYTES = 16 << 20  # a boundary's or checkpoint's safetensors header: 
 _HEADER_LEN = struct.Struct("<Q")
 
 
+KEPT_STATES = 3  # boundary states a job keeps on disk; the rest are recomputed when a spot check asks
+
+
 def boundary_name(index: int) -> str:
     return f"{index:06d}.safetensors"
+
+
+def kept_boundaries(n_boundaries: int, keep: int = KEPT_STATES) -> tuple[int, ...]:
+    """The boundaries (of ``n_boundaries``) whose states a worker keeps on disk: 0, and ``keep - 1`` more
+    spaced evenly over the segments, so recomputing any other takes about ``segments / keep`` segments.
+    All of them when there are no more than ``keep``. Both sides know the rule: nothing to announce."""
+    if not 1 <= keep < n_boundaries:
+        return tuple(range(n_boundaries))
+    segments = n_boundaries - 1
+    return tuple(sorted({(2 * i * segments + keep) // (2 * keep) for i in range(keep)}))
+
+
+def recompute_plan(n_boundaries: int, wanted: Iterable[int]) -> dict[int, int]:
+    """Kept boundary -> the furthest wanted boundary to recompute from it (the kept one before each
+    wanted one that is not kept); kept wanted boundaries need nothing."""
+    kept = kept_boundaries(n_boundaries)
+    plan: dict[int, int] = {}
+    for boundary in wanted:
+        if not 0 <= boundary < n_boundaries:
+            raise ValueError(f"boundary {boundary} outside the trajectory's {n_boundaries}")
+        if boundary not in kept:
+            start = max(k for k in kept if k < boundary)
+            plan[start] = max(plan.get(start, boundary), boundary)
+    return plan
+
+
+def recompute_segments(n_boundaries: int, wanted: Iterable[int]) -> int:
+    """Segments a worker trains again to open ``wanted`` (:func:`recompute_plan`)."""
+    return sum(stop - start for start, stop in recompute_plan(n_boundaries, wanted).items())
 
 
 def segment_steps(total_steps: int, segments: int) -> int:
@@ -132,6 +167,13 @@ def _hashes(model_tensors: Mapping[str, torch.Tensor], optim: Mapping[str, torch
 def encode_boundary(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Scheduler | None) -> bytes:
     model_tensors, optim, metadata = _boundary_parts(model, optimizer, scheduler)
     return _encode_parts(model_tensors, optim, metadata)
+
+
+def encode_hashed_boundary(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Scheduler | None
+                           ) -> tuple[bytes, str]:
+    """:func:`encode_boundary` and its state hash, hashed from the tensors (nothing decoded again)."""
+    parts = _boundary_parts(model, optimizer, scheduler)
+    return _encode_parts(*parts), _hashes(*parts)[1]
 
 
 def _encode_parts(model_tensors: Mapping[str, torch.Tensor], optim: Mapping[str, torch.Tensor],
@@ -243,6 +285,7 @@ class TrajectoryRecorder:
         self.directory, self.segments = directory, segments
         self.total_steps = self.segment_steps = self.steps = 0
         self.seed, self.device, self.threads = 0, torch.device("cpu"), 1
+        self.kept: tuple[int, ...] = ()  # the boundaries written to ``directory``
         self.model_hashes: list[str] = []
         self.state_hashes: list[str] = []
         self.batch_hashes: list[str] = []
@@ -257,6 +300,7 @@ class TrajectoryRecorder:
         self.total_steps, self.seed, self.device = total_steps, seed, device
         self.threads = torch.get_num_threads()  # a CPU's sums depend on it: the re-execution uses as many
         self.segment_steps = segment_steps(total_steps, self.segments)
+        self.kept = kept_boundaries(math.ceil(total_steps / self.segment_steps) + 1)
         if self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)  # no stale boundary of another job survives
             self.directory.mkdir(parents=True)
@@ -288,8 +332,9 @@ class TrajectoryRecorder:
     def _boundary(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Scheduler | None) -> None:
         parts = _boundary_parts(model, optimizer, scheduler)
         model_hash, state_hash = _hashes(*parts)
-        if self.directory is not None:
-            (self.directory / boundary_name(len(self.model_hashes))).write_bytes(_encode_parts(*parts))
+        index = len(self.model_hashes)
+        if self.directory is not None and index in self.kept:
+            (self.directory / boundary_name(index)).write_bytes(_encode_parts(*parts))
         self.model_hashes.append(model_hash)
         self.state_hashes.append(state_hash)
 
@@ -300,6 +345,15 @@ class TrajectoryRecorder:
                                     device="cuda" if device_type == "cuda" else "cpu", threads=self.threads,
                                     model_hashes=tuple(self.model_hashes), state_hashes=tuple(self.state_hashes),
                                     batch_hashes=tuple(self.batch_hashes))
+
+
+def read_commitment_file(path: Path) -> TrajectoryCommitment | None:
+    """:func:`read_commitment` of a checkpoint file, reading its header only."""
+    with open(path, "rb") as file:
+        head = file.read(_HEADER_LEN.size)
+        if len(head) == _HEADER_LEN.size and (size := _HEADER_LEN.unpack(head)[0]) <= MAX_HEADER_BYTES:
+            head += file.read(size)
+    return read_commitment(head)
 
 
 def read_commitment(blob: bytes) -> TrajectoryCommitment | None:

@@ -5,14 +5,19 @@ commitment by its hash), builds the task's model, optimizer and scheduler as the
 :func:`~.task_loop.train_task` did, replays the job's seeded batch stream from its start (checking
 each segment's batches against the commitment on the way) and trains the segment's steps with the
 loop's own step function. On equal CPUs the end state must equal the committed one bit for bit.
+
+The worker's side uses the same replay: :func:`recompute_boundaries` recomputes a boundary it did not keep
+(:func:`~.trajectory.kept_boundaries`) by training on from the kept state before it, and checks the
+result against its own commitment before it lets it out.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,8 +28,8 @@ from aitbc_agent_sdk.training.bound_task import BoundTask
 from aitbc_agent_sdk.training.task import Batch
 from aitbc_agent_sdk.training.task_loop import train_step
 from aitbc_agent_sdk.training.trajectory import (
-    boundary_hashes, encode_boundary, hash_batch, isolated_rng, load_boundary, opened_state_problem, seed_segment,
-    segment_steps,
+    boundary_hashes, boundary_name, encode_boundary, encode_hashed_boundary, hash_batch, isolated_rng,
+    kept_boundaries, load_boundary, opened_state_problem, recompute_plan, seed_segment, segment_steps,
 )
 
 
@@ -86,7 +91,13 @@ def reexecute_segments(task: BoundTask, spec: ModelSpec, data: Any, config: JobC
         if not wanted:
             return done
         batches = _stream(task, data, config, batch_size, torch.Generator().manual_seed(seed), device)
-        problem = _replay(task, job, config, seed, commitment, starts, wanted, batches, total, done, device)
+
+        def ended(run: int, _: int) -> None:
+            done[run] = _ended(*job)
+        runs = {s: (starts[s], s + 1) for s in wanted}
+        problem, unloaded = _replay(task, job, seed, commitment, runs, batches, total, ended, device)
+        done.update({s: Reexecution(problem=f"opened start state does not fit the task: {why}")
+                     for s, why in unloaded.items()})
     if problem is not None:  # segments finished before it keep their end states
         return {s: done.get(s, Reexecution(problem=problem, contradicts=True)) for s in starts}
     return done
@@ -135,41 +146,99 @@ def _opened_problems(commitment: TrajectoryCommitment, starts: Mapping[int, byte
     return found
 
 
-def _replay(task: BoundTask, job: Job, config: JobConfig, seed: int, commitment: TrajectoryCommitment,
-            starts: Mapping[int, bytes], wanted: list[int], batches: Iterator[Batch], total: int,
-            done: dict[int, Reexecution], device: torch.device) -> str | None:
-    """Draw the job's batches up to the last wanted segment, hashing each segment's; train the wanted ones
-    from their opened starts into ``done``. Returns what ended the pass early (stream or batch order)."""
+Runs = Mapping[int, tuple[bytes, int]]  # start boundary -> (its state file, the boundary to train up to)
+
+
+def _replay(task: BoundTask, job: Job, seed: int, commitment: TrajectoryCommitment, runs: Runs,
+            batches: Iterator[Batch], total: int, reached: Callable[[int, int], None],
+            device: torch.device) -> tuple[str | None, dict[int, str]]:
+    """Draw the job's batches up to the last boundary a run trains to, hashing each segment's; train each
+    run from its opened start, calling ``reached(run, boundary)`` at every boundary it reaches (the job's
+    state is then that boundary's). Returns what ended the pass early (stream or batch order), and the
+    runs whose start did not load, with why."""
     model, optimizer, scheduler = job
     clip = task.task.grad_clip_norm(task.params)
     model.train()
     k = commitment.segment_steps
-    training: int | None = None  # the segment being re-executed, if any
+    last = max(stop for _, stop in runs.values()) - 1  # the last segment trained
+    training: int | None = None  # the run being trained, if any
+    unloaded: dict[int, str] = {}
     hasher = hashlib.sha256()
-    for step in range(commitment.segment_steps_of(wanted[-1])[1]):
+    for step in range(commitment.segment_steps_of(last)[1]):
         segment = step // k
-        if step % k == 0 and segment in wanted:
-            try:
-                load_boundary(starts[segment], model, optimizer, scheduler)
-            except TrainingError as exc:
-                done[segment] = Reexecution(problem=f"opened start state does not fit the task: {exc}")
-            else:
-                training = segment
+        if step % k == 0:
+            if segment in runs:
+                training = None
+                try:
+                    load_boundary(runs[segment][0], model, optimizer, scheduler)
+                except TrainingError as exc:
+                    unloaded[segment] = str(exc)
+                else:
+                    training = segment
+            if training is not None:
                 seed_segment(seed, segment, device)  # before its first batch is drawn, as the recorder does
         batch = next(batches, None)
         if batch is None:
-            return f"the job's batches end at step {step}, before segment {wanted[-1]} does"
+            return f"the job's batches end at step {step}, before segment {last} does", unloaded
         hash_batch(hasher, batch)
-        if training == segment:
+        if training is not None:
             train_step(task.task, model, batch, task.params, optimizer, scheduler, device, clip)
         if (step + 1) % k == 0 or step + 1 == total:
             if hasher.hexdigest() != commitment.batch_hashes[segment]:
-                return f"batch order of segment {segment} differs from the commitment"
+                return f"batch order of segment {segment} differs from the commitment", unloaded
             hasher = hashlib.sha256()
-            if training == segment:
-                done[segment] = _ended(model, optimizer, scheduler)
-                training = None
-    return None
+            if training is not None:
+                reached(training, segment + 1)
+                if segment + 1 == runs[training][1]:
+                    training = None
+    return None, unloaded
+
+
+def open_boundaries(task: BoundTask, spec: ModelSpec, data: Any, config: JobConfig, seed: int,
+                    commitment: TrajectoryCommitment, directory: Path, wanted: Iterable[int], *,
+                    device: torch.device = torch.device("cpu")) -> dict[int, bytes]:
+    """The state files of the ``wanted`` boundaries: read from ``directory`` when kept there, else
+    recomputed (:func:`recompute_boundaries`). All in memory: for small jobs, tests and benchmarks."""
+    asked = sorted(set(wanted))
+    kept = kept_boundaries(len(commitment.state_hashes))
+    opened = {b: (directory / boundary_name(b)).read_bytes() for b in asked if b in kept}
+    recompute_boundaries(task, spec, data, config, seed, commitment, directory, [b for b in asked if b not in kept],
+                         opened.__setitem__, device=device)
+    return opened
+
+
+def recompute_boundaries(task: BoundTask, spec: ModelSpec, data: Any, config: JobConfig, seed: int,
+                         commitment: TrajectoryCommitment, directory: Path, wanted: Iterable[int],
+                         put: Callable[[int, bytes], None], *, device: torch.device = torch.device("cpu")) -> None:
+    """The worker's side of a spot check: recompute the ``wanted`` boundaries it did not keep from the kept
+    state before each (in ``directory``), in one pass, handing each state file to ``put`` as it is reached,
+    once it hashes as ``commitment`` says. One that does not is a TrainingError (the worker's own bug, and
+    no file to hand out). Bit for bit on the device and thread count that trained the job."""
+    asked = set(wanted)
+    plan = recompute_plan(len(commitment.state_hashes), asked)
+    if not plan:
+        return
+    starts = {k: (directory / boundary_name(k)).read_bytes() for k in plan}
+    for k, blob in starts.items():
+        if boundary_hashes(blob)[1] != commitment.state_hashes[k]:
+            raise TrainingError(f"kept boundary {k} does not match the commitment")
+    batch_size, total = _steps(task, data, config)
+    if (commitment.steps, commitment.segment_steps) != (total, segment_steps(total, config.segments)):
+        raise TrainingError("the commitment is not of this job's steps")
+    with isolated_rng(device):
+        job = _fresh(task, spec, len(data), config, total, device)
+        batches = _stream(task, data, config, batch_size, torch.Generator().manual_seed(seed), device)
+
+        def reached(_: int, boundary: int) -> None:
+            if boundary in asked:
+                blob, state_hash = encode_hashed_boundary(*job)
+                if state_hash != commitment.state_hashes[boundary]:
+                    raise TrainingError(f"recomputed boundary {boundary} does not hash as committed")
+                put(boundary, blob)
+        problem, unloaded = _replay(task, job, seed, commitment, {k: (starts[k], stop) for k, stop in plan.items()},
+                                    batches, total, reached, device)
+    if problem is not None or unloaded:
+        raise TrainingError(f"cannot recompute the trajectory: {problem or next(iter(unloaded.values()))}")
 
 
 def _ended(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> Reexecution:
