@@ -163,20 +163,25 @@ class Agent:
                              pin: bool = True) -> str:
         return await self.coordinator.upload(path=path, data=data, pin=pin)
 
-    async def upload_training_data(self, training_id: str, path: str | Path, *,
-                                   label_column: str | None = None, target: TargetKind | None = None) -> str:
-        return await self.coordinator.attach_dataset(training_id, path, label_column=label_column, target=target)
+    async def upload_training_data(self, training_id: str, path: str | Path, *, label_column: str | None = None,
+                                   target: TargetKind | None = None, vocab_size: int | None = None) -> str:
+        """``vocab_size``: learn a BPE of that many tokens on a text corpus (None: byte-level tokens)."""
+        return await self.coordinator.attach_dataset(training_id, path, label_column=label_column, target=target,
+                                                     vocab_size=vocab_size)
 
     async def create_data_shards(self, training_id: str, num_shards: int) -> list[Shard]:
         return await self.coordinator.create_shards(training_id, num_shards)
 
     async def discover_gpu_workers(self, *, min_gpu: str | None = None, required_workers: int | None = None,
                                    max_price_wei: int | None = None, include_busy: bool = False,
-                                   task: TaskRef | None = None, min_stake_wei: int | None = None) -> list[Worker]:
+                                   task: TaskRef | None = None, min_stake_wei: int | None = None,
+                                   fit: TrainingSpec | None = None) -> list[Worker]:
         """Providers that fit; with ``task``, only those that run it (user code: their offer says so); only
-        those bonded with ``min_stake_wei`` (None: the network's minimum)."""
+        those bonded with ``min_stake_wei`` (None: the network's minimum); with ``fit``, only those that can
+        hold its model (its measured footprint)."""
         workers = await self.coordinator.discover(min_gpu=min_gpu, max_price_wei=max_price_wei,
-                                                  include_busy=include_busy, task=task, min_stake_wei=min_stake_wei)
+                                                  include_busy=include_busy, task=task, min_stake_wei=min_stake_wei,
+                                                  fit=fit)
         if required_workers is not None and len(workers) < required_workers:
             raise NotEnoughWorkersError(f"asked for {required_workers} workers, found {len(workers)}")
         return workers

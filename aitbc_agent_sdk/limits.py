@@ -16,11 +16,16 @@ TEXT_MAX_LENGTH = 1024  # reasons and errors are read by people; a longer one is
 NAME_MAX_LENGTH = 256  # hardware and model names: NVML names are under 100 characters
 CID_MAX_LENGTH = 128  # a CIDv1 of a sha2-256 block is 59 characters in base32
 MAX_CLASSES = 10_000  # the classifier head is hidden x classes; a label of 1e9 once asked for 512 GB
+MAX_VOCAB = 1 << 20  # a tokenizer's vocabulary: a task's own model (a job declares its size), not a head of classes
 MAX_HIDDEN = 8192  # hidden width of the registry's small models
 MAX_INPUT_RANK = 4  # features are [C, H, W] at most (plus the batch dimension)
 MAX_FEATURES = 1 << 20  # features per sample: a 1024 x 1024 image
 MAX_TOKENS = 1024  # the transformer's attention is tokens^2 per head and sample
-MAX_PARAMETERS = 25_000_000  # 100 MB of float32, sent to every worker and back every round
+# No bound on a model's size here: a job declares its own (models.footprint) and each provider
+# checks it against its memory and disk. These only keep the declared integers sane.
+MAX_DECLARED_PARAMETERS = 1 << 42  # 4.4e12: ten times the largest models trained anywhere
+MAX_MODEL_BYTES = 1 << 45  # 32 TiB: MAX_DECLARED_PARAMETERS in float64
+LEGACY_MAX_PARAMETERS = 25_000_000  # a job that declares no footprint (an older coordinator) is held to this
 MAX_ACTIVATIONS = 8_000_000  # floats per sample in a forward pass: 32 MB, x batch size in training
 MAX_SHARDS = 4096  # shards in a manifest: target workers (<= 1024) and elastic re-splits
 MAX_RANGES = 4096  # sample ranges one elastic worker holds after rebalancing
@@ -72,8 +77,8 @@ def model_size_problem(name: str, input_shape: tuple[int, ...], num_classes: int
     what = f"model {name!r} with input {input_shape}, hidden {hidden} and {num_classes} classes"
     if size.tokens > MAX_TOKENS:
         return f"{what} would attend over {size.tokens} tokens, above the limit of {MAX_TOKENS}"
-    if size.parameters > MAX_PARAMETERS:
-        return f"{what} would have {size.parameters:,} parameters, above the limit of {MAX_PARAMETERS:,}"
+    if size.parameters > MAX_DECLARED_PARAMETERS:
+        return f"{what} would have {size.parameters:,} parameters, above the limit of {MAX_DECLARED_PARAMETERS:,}"
     if size.activations > MAX_ACTIVATIONS:
         return (f"{what} would keep about {size.activations:,} activations per sample, "
                 f"above the limit of {MAX_ACTIVATIONS:,}")

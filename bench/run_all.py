@@ -27,6 +27,7 @@ FULL = {
     "bench_verification.py": ["--rounds", "20000", "--real-rounds", "24"],
     "bench_lm.py": ["--steps", "400", "--inner-steps", "50", "--plot", "docs/lm_curves.png"],
     "bench_cli_startup.py": ["--repeat", "15"],
+    "bench_model_scale.py": ["--include", "350M", "--plot", "docs/model-scale.png"],
 }
 
 

@@ -33,7 +33,7 @@ def aitbc_cmd() -> list[str]:
 # the next file in collection order. The longest files go first, so no worker is left with a
 # long file at the end while the other idles (measured: about 1.5 min of tail on 2 cores).
 LONGEST_FIRST = (
-    "test_chaos.py", "test_cluster_train.py", "test_multinode.py", "test_fault_tolerance.py",
+    "test_gpt2_small.py", "test_chaos.py", "test_cluster_train.py", "test_multinode.py", "test_fault_tolerance.py",
     "test_benchmarks.py", "test_cli_training_admin.py", "test_assistant_chat.py", "test_devnet_flow.py",
     "test_elastic.py", "test_auto_resume.py", "test_scenario_elastic_devnet.py", "test_cli_run.py",
     "test_hostile_tasks.py", "test_user_tasks.py", "test_cli_habits.py", "test_cli_wallet.py",

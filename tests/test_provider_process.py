@@ -70,6 +70,26 @@ async def test_a_broken_job_is_reported_and_the_process_survives(tmp_path):
         await process.stop()
 
 
+async def test_a_model_larger_than_the_job_declares_fails_before_it_trains(tmp_path):
+    data = load_dataset("digits").subset(list(range(50)))
+    job_dir = tmp_path / "j"
+    job_dir.mkdir()
+    write_shard(job_dir, data)
+    spec = model_spec_for("mlp", data)
+    model = build_model(spec, seed=0)
+    (job_dir / WEIGHTS_FILE).write_bytes(encode_state(model.state_dict()))
+    count = sum(p.numel() for p in model.parameters())
+    process = TrainingProcess(tmp_path / "work")
+    await process.start()
+    try:
+        with pytest.raises(TrainingError, match=f"the job declares {count - 1:,}"):
+            await process.train(job_dir, job_id="j", model=spec, config=JobConfig(), seed=0, max_parameters=count - 1)
+        done = await process.train(job_dir, job_id="j2", model=spec, config=JobConfig(), seed=0, max_parameters=count)
+        assert done["samples"] == 50
+    finally:
+        await process.stop()
+
+
 def test_hardware_is_detected_honestly():
     hardware = detect_hardware()
     assert hardware.cpu_cores == os.cpu_count()

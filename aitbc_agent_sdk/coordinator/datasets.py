@@ -68,20 +68,20 @@ class DatasetStore:
 
     async def import_dataset(self, source: str | Path | LabeledData, *, label_column: str | None = None,
                              target: TargetKind | None = None, kind: DatasetKind | None = None, declared_size: int | None = None,
-                             progress: Callable[[int], None] | None = None,
-                             encrypt: bool = False) -> tuple[str, DatasetManifest]:
+                             progress: Callable[[int], None] | None = None, encrypt: bool = False,
+                             vocab_size: int | None = None) -> tuple[str, DatasetManifest]:
         """Prepare ``source``, import its directory (sealed, with ``encrypt``), store its manifest; return
-        (manifest CID, manifest)."""
+        (manifest CID, manifest). ``vocab_size``: a text corpus's BPE vocabulary (None: byte-level tokens)."""
         on_disk = isinstance(source, (str, Path)) and Path(source).exists()
         if on_disk:  # the bytes the user gave (a corpus's text, not its tokens), named by the user's path
             check_declared_size(declared_size, source, await asyncio.to_thread(tree_size, Path(source)))
-        key = _staging_key(source, label_column, kind, target)
+        key = _staging_key(source, label_column, kind, target, vocab_size)
         staging = self._dir() / "staging" / key
         marker, journal = staging.with_name(f"{key}.prepared.json"), staging.with_name(f"{key}.journal")
         sealed_dir = staging.with_name(f"{key}.sealed")
         try:
             prepared = await asyncio.to_thread(_prepared, source, staging, marker, label_column, kind,
-                                               target)
+                                               target, vocab_size)
             if not on_disk:  # a bundled dataset or arrays in memory: the size of their stored form
                 check_declared_size(declared_size, source if isinstance(source, str) else "given as arrays",
                                     await asyncio.to_thread(tree_size, prepared.directory))
@@ -123,6 +123,19 @@ class DatasetStore:
             except ValueError as exc:
                 raise DatasetError(f"{cid} is not a dataset manifest: {exc}") from exc
         return self._manifests[cid]
+
+    async def read_file(self, manifest: DatasetManifest, path: str, *, max_bytes: int) -> bytes:
+        """One whole file of the dataset (opened, if sealed), refused above ``max_bytes`` before it is fetched."""
+        f = manifest.file(path)
+        if f.size > max_bytes:
+            raise DatasetError(f"{path} of the dataset holds {f.size} bytes, above the limit of {max_bytes}")
+        if manifest.sealed is None or f.size == 0:
+            return await self._store.cat(f.cid, max_bytes=max_bytes) if f.size else b""
+        piece = FileSlice(path=f.path, cid=f.cid, offset=0, length=f.size, file_size=f.size)
+        with tempfile.TemporaryDirectory(dir=self._dir()) as scratch:
+            out = Path(scratch) / "file"
+            await read_sealed_slice(self._store, self.keys.key(manifest.root), piece, manifest.sealed, out)
+            return await asyncio.to_thread(out.read_bytes)
 
     async def shard(self, cid: str) -> ShardData:
         if cid not in self._shards:  # a CID's content never changes: read each record once
@@ -175,7 +188,8 @@ class DatasetStore:
 
 
 def _prepared(source: str | Path | LabeledData, staging: Path, marker: Path, label_column: str | None,
-              kind: DatasetKind | None, target: TargetKind | None = None) -> PreparedDataset:
+              kind: DatasetKind | None, target: TargetKind | None = None,
+              vocab_size: int | None = None) -> PreparedDataset:
     """Stage ``source`` once: a rerun after an interruption finds the marker and reuses the staged files."""
     if marker.is_file():
         try:
@@ -185,7 +199,8 @@ def _prepared(source: str | Path | LabeledData, staging: Path, marker: Path, lab
         except ValueError:
             pass  # a torn marker: stage again
     shutil.rmtree(staging, ignore_errors=True)
-    prepared = prepare_dataset(source, staging, label_column=label_column, kind=kind, target=target)
+    prepared = prepare_dataset(source, staging, label_column=label_column, kind=kind, target=target,
+                               vocab_size=vocab_size)
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text(prepared.model_dump_json())
     return prepared

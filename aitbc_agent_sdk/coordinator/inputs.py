@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import secrets
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -21,7 +22,7 @@ from ..storage import ContentStore
 from ..training import LabeledData, decode_state
 from ..training.bound_task import BoundTask
 from ..training.models import MODEL_NAMES
-from ..training.shard_files import first_samples
+from ..training.shard_files import drawn_samples
 from .datasets import DatasetStore
 from .tasks import TaskCache
 from .store import TrainingStore
@@ -38,6 +39,13 @@ class RoundBaseline:
     validation: LabeledData
     start_loss: float
     earlier_cids: frozenset[str]  # results of earlier rounds: a replay of one is rejected
+    checker: BoundTask  # the task with the round's secret draw of test samples or tokens (checking_params)
+    seed: int  # that draw's seed: never sent, so no result can be tuned to what it is scored on
+
+
+def round_checker(task: BoundTask, policy: FaultPolicy, seed: int) -> BoundTask:
+    """``task`` as a result's check runs it: a fixed budget of test tokens, drawn with ``seed``."""
+    return replace(task, params=task.task.checking_params(task.params, policy.val_tokens, seed))
 
 
 @dataclass(frozen=True)
@@ -93,12 +101,14 @@ async def load_round_inputs(db: TrainingStore, store: ContentStore, datasets: Da
                                                                      else [])}
     sizes = {cid: await store.size(cid) for cid in sorted(wanted)}
     reference = decode_state(await store.cat(record.model_cid))
-    validation = first_samples(test, record.spec.faults.val_samples)
-    start_loss = await asyncio.to_thread(validation_loss, model, reference, validation, task)
+    seed = secrets.randbits(62)
+    checker = round_checker(task, record.spec.faults, seed)
+    validation = drawn_samples(test, record.spec.faults.val_samples, seed)
+    start_loss = await asyncio.to_thread(validation_loss, model, reference, validation, checker)
     earlier = frozenset(c.cid for c in await db.checkpoints(training_id, None) if c.round <= record.round)
     holders = frozenset(j.worker_id for j in await db.jobs(training_id, record.round)) if record.round else frozenset()
     return RoundInputs(record, manifest, test, model, task, contracts, shards, sizes,
-                       RoundBaseline(reference, validation, start_loss, earlier), holders)
+                       RoundBaseline(reference, validation, start_loss, earlier, checker, seed), holders)
 
 
 def round_shards(manifest: ShardManifest, stored: Sequence[Shard],
@@ -128,6 +138,7 @@ def new_job(record: TrainingRecord, contract: WorkerContract, shard: Shard, mode
                          shard_bytes=shard_bytes, weights_cid=record.model_cid, weights_bytes=weights_bytes,
                          model=model, config=config.model_copy(update={"rounds": record.spec.rounds}),
                          task=job_task(record.spec), update_encoding=record.spec.upload_encoding, weights_delta=delta,
+                         footprint=record.spec.footprint,
                          seed=(record.spec.seed * 7919 + round_ * 104729 + shard.index) % 2**31)
 
 

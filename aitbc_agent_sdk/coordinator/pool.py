@@ -50,7 +50,7 @@ async def _hire(coordinator: Coordinator, tid: str, pool: list[WorkerContract], 
     remaining = record.spec.rounds - record.round
     known = {c.worker_id for c in await coordinator.db.contracts(tid)}
     found = [w for w in await coordinator.discover(max_price_wei=record.spec.max_price_wei, task=record.spec.task,
-                                                   min_stake_wei=record.spec.min_stake_wei)
+                                                   min_stake_wei=record.spec.min_stake_wei, fit=record.spec)
              if w.worker_id not in known]
     for worker in coordinator.select(found, len(found)):
         amount = worker.price * remaining

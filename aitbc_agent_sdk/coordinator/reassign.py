@@ -56,7 +56,8 @@ async def new_replacement(coordinator: Coordinator, training_id: str, exclude: C
     """Discover a provider not yet in this training and contract it as a spare."""
     spec = (await coordinator.db.training(training_id)).spec
     found = [w for w in await coordinator.discover(max_price_wei=max_price_wei, task=spec.task,
-                                                   min_stake_wei=spec.min_stake_wei) if w.worker_id not in exclude]
+                                                   min_stake_wei=spec.min_stake_wei, fit=spec)
+             if w.worker_id not in exclude]
     for worker in coordinator.select(found, len(found)):
         try:
             return await coordinator.negotiate(worker.worker_id, training_id, worker.price, role="spare")

@@ -14,7 +14,7 @@ import torch
 
 from ..errors import TrainingError
 from ..models import JobAssignment, Shard, TrajectoryCommitment
-from ..training.shard_files import first_samples
+from ..training.shard_files import drawn_samples
 from ..training.trajectory import read_commitment, tensor_digest
 from .inputs import RoundInputs
 from .logbook import AuditSink
@@ -59,9 +59,9 @@ class RoundWork:
         """A sample of the worker's own shard and the round model's loss on it: on label-skewed shards the
         global validation loss of an honest result can rise, its loss on its own data cannot."""
         if shard.cid not in self._own:
-            sample = first_samples(await self.c.data.load(shard.cid), self.policy.val_samples)
-            start = await asyncio.to_thread(validation_loss, self.inputs.model, self.inputs.baseline.reference,
-                                            sample, self.inputs.task)
+            base = self.inputs.baseline
+            sample = drawn_samples(await self.c.data.load(shard.cid), self.policy.val_samples, base.seed)
+            start = await asyncio.to_thread(validation_loss, self.inputs.model, base.reference, sample, base.checker)
             self._own[shard.cid] = (sample, start)
         return self._own[shard.cid]
 

@@ -164,7 +164,7 @@ class RoundRunner(Resends):
                 job_id=ref.job_id, worker_id=ref.worker_id, domain=domain, key=key, round=ref.round, cid=ref.cid,
                 signature=ref.signature, state=state, reference=base.reference,
                 seen_before=ref.cid in base.earlier_cids, spec=self.inputs.model,
-                validation=validation, start_loss=start_loss, policy=self.policy, task=self.inputs.task))
+                validation=validation, start_loss=start_loss, policy=self.policy, task=base.checker))
         if found.problem is None and own and (short := no_improvement(found.val_loss or 0.0, start_loss)):
             found = Inspection(ref.job_id, ref.worker_id, ref.cid, short, norm=found.norm, val_loss=found.val_loss)
         if found.problem is not None:

@@ -11,13 +11,15 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from ..errors import AitbcError, ConfigError, NotEnoughWorkersError, TrainingError
 from ..models import (
-    RoundReport, Settlement, TrainingPhase, TrainingRecord, TrainingReport, TrainingSpec, Worker, WorkerReport,
-    reported_accuracy,
+    ModelFootprint, RoundReport, Settlement, TrainingPhase, TrainingRecord, TrainingReport, TrainingSpec, Worker,
+    WorkerReport, fit_problem, largest_machine, reported_accuracy,
 )
-from ..training.bound_task import REHEARSAL_SAMPLES
+from ..models.footprint import describe
+from ..training.bound_task import rehearsal_size
 from ..training.file_sharding import partition_problem
 from ..training.task import TrainingTask
 from ..training.dataset_dirs import manifest_shape
@@ -33,7 +35,6 @@ from .tasks import spec_for_dataset
 from .service import Coordinator
 
 log = logging.getLogger(__name__)
-REHEARSAL_TOKENS = 1 << 16  # a token stream's rehearsal: enough for a few windows of context
 P = TrainingPhase
 
 
@@ -46,7 +47,13 @@ class RunRequest:
     round_timeout_s: float | None = None  # None: the training's FaultPolicy decides (see deadlines.round_timeout)
 
 
-Prepared = tuple[str, list[Worker], list[Worker]]  # what prepare() checked: the dataset's CID, workers, spares
+class Prepared(NamedTuple):
+    """What prepare() checked: the dataset's CID, the workers and spares, the model's measured footprint."""
+
+    dataset_cid: str
+    workers: list[Worker]
+    spares: list[Worker]
+    footprint: ModelFootprint
 
 
 async def prepare(coordinator: Coordinator, request: RunRequest) -> Prepared:
@@ -58,40 +65,47 @@ async def prepare(coordinator: Coordinator, request: RunRequest) -> Prepared:
     dataset_cid, manifest = await coordinator.data.import_dataset(request.dataset, label_column=request.label_column,
                                                                   target=spec.target,
                                                                   declared_size=spec.dataset_size,
-                                                                  encrypt=spec.encrypt)
+                                                                  encrypt=spec.encrypt, vocab_size=spec.vocab_size)
     spec = spec_for_dataset(spec, manifest.kind)  # transformer on a corpus: the language model
     if (problem := partition_problem(manifest, spec.partition)) is not None:  # before anything is funded
         raise ConfigError(problem)
     task = await coordinator.tasks.bound(spec)  # an unknown task or bad parameters: fail now
     task.model_spec(manifest_shape(manifest))
-    sample = await coordinator.data.load_sample(manifest, spec, REHEARSAL_TOKENS if manifest.kind == "tokens"
-                                                else REHEARSAL_SAMPLES)
+    sample = await coordinator.data.load_sample(manifest, spec, rehearsal_size(manifest.kind))
     # A broken task fails here, before funding; the market is asked meanwhile (its answers take a while).
     discovery = asyncio.create_task(coordinator.discover(min_gpu=request.min_gpu, max_price_wei=spec.max_price_wei,
                                                          task=spec.task, min_stake_wei=spec.min_stake_wei))
     try:
-        await asyncio.to_thread(task.rehearse, sample, spec.job, spec.seed)
+        footprint = await asyncio.to_thread(task.rehearse, sample, spec.job, spec.seed)
     except BaseException:
         discovery.cancel()
         await asyncio.gather(discovery, return_exceptions=True)
         raise
-    found = await discovery
+    spec = spec.model_copy(update={"footprint": footprint})
+    offered = await discovery
+    found = [w for w in offered if fit_problem(footprint, spec.job.batch_size, w.offer.hardware) is None]
+    if offered and not found:
+        raise ConfigError(f"no provider can hold this model: {describe(footprint, spec.job.batch_size)}; "
+                          f"{largest_machine(w.offer.hardware for w in offered)} "
+                          f"(a smaller --batch-size or model needs less)")
     if len(found) < spec.target_workers:
+        too_small = f"; {len(offered) - len(found)} too small for the model" if len(found) < len(offered) else ""
         raise NotEnoughWorkersError(
             f"asked for {spec.target_workers} workers but only {len(found)} suitable providers answered"
-            f"{coordinator.stake_note(spec.min_stake_wei)}")
+            f"{too_small}{coordinator.stake_note(spec.min_stake_wei)}")
     ranked = coordinator.select(found, spec.target_workers + spec.spare_workers)
     selected, spares = ranked[:spec.target_workers], ranked[spec.target_workers:]
     await coordinator.money.ensure_funds(sum(w.price for w in selected) * spec.rounds,
                                          f"{spec.target_workers} workers x {spec.rounds} rounds")
-    return dataset_cid, selected, spares
+    return Prepared(dataset_cid, selected, spares, footprint)
 
 
 async def run_training(coordinator: Coordinator, request: RunRequest, prepared: Prepared | None = None) -> TrainingReport:
     """Prepare (unless ``prepared`` is what a cost preview already checked and priced), fund, train, settle."""
     started = time.perf_counter()
-    dataset_cid, selected, spares = prepared if prepared is not None else await prepare(coordinator, request)
-    record = await coordinator.initialize(request.spec)
+    dataset_cid, selected, spares, footprint = prepared if prepared is not None else await prepare(coordinator,
+                                                                                                  request)
+    record = await coordinator.initialize(request.spec.model_copy(update={"footprint": footprint}))
     tid = record.training_id
     try:
         await coordinator.use_dataset(tid, dataset_cid)

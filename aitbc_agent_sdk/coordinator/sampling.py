@@ -2,8 +2,9 @@
 
 The model is the one the round loop keeps (``record.model_cid``), rebuilt the way the coordinator
 builds it to score a round (the training's bound task, the data shape from the dataset's
-manifest), and sampled on this machine's CPU. The prompt is byte-level tokens, as the corpus
-import writes them; an empty prompt starts at a document boundary.
+manifest), and sampled on this machine's CPU. The prompt is tokenized as the corpus import tokenized the
+corpus (bytes, or the dataset's own BPE, read from the store and checked); an empty prompt starts at a
+document boundary.
 """
 
 from __future__ import annotations
@@ -12,15 +13,15 @@ import asyncio
 import math
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from ..errors import ConfigError, TrainingError
-from ..models import MAX_PROMPT_BYTES, MAX_SAMPLE_TOKENS, MAX_WEIGHTS_BYTES, SampleResult, TrainingRecord
-from ..models.datasets import TokenLayout
+from ..models import MAX_PROMPT_BYTES, MAX_SAMPLE_TOKENS, SampleResult, TrainingRecord, weights_limit
+from ..models.datasets import MAX_TOKENIZER_BYTES, DatasetManifest, TokenLayout
 from ..storage import ContentStore
 from ..training.checkpoint import decode_state
-from ..training.corpus import decode_bytes, encode_bytes
+from ..training.bpe import TextCodec, load_tokenizer
+from ..training.corpus import ByteCodec
 from ..training.dataset_dirs import manifest_shape
 from ..training.gpt import GPT, generate
 from .datasets import DatasetStore
@@ -54,22 +55,36 @@ class SampleRequest:
             raise ConfigError(f"top_k must be at least 1 (or None for every token), got {self.top_k}")
 
 
-def prompt_tokens(prompt: str, layout: TokenLayout) -> list[int]:
-    """The prompt as the corpus import tokenizes text; an empty prompt is the document separator."""
-    return [int(t) for t in encode_bytes(prompt)] or [layout.eot]
+def prompt_tokens(prompt: str, layout: TokenLayout, codec: TextCodec | None = None) -> list[int]:
+    """The prompt as the corpus import tokenizes text (``codec``; None: bytes); an empty prompt is the
+    document separator."""
+    return (codec or ByteCodec()).encode(prompt) or [layout.eot]
 
 
-def complete(model: GPT, layout: TokenLayout, request: SampleRequest) -> tuple[str, int]:
+def complete(model: GPT, layout: TokenLayout, request: SampleRequest,
+             codec: TextCodec | None = None) -> tuple[str, int]:
     """The continuation of ``request.prompt`` as text, and how many tokens it has (blocking: torch)."""
+    codec = codec or ByteCodec()
     generator = torch.Generator().manual_seed(request.seed)
-    new = generate(model, prompt_tokens(request.prompt, layout), request.tokens, temperature=request.temperature,
-                   top_k=request.top_k, generator=generator)
-    return decode_bytes(np.asarray(new, dtype=np.int64)), len(new)
+    new = generate(model, prompt_tokens(request.prompt, layout, codec), request.tokens,
+                   temperature=request.temperature, top_k=request.top_k, generator=generator)
+    return codec.decode([int(t) for t in new]), len(new)
+
+
+async def load_codec(data: DatasetStore, manifest: DatasetManifest) -> TextCodec:
+    """How the corpus of ``manifest`` was tokenized: bytes, or its BPE (fetched by CID, bounded, JSON only)."""
+    layout = manifest.tokens
+    assert layout is not None
+    if layout.tokenizer_file is None:
+        return ByteCodec()
+    blob = await data.read_file(manifest, layout.tokenizer_file, max_bytes=MAX_TOKENIZER_BYTES)
+    return await asyncio.to_thread(load_tokenizer, blob, layout)
 
 
 async def load_language_model(store: ContentStore, data: DatasetStore, tasks: TaskCache,
-                              record: TrainingRecord) -> tuple[GPT, TokenLayout]:
-    """The training's current model and its tokens' layout; NotSampleableError when it has none to sample."""
+                              record: TrainingRecord) -> tuple[GPT, TokenLayout, TextCodec]:
+    """The training's current model, its tokens' layout and tokenizer; NotSampleableError when it has none to
+    sample."""
     tid = record.training_id
     if record.dataset_cid is None:
         raise NotSampleableError(f"training {tid} has no dataset yet, so no model to sample")
@@ -79,15 +94,12 @@ async def load_language_model(store: ContentStore, data: DatasetStore, tasks: Ta
     if layout is None:
         raise NotSampleableError(f"training {tid} is not a language model: its task {task_name!r} trains on "
                                  f"{manifest.kind} data; sample needs a training on a text corpus (--task gpt)")
-    if layout.tokenizer != "bytes":
-        raise NotSampleableError(f"training {tid}'s corpus uses a {layout.tokenizer} tokenizer; sample reads "
-                                 "byte-level corpora only")
     if record.model_cid is None:
         raise NotSampleableError(f"training {tid} has no model yet (phase {record.phase.value}); "
                                  "sample it once its first round is done")
     bound = await tasks.bound(record.spec)
     spec = bound.model_spec(manifest_shape(manifest))
-    state = decode_state(await store.cat(record.model_cid, max_bytes=MAX_WEIGHTS_BYTES))
+    state = decode_state(await store.cat(record.model_cid, max_bytes=weights_limit(record.spec.footprint)))
     try:
         model = await asyncio.to_thread(bound.loaded, spec, state)
     except RuntimeError as exc:  # load_state_dict: the stored tensors are not this task's model
@@ -96,19 +108,20 @@ async def load_language_model(store: ContentStore, data: DatasetStore, tasks: Ta
     if not isinstance(model, GPT):
         raise NotSampleableError(f"training {tid}'s task {task_name!r} builds a {type(model).__name__}, not the "
                                  "built-in gpt model sample generates with")
-    return model, layout
+    return model, layout, await load_codec(data, manifest)
 
 
 async def sample_text(store: ContentStore, data: DatasetStore, tasks: TaskCache, record: TrainingRecord,
                       request: SampleRequest) -> SampleResult:
     """``request.tokens`` tokens sampled from the training's model after ``request.prompt``."""
     request.check()
-    model, layout = await load_language_model(store, data, tasks, record)
-    text, count = await asyncio.to_thread(complete, model, layout, request)
+    model, layout, codec = await load_language_model(store, data, tasks, record)
+    text, count = await asyncio.to_thread(complete, model, layout, request, codec)
     assert record.model_cid is not None
     return SampleResult(training_id=record.training_id, prompt=request.prompt, text=text, tokens=count,
                         model_cid=record.model_cid, round=record.round, temperature=request.temperature,
                         top_k=request.top_k, seed=request.seed)
 
 
-__all__ = ["NotSampleableError", "SampleRequest", "complete", "load_language_model", "prompt_tokens", "sample_text"]
+__all__ = ["NotSampleableError", "SampleRequest", "complete", "load_codec", "load_language_model",
+           "prompt_tokens", "sample_text"]

@@ -24,13 +24,14 @@ from ..market.discovery import resolve_min_stake, split_by_stake, stake_skip_tex
 from ..market.scoring import rate_worker
 from ..messaging import SignedChannel, topics
 from ..models import (
-    ContractProposal, ContractReply, JobAssignment, JobConfig, ModelSpec, Offer,
+    ContractProposal, ContractReply, Hardware, JobAssignment, JobConfig, ModelSpec, Offer,
     Progress, RoundMetrics, Shard, ShardManifest, TaskRef, TrainingPhase, TrainingRecord, TrainingSpec,
-    TrainingStatus, Worker, WorkerContract, new_id, reported_accuracy,
+    TrainingStatus, Worker, WorkerContract, fit_problem, new_id, reported_accuracy,
 )
 from ..storage import ContentStore
 from ..training import AggregationStrategy, FedAvg, LabeledData, decode_state
-from ..models.datasets import TargetKind
+from ..models.datasets import DatasetManifest, TargetKind
+from ..training.bound_task import rehearsal_size
 from ..training.dataset_dirs import manifest_shape
 from ..training.file_sharding import partition_problem
 from .datasets import DatasetStore
@@ -73,6 +74,8 @@ class Coordinator(ResultChecks):
     hardware_flags: dict[str, str] = field(default_factory=dict)
     # provider -> its bond, for the offers the latest discovery skipped as bonded below the minimum
     stake_skipped: dict[str, int] = field(default_factory=dict)
+    # The latest discovery's offers too small for the model it was asked to fit (their hardware).
+    fit_skipped: list[Hardware] = field(default_factory=list)
     logs: AuditLogs = field(init=False)  # one audit log per training, under settings.audit_dir
     data: DatasetStore = field(init=False)  # datasets by manifest, and the splits this coordinator reads
     tasks: TaskCache = field(init=False)  # the trainings' tasks, built-in or user code by CID
@@ -133,19 +136,32 @@ class Coordinator(ResultChecks):
 
     async def attach_dataset(self, training_id: str, source: str | Path | LabeledData, *,
                              label_column: str | None = None, target: TargetKind | None = None,
-                             progress: Callable[[int], None] | None = None) -> str:
-        """Import a dataset (a file, a directory, a bundled name or arrays) once and link it to the training."""
+                             progress: Callable[[int], None] | None = None, vocab_size: int | None = None) -> str:
+        """Import a dataset (a file, a directory, a bundled name or arrays) once and link it to the training;
+        ``vocab_size``: a text corpus's BPE vocabulary (None: byte-level tokens)."""
         record = await self.db.training(training_id)
         cid, manifest = await self.data.import_dataset(source, label_column=label_column, progress=progress,
                                                        target=target or record.spec.target,
                                                        declared_size=record.spec.dataset_size,
-                                                       encrypt=record.spec.encrypt)
+                                                       encrypt=record.spec.encrypt,
+                                                       vocab_size=vocab_size or record.spec.vocab_size)
         spec = spec_for_dataset(record.spec, manifest.kind)
         (await self.tasks.bound(spec)).model_spec(manifest_shape(manifest))  # an unknown task fails now
         if (problem := partition_problem(manifest, spec.partition)) is not None:  # before anything is funded
             raise ConfigError(problem)
+        spec = await self.measured(spec, manifest)
         await self.db.save_training(record.model_copy(update={"dataset_cid": cid, "spec": spec}))
         return cid
+
+    async def measured(self, spec: TrainingSpec, manifest: DatasetManifest) -> TrainingSpec:
+        """``spec`` with its model's footprint, from a rehearsal on a sample of the data when it has none yet:
+        what every proposal and job then declares, and what discovery fits providers to."""
+        if spec.footprint is not None:
+            return spec
+        task = await self.tasks.bound(spec)
+        sample = await self.data.load_sample(manifest, spec, rehearsal_size(manifest.kind))
+        footprint = await asyncio.to_thread(task.rehearse, sample, spec.job, spec.seed)
+        return spec.model_copy(update={"footprint": footprint})
 
     async def attach_data(self, training_id: str, data: LabeledData) -> str:
         return await self.attach_dataset(training_id, data)
@@ -156,6 +172,7 @@ class Coordinator(ResultChecks):
         manifest = await self.data.manifest(dataset_cid)
         spec = spec_for_dataset(record.spec, manifest.kind)
         (await self.tasks.bound(spec)).model_spec(manifest_shape(manifest))
+        spec = await self.measured(spec, manifest)
         await self.db.save_training(record.model_copy(update={"dataset_cid": dataset_cid, "spec": spec}))
 
     async def manifest(self, training_id: str) -> ShardManifest:
@@ -185,11 +202,13 @@ class Coordinator(ResultChecks):
     # -- market ----------------------------------------------------------------------------
     async def discover(self, *, min_gpu: str | None = None, max_price_wei: int | None = None,
                        include_busy: bool = False, task: TaskRef | None = None,
-                       min_stake_wei: int | None = None) -> list[Worker]:
-        """Providers on the market that fit; with ``task``, only those whose offer says they run it.
+                       min_stake_wei: int | None = None, fit: TrainingSpec | None = None) -> list[Worker]:
+        """Providers on the market that fit; with ``task``, only those whose offer says they run it; with
+        ``fit``, only those that can hold its model (its measured footprint) at its batch size.
         Only providers bonded with ``min_stake(min_stake_wei)`` or more; ``stake_skipped`` names the others.
         Offers that claim a GPU take the timed hardware challenge (``coordinator.hardware``) first."""
         offers = await collect_offers(self.channel, timeout=self.settings.discovery_timeout_s)
+        self.fit_skipped = []
         unit = reputation_unit([o.price_wei for o in offers])
         workers = []
         for offer in offers:
@@ -198,6 +217,10 @@ class Coordinator(ResultChecks):
             if not offer.tasks.permits(task):
                 continue
             if max_price_wei is not None and offer.price_wei > max_price_wei:
+                continue
+            if fit is not None and fit.footprint is not None and \
+                    fit_problem(fit.footprint, fit.job.batch_size, offer.hardware) is not None:
+                self.fit_skipped.append(offer.hardware)
                 continue
             workers.append(await self._worker(offer, unit))
         floor = self.min_stake(min_stake_wei)
@@ -248,7 +271,8 @@ class Coordinator(ResultChecks):
         rounds = rounds or record.spec.rounds
         proposal = ContractProposal(contract_id=new_id("contract"), training_id=training_id,
                                     coordinator=self.address, price_wei=price_wei, rounds=rounds,
-                                    task=record.spec.task)
+                                    task=record.spec.task, footprint=record.spec.footprint,
+                                    batch_size=record.spec.job.batch_size)
         reply = await self.channel.request(
             topics.negotiate(worker_id), proposal, topics.negotiate_reply(self.address, proposal.contract_id),
             ContractReply, timeout=self.settings.reply_timeout_s, expected_sender=worker_id)

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import AitbcError, ConfigError, DatasetError, NotEnoughWorkersError, NotFoundError
 from ..market.discovery import resolve_min_stake
-from ..models import TrainingPhase, TrainingRecord, TrainingSpec
+from ..models import TrainingPhase, TrainingRecord, TrainingSpec, largest_machine
+from ..models.footprint import describe
 from ..models.datasets import TargetKind
 from ..profile import training_dir
 from .costs import CostPreview, preview
@@ -85,15 +86,23 @@ def dataset_source(data_path: str | Path) -> str | Path:
     return path
 
 
-def check_dataset(source: str | Path, label_column: str | None = None, target: TargetKind | None = None) -> None:
-    """What can be checked without reading the data, before anything connects: its kind, a CSV's label column.
-    The rows themselves are checked as they stream into the store (a bad one stops the import, exit 2)."""
+def check_dataset(source: str | Path, label_column: str | None = None, target: TargetKind | None = None,
+                  vocab_size: int | None = None) -> None:
+    """What can be checked without reading the data, before anything connects: its kind, a CSV's label column,
+    a vocabulary size (text corpora only). The rows themselves are checked as they stream into the store (a bad
+    one stops the import, exit 2)."""
+    from ..training.bpe import check_vocab_size
     from ..training.dataset_dirs import dataset_kind
 
+    check_vocab_size(vocab_size)
     if source == "digits":
+        if vocab_size is not None:
+            raise DatasetError("--vocab-size applies to a text corpus (a directory of .txt files), not to digits")
         return
     path = Path(source)
-    dataset_kind(path)
+    if (kind := dataset_kind(path)) != "tokens" and vocab_size is not None:
+        raise DatasetError(f"{path}: --vocab-size applies to a text corpus (a directory of .txt files), not to "
+                           f"{kind} data")
     if path.is_file() and path.suffix.lower() == ".csv":
         try:
             with path.open(newline="") as fh:
@@ -109,9 +118,11 @@ def check_dataset(source: str | Path, label_column: str | None = None, target: T
 
 
 async def upload_data(agent: Agent, training_id: str, source: str | Path, label_column: str | None = None,
-                      target: TargetKind | None = None) -> str:
-    """Step 2: validate the dataset and store it by CID (``target``: its kind; None: the training's, or detected)."""
-    return await agent.upload_training_data(training_id, source, label_column=label_column, target=target)
+                      target: TargetKind | None = None, vocab_size: int | None = None) -> str:
+    """Step 2: validate the dataset and store it by CID (``target``: its kind; None: the training's, or detected;
+    ``vocab_size``: a text corpus's BPE vocabulary, None: byte-level tokens)."""
+    return await agent.upload_training_data(training_id, source, label_column=label_column, target=target,
+                                            vocab_size=vocab_size)
 
 
 async def dataset_target(agent: Agent, dataset_cid: str) -> TargetKind | None:
@@ -152,7 +163,10 @@ async def hire_workers(agent: Agent, training_id: str, required: int | None = No
     record = await agent.coordinator.db.training(training_id)
     wanted = required or record.spec.target_workers
     workers = await agent.discover_gpu_workers(min_gpu=min_gpu, max_price_wei=max_price_wei, task=record.spec.task,
-                                               min_stake_wei=record.spec.min_stake_wei)
+                                               min_stake_wei=record.spec.min_stake_wei, fit=record.spec)
+    if not workers and record.spec.footprint is not None and (offered := agent.coordinator.fit_skipped):
+        raise ConfigError(f"no provider can hold this model: {describe(record.spec.footprint, record.spec.job.batch_size)}"
+                          f"; {largest_machine(offered)} (a smaller --batch-size or model needs less)")
     if len(workers) < wanted:
         cap = f" at or under {max_price_wei} wei" if max_price_wei is not None else ""
         raise NotEnoughWorkersError(f"asked for {wanted} workers ({min_gpu or 'any hardware'}{cap}); "

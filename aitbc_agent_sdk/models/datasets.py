@@ -9,9 +9,9 @@ size is bounded, and slices are checked against the file sizes they cut.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import AfterValidator, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from .. import limits
 from .base import Cid, Record
@@ -30,6 +30,9 @@ TargetKind = Literal["classes", "values", "none"]  # class labels, float regress
 TARGET_KINDS: tuple[str, ...] = ("classes", "values", "none")
 MAX_TARGET_WIDTH = limits.MAX_CLASSES  # floats per row of a vector target: as wide as a classifier's head
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+# A vocabulary is not a class count: a BPE of 50k tokens is common, a million is far past any in use.
+MAX_VOCAB = limits.MAX_VOCAB
+MAX_TOKENIZER_BYTES = 64 << 20  # a tokenizer.json of MAX_VOCAB tokens and their merges, with room
 
 
 def _relative_path(value: str) -> str:
@@ -92,14 +95,44 @@ class ArrayLayout(Record):
         return {"classes": 8, "values": 4 * self.target_width, "none": 0}[self.target]
 
 
+def token_dtype(vocab_size: int) -> TokenDtype:
+    """The narrowest token type that holds every token of the vocabulary."""
+    return "uint16" if vocab_size <= 1 << 16 else "uint32"
+
+
 class TokenLayout(Record):
-    """A tokenized corpus: flat little-endian token files, documents separated by ``eot``."""
+    """A tokenized corpus: flat little-endian token files, documents separated by ``eot``.
+
+    ``bpe``: the trained tokenizer's JSON is one file of the dataset (``tokenizer_file``); the manifest names it
+    by CID (``tokenizer_cid``, filled in once the directory is stored)."""
 
     dtype: TokenDtype = "uint16"
-    vocab_size: int = Field(ge=2, le=1 << 32)
-    eot: int = Field(ge=0, description="the token between documents")
+    vocab_size: int = Field(ge=2, le=MAX_VOCAB)
+    eot: int = Field(ge=0, lt=MAX_VOCAB, description="the token between documents")
     tokenizer: Literal["bytes", "bpe"] = "bytes"
     tokenizer_file: RelPath | None = Field(default=None, description="the trained BPE's tokenizer.json")
+    tokenizer_cid: Cid | None = Field(default=None, description="the CID of tokenizer_file (bpe)")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TokenLayout:
+        # Strangers' layouts: a token type too narrow for the vocabulary would wrap tokens around.
+        if self.dtype != token_dtype(self.vocab_size):
+            raise ValueError(f"a vocabulary of {self.vocab_size} is stored as {token_dtype(self.vocab_size)}, "
+                             f"not {self.dtype}")
+        if self.eot >= self.vocab_size:
+            raise ValueError(f"the document separator {self.eot} is outside the vocabulary of {self.vocab_size}")
+        if (self.tokenizer == "bpe") != (self.tokenizer_file is not None) or (
+                self.tokenizer_cid is not None and self.tokenizer_file is None):
+            raise ValueError("a bpe corpus names its tokenizer file; a byte-level one has none")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _without_absent_cid(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # A byte-level layout serializes as before this field existed: its records keep their bytes and CIDs.
+        data = handler(self)
+        if self.tokenizer_cid is None:
+            data.pop("tokenizer_cid", None)
+        return data
 
     @property
     def itemsize(self) -> int:
@@ -157,6 +190,11 @@ class DatasetManifest(Record):
         if self.tokens is not None and any(f.size % self.tokens.itemsize for f in self.files
                                            if f.path != self.tokens.tokenizer_file):
             raise ValueError("a token file's size is not a whole number of tokens")
+        if self.tokens is not None and self.tokens.tokenizer_file is not None:
+            found = [f for f in self.files if f.path == self.tokens.tokenizer_file]
+            if not found or found[0].cid != self.tokens.tokenizer_cid or found[0].size > MAX_TOKENIZER_BYTES:
+                raise ValueError("a bpe dataset holds its tokenizer file (at most "
+                                 f"{MAX_TOKENIZER_BYTES} bytes) under the CID its layout names")
         return self
 
     @property

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from .. import limits
 from .base import Address, Cid, Finite, Id, Record, Text, Wei
+from .footprint import ModelFootprint
 from .tasks import TaskRef
 from .training import JobConfig, ModelSpec, SampleRange, UpdateEncoding
 
@@ -35,7 +36,19 @@ class WorkerContract(Record):
 
 
 MAX_SHARD_BYTES = 1 << 34  # 16 GiB: the most one job may ask a provider to fetch for its shard
-MAX_WEIGHTS_BYTES = 8 * limits.MAX_PARAMETERS + (1 << 20)  # float64 at most, plus the safetensors header
+# A job without a declared footprint (an older coordinator's) is bounded as before: float64 at most, plus
+# the safetensors header. A job with one is bounded by it (weights_limit).
+MAX_WEIGHTS_BYTES = 8 * limits.LEGACY_MAX_PARAMETERS + (1 << 20)
+
+
+def declared_parameters(footprint: ModelFootprint | None) -> int:
+    """The most parameters a job's model may have: what it declares, else the legacy bound."""
+    return footprint.parameters if footprint is not None else limits.LEGACY_MAX_PARAMETERS
+
+
+def weights_limit(footprint: ModelFootprint | None) -> int:
+    """The most a weights-sized file of a job (its model, a delta of it, a checkpoint) may hold."""
+    return footprint.max_weights_bytes if footprint is not None else MAX_WEIGHTS_BYTES
 
 
 class WeightsDelta(Record):
@@ -43,7 +56,7 @@ class WeightsDelta(Record):
 
     base_cid: Cid
     delta_cid: Cid
-    delta_bytes: int = Field(ge=1, le=MAX_WEIGHTS_BYTES)
+    delta_bytes: int = Field(ge=1, le=limits.MAX_MODEL_BYTES)
     encoding: UpdateEncoding
 
 
@@ -57,7 +70,8 @@ class JobAssignment(Record):
     shard_bytes: int = Field(ge=1, le=MAX_SHARD_BYTES,
                              description="the shard's exact size: the provider fetches no more than this")
     weights_cid: Cid
-    weights_bytes: int = Field(ge=1, le=MAX_WEIGHTS_BYTES, description="the global weights' exact size")
+    weights_bytes: int = Field(ge=1, le=limits.MAX_MODEL_BYTES, description=(
+        "the global weights' exact size: at most what the footprint declares"))
     model: ModelSpec
     config: JobConfig
     seed: int = Field(default=0, ge=0, description="shuffling seed for the worker's local epochs")
@@ -68,6 +82,22 @@ class JobAssignment(Record):
         "weights_cid as an encoded change from the last round's model: the rebuilt bytes must hash to weights_cid"))
     update_encoding: UpdateEncoding = Field(default="weights", description=(
         "what the result's checkpoint holds: the trained weights, or their change from weights_cid encoded so"))
+    footprint: ModelFootprint | None = Field(default=None, description=(
+        "the model's measured size, as the contract's proposal declared it: bounds every fetch of the job"))
+
+    @model_validator(mode="after")
+    def _within_footprint(self) -> JobAssignment:
+        declared = declared_parameters(self.footprint)
+        spec = self.model
+        built = limits.model_size(spec.name, spec.input_shape, max(spec.outputs, 1), spec.hidden).parameters
+        if built > declared:
+            raise ValueError(f"model {spec.name!r} would have {built:,} parameters; the job declares {declared:,}")
+        limit = weights_limit(self.footprint)
+        if self.weights_bytes > limit:
+            raise ValueError(f"weights_bytes {self.weights_bytes} above the job's bound of {limit}")
+        if self.weights_delta is not None and self.weights_delta.delta_bytes > limit:
+            raise ValueError(f"delta_bytes {self.weights_delta.delta_bytes} above the job's bound of {limit}")
+        return self
 
 
 JobStatus = Literal["assigned", "running", "complete", "failed", "cancelled"]
@@ -154,6 +184,9 @@ class ContractProposal(Record):
     price_wei: Wei
     rounds: int = Field(ge=1)
     task: TaskRef | None = Field(default=None, description="the task the jobs will run: checked before accepting")
+    footprint: ModelFootprint | None = Field(default=None, description=(
+        "the model's measured size: a provider that cannot hold it declines; every job carries the same"))
+    batch_size: int = Field(default=32, ge=1, le=65536, description="the jobs' batch size, for the memory estimate")
 
 
 class ContractReply(Record):

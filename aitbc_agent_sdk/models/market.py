@@ -28,6 +28,8 @@ class Hardware(Record):
     cpu_cores: int = Field(ge=1)
     ram_bytes: int = Field(ge=0)
     gpus: tuple[GpuInfo, ...] = Field(default=(), max_length=limits.MAX_GPUS)
+    disk_free_bytes: int | None = Field(default=None, ge=0, le=1 << 60, description=(
+        "free disk in the provider's work directory when it offered: discovery skips jobs that would not fit"))
 
     @property
     def gpu_type(self) -> str:

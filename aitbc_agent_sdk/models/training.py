@@ -11,6 +11,7 @@ from pydantic import Field, model_validator
 from .. import limits
 from .base import Address, Cid, Id, Record, Wei
 from .datasets import MAX_TARGET_WIDTH, TargetKind
+from .footprint import ModelFootprint
 from .sizes import ByteSize
 from .tasks import TaskRef
 
@@ -24,13 +25,17 @@ class TrainingPhase(StrEnum):
     FAILED = "failed"
 
 
+TASK_MODEL = "task"  # ModelSpec.name of a task that builds its own model (a user's, or gpt): only the shape travels
+
+
 class ModelSpec(Record):
     """A model a stranger asks a provider to build: bounded field by field, then by its estimated size."""
 
     name: str = Field(max_length=64)
     input_shape: tuple[Annotated[int, Field(ge=1, le=limits.MAX_FEATURES)], ...] = Field(
         min_length=1, max_length=limits.MAX_INPUT_RANK)
-    num_classes: int = Field(ge=0, le=limits.MAX_CLASSES, description="classes: >= 2; values and none: 0")
+    num_classes: int = Field(ge=0, le=limits.MAX_VOCAB, description=(
+        "classes: >= 2 (a registry classifier: at most MAX_CLASSES; a token stream's vocabulary); values and none: 0"))
     hidden: int = Field(default=128, ge=1, le=limits.MAX_HIDDEN)
     target: TargetKind = "classes"
     target_width: int = Field(default=1, ge=1, le=MAX_TARGET_WIDTH, description="values: floats per row")
@@ -49,6 +54,8 @@ class ModelSpec(Record):
             raise ValueError(f"input_shape {self.input_shape} has {features} features, above {limits.MAX_FEATURES}")
         if (self.target == "classes") != (self.num_classes >= 2) or (self.target != "values" and self.target_width != 1):
             raise ValueError(f"a {self.target} target with {self.num_classes} classes and width {self.target_width}")
+        if self.name != TASK_MODEL and self.num_classes > limits.MAX_CLASSES:  # its head is hidden x classes
+            raise ValueError(f"num_classes {self.num_classes} is above {limits.MAX_CLASSES} for model {self.name!r}")
         if (problem := limits.model_size_problem(self.name, self.input_shape, max(self.outputs, 1),
                                                  self.hidden)) is not None:
             raise ValueError(problem)
@@ -107,7 +114,11 @@ class FaultPolicy(Record):
     val_loss_tolerance: float = Field(default=0.5, ge=0.0,
                                       description="allowed relative rise of validation loss over the round's start")
     val_loss_margin: float = Field(default=0.5, ge=0.0, description="allowed absolute rise, in nats")
-    val_samples: int = Field(default=256, ge=1)
+    val_samples: int = Field(default=256, ge=1, description=(
+        "labelled test samples each result is scored on, drawn in secret each round"))
+    val_tokens: int = Field(default=16384, ge=1, description=(
+        "test tokens each result of a language model is scored on (windows drawn in secret each round); the "
+        "full evaluation runs once per round, on the new model"))
     fetch_timeout_s: float = Field(default=10.0, gt=0.0, description="seconds to fetch a worker's checkpoint")
     resend_timeout_s: float = Field(default=10.0, gt=0.0,
                                     description="how long a worker has to re-send a missing or corrupt checkpoint")
@@ -171,6 +182,8 @@ class TrainingSpec(Record):
     min_stake_wei: Wei | None = Field(default=None, description=(
         "hire only providers with at least this bond in the registry; None: the network's "
         "(0.01 ETH, 0 on the embedded network)"))
+    vocab_size: int | None = Field(default=None, ge=256, le=limits.MAX_VOCAB, description=(
+        "a text corpus: learn a byte-level BPE of this many tokens at import; None: one token per byte"))
     dataset_size: ByteSize | None = Field(default=None, description=(
         "the most bytes the dataset may hold (100GB, 512MiB or bytes); a larger upload is refused"))
     aggregation: AggregationName = "fedavg"
@@ -187,6 +200,8 @@ class TrainingSpec(Record):
         "store the dataset sealed (AES-256-GCM) under a key only the coordinator and hired providers hold"))
     faults: FaultPolicy = FaultPolicy()
     elastic: ElasticPolicy | None = None
+    footprint: ModelFootprint | None = Field(default=None, description=(
+        "the model's size as the rehearsal measured it before funding (set by the coordinator, not the user)"))
 
     @property
     def upload_encoding(self) -> UpdateEncoding:
@@ -233,7 +248,7 @@ class ShardManifest(Record):
     test_cid: Cid
     partition: Partition
     seed: int
-    num_classes: int = Field(ge=0, le=limits.MAX_CLASSES, description="0: a values target or none")
+    num_classes: int = Field(ge=0, le=limits.MAX_VOCAB, description="0: a values target or none; a vocabulary")
     feature_shape: tuple[int, ...] = Field(max_length=limits.MAX_INPUT_RANK)
     shards: tuple[Shard, ...] = Field(max_length=limits.MAX_SHARDS)
 

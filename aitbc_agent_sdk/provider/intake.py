@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterable
+from pathlib import Path
 
 from ..errors import AitbcError
-from ..models import ContractProposal
+from ..models import ContractProposal, Hardware, JobAssignment, fit_problem
 from .book import ContractKey, contract_key
 from .onchain import ProviderChain
 
-__all__ = ["MAX_JOBS_PER_CONTRACT", "MAX_JOBS_PER_SLOT", "ContractVerdicts", "proposal_refusal", "queue_problem"]
+__all__ = ["MAX_JOBS_PER_CONTRACT", "MAX_JOBS_PER_SLOT", "ContractVerdicts", "disk_free", "fit_refusal",
+           "job_size_problem", "proposal_refusal", "queue_problem"]
 
 MAX_JOBS_PER_CONTRACT = 4  # queued or running under one contract: one per round, plus a duplicate or two
 MAX_JOBS_PER_SLOT = 8  # queued or running in all, per slot; a job beyond either bound is refused at once
@@ -22,6 +25,31 @@ def proposal_refusal(proposal: ContractProposal, *, has_chain: bool, ask_wei: in
         return NO_CHAIN
     if proposal.price_wei < ask_wei:
         return f"price below ask of {ask_wei} wei"
+    return None
+
+
+def disk_free(work_dir: Path) -> int | None:
+    """Free bytes where jobs are written (None when the directory cannot be read)."""
+    try:
+        return shutil.disk_usage(work_dir).free
+    except OSError:
+        return None
+
+
+def fit_refusal(proposal: ContractProposal, hardware: Hardware | None, work_dir: Path) -> str | None:
+    """Why this machine cannot hold the proposal's model (its declared footprint), or None. A proposal that
+    declares none is an older coordinator's: its jobs are held to the legacy weights bound instead."""
+    if proposal.footprint is None or hardware is None:
+        return None
+    return fit_problem(proposal.footprint, proposal.batch_size, hardware, disk_free(work_dir))
+
+
+def job_size_problem(job: JobAssignment, contract: ContractProposal, hardware: Hardware | None) -> str | None:
+    """Why a job's declared size is not what its contract agreed to (or does not fit at the job's batch size)."""
+    if job.footprint != contract.footprint:
+        return "the job's model footprint is not the one its contract declared"
+    if job.footprint is not None and hardware is not None:
+        return fit_problem(job.footprint, job.config.batch_size, hardware)
     return None
 
 

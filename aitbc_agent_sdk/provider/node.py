@@ -28,7 +28,8 @@ from ..errors import AitbcError
 from ..messaging import Bus, SignedChannel, Verified, topics
 from ..models import (
     ContractProposal, ContractReply, Hardware, Heartbeat, JobAssignment, JobCancel, JobResult, Offer, Ping, Pong,
-    HardwareChallenge, PaymentReceipt, Progress, ResendRequest, TrajectoryChallenge, TrajectoryOpening, id_path,
+    HardwareChallenge, PaymentReceipt, Progress, ResendRequest, TrajectoryChallenge, TrajectoryOpening,
+    declared_parameters, id_path,
 )
 from ..storage import ContentStore
 from .book import ContractBook, contract_key
@@ -36,7 +37,10 @@ from .cache import ContentCache
 from .config import ProviderConfig
 from .hardware import detect_hardware
 from .hardware_answer import HardwareAnswers
-from .intake import MAX_JOBS_PER_CONTRACT, MAX_JOBS_PER_SLOT, ContractVerdicts, proposal_refusal, queue_problem
+from .intake import (
+    MAX_JOBS_PER_CONTRACT, MAX_JOBS_PER_SLOT, ContractVerdicts, disk_free, fit_refusal, job_size_problem,
+    proposal_refusal, queue_problem,
+)
 from .jobs import ActiveJob, EpochReporter, HeldJob, Server, TrainOutcome, epoch_fields, job_progress
 from .inputs import JobInputs
 from .holdings import CHAIN_READ_S, TrainingHoldings
@@ -121,7 +125,8 @@ class ProviderAgent:
 
     def offer(self) -> Offer:
         assert self.hardware is not None
-        return Offer(provider=self.address, price_wei=self.config.price_wei, hardware=self.hardware,
+        hardware = self.hardware.model_copy(update={"disk_free_bytes": disk_free(self.config.work_dir)})
+        return Offer(provider=self.address, price_wei=self.config.price_wei, hardware=hardware,
                      slots=self.slots, free_slots=max(self.slots - self._busy, 0), tasks=self.config.tasks,
                      max_unreceipted_rounds=self.config.max_unreceipted_rounds)
 
@@ -208,6 +213,7 @@ class ProviderAgent:
         if verified.sender != proposal.coordinator:
             return  # someone proposing on another coordinator's behalf
         refusal = (proposal_refusal(proposal, has_chain=self.chain is not None, ask_wei=self.config.price_wei)
+                   or fit_refusal(proposal, self.hardware, self.config.work_dir)
                    or await self.tasks.refusal(proposal.task))
         if refusal is None and self.chain is not None:
             # Agreeing is free, so it only takes a place in the bounded, rate-limited unfunded pool.
@@ -243,7 +249,8 @@ class ProviderAgent:
             return await self._refuse(owner, job, f"the job names training {job.training_id}, "
                                                   f"not its contract's {contract.training_id}")
         problem = ("the job's task is not the contract's" if job.task != contract.task
-                   else await self._verdicts.problem(contract, self.address)) or self._contracts.fund(key) \
+                   else job_size_problem(job, contract, self.hardware)
+                   or await self._verdicts.problem(contract, self.address)) or self._contracts.fund(key) \
             or self.receipts.refusal(owner.key)
         if problem is not None:
             return await self._refuse(owner, job, problem)
@@ -440,7 +447,8 @@ class ProviderAgent:
         # same id string gets a process of its own.
         done = await process.train(job_dir, job_id=job.job_id, model=job.model, config=job.config, seed=job.seed,
                                    on_epoch=on_epoch, owner=held.owner.hex, task=job.task,
-                                   update_encoding=job.update_encoding, worker=self.address)
+                                   update_encoding=job.update_encoding, worker=self.address,
+                                   max_parameters=declared_parameters(job.footprint))
         return TrainOutcome(checkpoint=job_dir / CHECKPOINT_FILE, samples=int(done["samples"]),
                             loss=float(done["loss"]), seconds=float(done["seconds"]),
                             task_state=done.get("task_state"))

@@ -71,6 +71,7 @@ class _JobRequest:
     update_encoding: str = "weights"
     worker: str = ""  # the provider's address, which the trajectory commitment names; "": none is committed
     owner: str | None = None  # the training's on-chain identity; None: a process of its own
+    max_parameters: int | None = None  # what the job declares: a task that builds more fails before training
 
     def input_files(self, job_dir: Path) -> tuple[str, ...]:
         user_code = self.task is not None and self.task.cid is not None
@@ -83,7 +84,8 @@ class _JobRequest:
             "op": "train", "job_dir": str(job_dir), "out_dir": str(out_dir), "job_id": self.job_id, "seed": self.seed,
             "device": device, "model": self.model.model_dump(mode="json"),
             "config": self.config.model_dump(mode="json"), "update_encoding": self.update_encoding,
-            "worker": self.worker, "task": self.task.model_dump(mode="json") if self.task is not None else None})
+            "worker": self.worker, "task": self.task.model_dump(mode="json") if self.task is not None else None,
+            "max_parameters": self.max_parameters})
 
 
 @dataclass(frozen=True)
@@ -226,13 +228,14 @@ class TrainingProcess:
 
     async def train(self, job_dir: Path, *, job_id: str, model: ModelSpec, config: JobConfig, seed: int,
                     on_epoch: EpochCallback | None = None, owner: str | None = None,
-                    task: TaskRef | None = None, update_encoding: str = "weights", worker: str = "") -> dict[str, Any]:
+                    task: TaskRef | None = None, update_encoding: str = "weights", worker: str = "",
+                    max_parameters: int | None = None) -> dict[str, Any]:
         """Run one job. ``owner`` (the training's on-chain identity) lets the process serve that
         training's next job too; ``None`` gives every job a fresh process. A user ``task``'s package is
         ``job_dir/TASK_FILE``. With a ``worker`` address the job commits its trajectory (in the
         checkpoint's metadata) and leaves its kept boundary states (``kept_boundaries``) in
         ``job_dir/TRAJECTORY_DIR`` (:meth:`recompute` makes the others)."""
-        request = _JobRequest(job_id, model, config, seed, task, update_encoding, worker, owner)
+        request = _JobRequest(job_id, model, config, seed, task, update_encoding, worker, owner, max_parameters)
         return await self._run(job_dir, request, on_epoch)
 
     async def recompute(self, job_dir: Path, *, job_id: str, model: ModelSpec, config: JobConfig, seed: int,

@@ -14,7 +14,7 @@ import logging
 from collections.abc import AsyncIterator
 
 from ..errors import AitbcError, NotFoundError
-from ..models import MAX_WEIGHTS_BYTES, JobAssignment
+from ..models import JobAssignment, weights_limit
 from ..storage import ContentStore, fetch_timeout_s
 from ..storage.unixfs import compute_cid
 from ..training import decode_state, encode_state
@@ -55,7 +55,7 @@ async def rebuilt_weights(cache: ContentCache, store: ContentStore, job: JobAssi
     if delta is None or not holds_base(cache, job) or cache.cached(job.weights_cid) is not None:
         return None
     try:
-        with await cache.acquire(store, delta.base_cid, size=MAX_WEIGHTS_BYTES) as base, \
+        with await cache.acquire(store, delta.base_cid, size=weights_limit(job.footprint)) as base, \
                 await cache.acquire(store, delta.delta_cid, size=delta.delta_bytes,
                                     timeout_s=fetch_timeout_s(delta.delta_bytes)) as change:
             blob = await asyncio.to_thread(lambda: rebuild(base.read_bytes(), change.read_bytes(), delta.encoding))

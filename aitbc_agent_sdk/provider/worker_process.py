@@ -83,7 +83,7 @@ def run_job(request: dict[str, Any], loaded: LoadedTasks, emit: Emit) -> dict[st
 def _train_job(request: dict[str, Any], task: BoundTask, job_dir: Path, out_dir: Path, config: JobConfig,
                spec: ModelSpec, emit: Emit) -> dict[str, Any]:
     data = load_shard(job_dir)  # shard.json and its parts, checked against each other
-    model = task.build(spec, samples=len(data))
+    model = task.build(spec, samples=len(data), max_parameters=request.get("max_parameters"))
     reference = decode_state((job_dir / WEIGHTS_FILE).read_bytes())  # the round's start: what an update is from
     model.load_state_dict(reference, strict=True)
 

@@ -14,19 +14,26 @@ import torch
 from pydantic import ValidationError
 from torch import nn
 
-from aitbc_agent_sdk import limits
 from aitbc_agent_sdk.errors import ConfigError, TrainingError, UnknownModelError
-from aitbc_agent_sdk.models import JobConfig, ModelSpec, TaskRef, TrainingSpec
+from aitbc_agent_sdk.models import JobConfig, ModelFootprint, ModelSpec, TaskRef, TrainingSpec
+from aitbc_agent_sdk.models.training import TASK_MODEL
 from aitbc_agent_sdk.training.builtin_tasks import BUILTIN_TASKS, ClassifierParams, RegistryClassifier
 from aitbc_agent_sdk.training.checkpoint import decode_state, encode_state
 from aitbc_agent_sdk.training.datasets import LabeledData
+from aitbc_agent_sdk.training.footprint import measure_footprint
 from aitbc_agent_sdk.training.models import model_spec_for
 from aitbc_agent_sdk.training.task import DataInfo, TaskParams, TrainingTask
 from aitbc_agent_sdk.training.task_checks import TaskOrigin, check_metric, describe_task_error
 from aitbc_agent_sdk.training.task_loop import evaluate_task, task_loss, task_metrics, train_task
 
 REHEARSAL_SAMPLES = 64  # what the dry run before funding trains and evaluates on
-USER_TASK_MODEL = "task"  # ModelSpec.name of a user task's jobs: the shape travels, the model is the task's
+REHEARSAL_TOKENS = 1 << 16  # a token stream's rehearsal: enough for a few windows of context
+
+
+def rehearsal_size(kind: str) -> int:
+    """How much of a dataset of ``kind`` the rehearsal reads: tokens of a stream, else samples."""
+    return REHEARSAL_TOKENS if kind == "tokens" else REHEARSAL_SAMPLES
+USER_TASK_MODEL = TASK_MODEL  # ModelSpec.name of a user task's jobs: the shape travels, the model is the task's
 
 
 @dataclass(frozen=True)
@@ -48,8 +55,10 @@ class BoundTask:
         except ValidationError as exc:
             raise ConfigError(f"task {self.ref.name!r}: {exc.errors()[0]['msg']}") from exc
 
-    def build(self, spec: ModelSpec, *, samples: int = 0, seed: int | None = None) -> nn.Module:
-        """The task's model for data of ``spec``'s shape; with ``seed`` the same weights everywhere."""
+    def build(self, spec: ModelSpec, *, samples: int = 0, seed: int | None = None,
+              max_parameters: int | None = None) -> nn.Module:
+        """The task's model for data of ``spec``'s shape; with ``seed`` the same weights everywhere. With
+        ``max_parameters`` (what a provider's job declares) a larger model is an error before it trains."""
         info = DataInfo(feature_shape=tuple(spec.input_shape), num_classes=spec.num_classes, samples=samples,
                         target=spec.target, target_width=spec.target_width)
         with torch.random.fork_rng(devices=[]):  # the caller's RNG stream stays untouched
@@ -58,10 +67,10 @@ class BoundTask:
             model = self.task.build_model(info, self.params)
         if not isinstance(model, nn.Module):
             raise TrainingError(f"task {self.ref.name!r}: build_model() returned {type(model).__name__}, not a Module")
-        count = sum(p.numel() for p in model.parameters())
-        if count > limits.MAX_PARAMETERS:
-            raise TrainingError(f"task {self.ref.name!r} builds {count:,} parameters, above the limit of "
-                                f"{limits.MAX_PARAMETERS:,}")
+        built = sum(p.numel() for p in model.parameters())
+        if max_parameters is not None and built > max_parameters:
+            raise TrainingError(f"task {self.ref.name!r} builds {built:,} parameters; the job declares "
+                                f"{max_parameters:,}")
         return model
 
     def initial_state(self, train: LabeledData, seed: int) -> bytes:
@@ -81,13 +90,16 @@ class BoundTask:
     def validation_loss(self, spec: ModelSpec, state: dict[str, torch.Tensor], batch: LabeledData) -> float:
         return task_loss(self.task, self.loaded(spec, state), batch, self.params)
 
-    def rehearse(self, data: LabeledData, config: JobConfig, seed: int, samples: int = REHEARSAL_SAMPLES) -> None:
+    def rehearse(self, data: LabeledData, config: JobConfig, seed: int,
+                 samples: int = REHEARSAL_SAMPLES) -> ModelFootprint:
         """Every step of the task once, on a few samples, before anything is funded: a bug in the
-        task's code is a usage error now, not a failed (and paid) round."""
+        task's code is a usage error now, not a failed (and paid) round. Returns the model's footprint,
+        measured on one more step at the job's batch size (or all the rehearsal has)."""
         small = data.subset(torch.arange(min(samples, len(data)))) if isinstance(data, LabeledData) else data
         try:
             trial = replace(self, params=self.task.rehearsal_params(self.params))  # e.g. fewer windows of a stream
-            state = decode_state(trial.initial_state(small, seed))
+            initial = trial.initial_state(small, seed)
+            state = decode_state(initial)
             model = trial.loaded(trial.model_spec(small), state)
             train_task(self.task, model, small, trial.params, config.model_copy(update={"epochs": 1}), seed=seed,
                        device=torch.device("cpu"))
@@ -95,6 +107,7 @@ class BoundTask:
             metrics: Any = task_metrics(self.task, model, small, trial.params)
             if isinstance(metrics, dict):
                 metrics = {key: float(value) for key, value in metrics.items()}  # as every round reads them
+            footprint = trial.measure(small, state, config, len(initial))
         except Exception as exc:  # the user's code: any failure is theirs to fix, with its message and line
             raise ConfigError(f"task {self.ref.name!r} failed a dry run on {len(small)} samples: "
                               f"{describe_task_error(exc, self.task, self.origin)}") from exc
@@ -102,6 +115,16 @@ class BoundTask:
             raise ConfigError(f"task {self.ref.name!r}: evaluate() returned {type(metrics).__name__}, not a dict "
                               f"of named metrics")
         check_metric(self.task.for_target(getattr(small, "target", "classes")), metrics, self.origin)
+        return footprint
+
+    def measure(self, data: LabeledData, state: dict[str, torch.Tensor], config: JobConfig,
+                weights_bytes: int) -> ModelFootprint:
+        """The footprint of one fresh model of ``state`` trained one step on ``data``'s first batch."""
+        model = self.loaded(self.model_spec(data), state)
+        batch_size = min(config.batch_size, len(data)) if isinstance(data, LabeledData) else config.batch_size
+        generator = torch.Generator().manual_seed(0)
+        batch = next(iter(self.task.batches(data, self.params, batch_size, generator, torch.device("cpu"))))
+        return measure_footprint(self.task, model, batch, self.params, config, weights_bytes)
 
 
 def task_ref_of(spec: TrainingSpec) -> TaskRef:

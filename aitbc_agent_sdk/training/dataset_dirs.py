@@ -82,9 +82,9 @@ def image_classes(root: Path) -> tuple[str, ...]:
 
 def prepare_dataset(source: str | Path | LabeledData, staging: Path, *, label_column: str | None = None,
                     kind: DatasetKind | None = None, image_size: tuple[int, int] = (32, 32),
-                    target: TargetKind | None = None) -> PreparedDataset:
+                    target: TargetKind | None = None, vocab_size: int | None = None) -> PreparedDataset:
     """Stage (or point at) the directory to import for ``source``; ``target``: the arrays' target kind (None:
-    detected from the data)."""
+    detected from the data); ``vocab_size``: a text corpus's BPE vocabulary (None or 256: byte-level tokens)."""
     if isinstance(source, LabeledData) or (isinstance(source, str) and source in DATASET_NAMES):
         data = source if isinstance(source, LabeledData) else load_dataset(source)
         labels = None if data.target == "none" else data.labels.numpy()
@@ -92,6 +92,8 @@ def prepare_dataset(source: str | Path | LabeledData, staging: Path, *, label_co
         return PreparedDataset(kind="arrays", directory=staging, staged=True, arrays=layout)
     path = Path(source)
     found = kind or dataset_kind(path)
+    if vocab_size is not None and found != "tokens":
+        raise DatasetError(f"{path}: a vocabulary size applies to a text corpus (.txt files), not to {found} data")
     if found == "arrays":
         file = path if path.is_file() else visible_files(path)[0]
         layout = write_class_sorted(file, staging, label_column=label_column, target=target)
@@ -99,7 +101,7 @@ def prepare_dataset(source: str | Path | LabeledData, staging: Path, *, label_co
     if not path.is_dir():
         raise DatasetError(f"{path}: a {found} dataset is a directory")
     if found == "tokens":
-        layout, _ = tokenize_corpus(path, staging)
+        layout, _ = tokenize_corpus(path, staging, vocab_size=vocab_size)
         return PreparedDataset(kind="tokens", directory=staging, staged=True, tokens=layout)
     if found == "images":
         return PreparedDataset(kind="images", directory=path, staged=False, images=ImageLayout(size=image_size),
@@ -115,9 +117,13 @@ def build_manifest(prepared: PreparedDataset, root: str, entries: list[tuple[str
     for path, cid, size in entries:
         label = label_of.get(path.split("/", 1)[0]) if prepared.kind == "images" else None
         files.append(DatasetFile(path=path, cid=cid, size=size, label=label))
+    tokens = prepared.tokens
+    if tokens is not None and tokens.tokenizer_file is not None:  # the tokenizer's CID is known once it is stored
+        cid = next((f.cid for f in files if f.path == tokens.tokenizer_file), None)
+        tokens = tokens.model_copy(update={"tokenizer_cid": cid})
     try:
         return DatasetManifest(kind=prepared.kind, root=root, files=tuple(files), classes=prepared.classes,
-                               arrays=prepared.arrays, tokens=prepared.tokens, images=prepared.images,
+                               arrays=prepared.arrays, tokens=tokens, images=prepared.images,
                                sealed=sealed)
     except ValueError as exc:
         where = "" if prepared.staged else f" in {prepared.directory}"  # a staging directory means nothing to users
@@ -143,6 +149,7 @@ def manifest_shape(manifest: DatasetManifest) -> DataShape:
         size = manifest.images.size
         return DataShape((manifest.images.channels, *size), len(manifest.classes), len(manifest.files))
     if manifest.tokens is not None:
-        item = manifest.tokens.itemsize
-        return DataShape((1,), manifest.tokens.vocab_size, manifest.total_bytes // item)
+        layout = manifest.tokens
+        token_bytes = sum(f.size for f in manifest.files if f.path != layout.tokenizer_file)
+        return DataShape((1,), layout.vocab_size, token_bytes // layout.itemsize)
     return DataShape((1,), 2, len(manifest.files))

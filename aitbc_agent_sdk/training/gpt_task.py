@@ -44,6 +44,8 @@ class GptParams(TaskParams):
     windows_per_epoch: int = Field(default=256, ge=1, le=1_000_000,
                                    description="training windows of context+1 tokens drawn per epoch")
     eval_windows: int = Field(default=256, ge=1, le=100_000, description="test windows evaluate reads")
+    eval_seed: int = Field(default=EVAL_SEED, ge=0, lt=1 << 63, description=(
+        "which test windows evaluate reads; a result's check draws its own in secret each round"))
     warmup_steps: int = Field(default=20, ge=0, le=1_000_000, description="steps of linear learning-rate warm-up")
     min_lr_ratio: float = Field(default=0.1, ge=0.0, le=1.0,
                                 description="the cosine decay ends at this fraction of the learning rate")
@@ -121,6 +123,11 @@ class GptTask(TrainingTask):
         return params.model_copy(update={"windows_per_epoch": min(params.windows_per_epoch, REHEARSAL_WINDOWS),
                                          "eval_windows": min(params.eval_windows, REHEARSAL_WINDOWS)})
 
+    def checking_params(self, params: TaskParams, tokens: int, seed: int) -> TaskParams:
+        assert isinstance(params, GptParams)
+        windows = max(1, min(params.eval_windows, tokens // (params.context + 1)))
+        return params.model_copy(update={"eval_windows": windows, "eval_seed": seed})
+
     def model_config(self, info: DataInfo, params: GptParams) -> GptConfig:
         return GptConfig(vocab_size=info.num_classes, layers=params.layers, heads=params.heads, width=params.width,
                          context=params.context, dropout=params.dropout)
@@ -171,7 +178,7 @@ class GptTask(TrainingTask):
     def evaluate(self, model: nn.Module, data: Any, params: TaskParams, device: torch.device) -> dict[str, float]:
         assert isinstance(params, GptParams)
         drawn = draw_windows(token_data(data), params.eval_windows, params.context + 1,
-                             torch.Generator().manual_seed(EVAL_SEED))
+                             torch.Generator().manual_seed(params.eval_seed))
         nats = torch.zeros((), dtype=torch.float64, device=device)
         for start in range(0, len(drawn), EVAL_BATCH):
             chunk = drawn[start : start + EVAL_BATCH].to(device)

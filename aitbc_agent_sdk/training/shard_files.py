@@ -3,7 +3,7 @@
 The provider's job directory and the coordinator's test split share this layout, and
 :func:`load_shard` turns it into what a task trains on: :class:`LabeledData` for arrays and
 images (images decoded with Pillow at the layout's size), :class:`TokenData` (memory-mapped,
-nothing read until used) for a token corpus, :class:`DataFiles` for anything else, which the
+scanned once for tokens outside the vocabulary) for a token corpus, :class:`DataFiles` for anything else, which the
 user's task reads itself. The bytes come from strangers: every part's size is checked against
 its slice, labels against the classes, features for NaN; image headers are bounded before decoding.
 """
@@ -22,6 +22,7 @@ from aitbc_agent_sdk.training.datasets import LabeledData
 
 SHARD_INFO = "shard.json"
 MAX_IMAGE_PIXELS = 1 << 26  # 64 Mpx: a header that claims more is refused before decoding
+_SCAN = 1 << 22  # tokens checked at a time
 
 
 def part_name(index: int) -> str:
@@ -69,11 +70,13 @@ class DataFiles:
 ShardContent = LabeledData | TokenData | DataFiles
 
 
-def first_samples(content: ShardContent, n: int) -> ShardContent:
-    """At most ``n`` samples of labelled data (what a result's validation loss is measured on); a
-    token stream or files whole: the task's ``evaluate`` bounds what it reads of them."""
+def drawn_samples(content: ShardContent, n: int, seed: int) -> ShardContent:
+    """At most ``n`` samples of labelled data drawn with ``seed`` (a result's check: the coordinator draws
+    the seed in secret each round); a token stream or files whole: the task draws from them with the seed
+    its ``checking_params`` take."""
     if isinstance(content, LabeledData):
-        return content.subset(np.arange(min(n, len(content))))
+        count = min(n, len(content))
+        return content.subset(np.sort(np.random.default_rng(seed).choice(len(content), count, replace=False)))
     return content
 
 
@@ -140,10 +143,23 @@ def _images(paths: list[Path], shard: ShardData) -> LabeledData:
 
 def _tokens(paths: list[Path], shard: ShardData) -> TokenData:
     layout = shard.tokens
-    assert layout is not None
+    assert layout is not None  # its dtype fits its vocabulary: TokenLayout checks that
     dtype = "<u2" if layout.dtype == "uint16" else "<u4"
     parts = tuple(np.memmap(p, dtype=dtype, mode="r") for p in paths if p.stat().st_size)
+    for part in parts:
+        check_tokens(part, layout.vocab_size)
     return TokenData(parts, layout.vocab_size, layout.eot)
+
+
+def check_tokens(tokens: np.ndarray, vocab_size: int) -> None:
+    """DatasetError for a token outside the vocabulary: strangers' bytes, and an embedding would crash (on a
+    GPU, with a device-side assert that poisons the process). One sequential pass, a block at a time."""
+    if vocab_size > np.iinfo(tokens.dtype).max:
+        return  # every value of the type is a token
+    for start in range(0, len(tokens), _SCAN):
+        top = int(tokens[start : start + _SCAN].max())
+        if top >= vocab_size:
+            raise DatasetError(f"the token dataset holds token {top}, outside its vocabulary of {vocab_size}")
 
 
 def load_shard(directory: Path, shard: ShardData | None = None) -> ShardContent:

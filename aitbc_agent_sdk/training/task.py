@@ -119,6 +119,12 @@ class TrainingTask:
         whose epoch is a fixed number of draws from a stream shrinks them here. The default: ``params``."""
         return params
 
+    def checking_params(self, params: TaskParams, tokens: int, seed: int) -> TaskParams:
+        """The parameters a result's check evaluates with: a budget of ``tokens`` test tokens drawn with the
+        coordinator's secret ``seed``, for a task whose ``evaluate`` draws from a stream (labelled data is
+        drawn by the SDK: see coordinator.inputs)."""
+        return params
+
     def build_model(self, info: DataInfo, params: TaskParams) -> nn.Module:
         raise NotImplementedError(f"{type(self).__name__} must define build_model(info, params)")
 

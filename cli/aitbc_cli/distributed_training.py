@@ -15,6 +15,7 @@ from aitbc_agent_sdk import flow
 from aitbc_agent_sdk.config import AgentConfig
 from aitbc_agent_sdk.errors import ConfigError
 from aitbc_agent_sdk.models import FaultPolicy, JobConfig, TrainingReport, TrainingSpec
+from aitbc_agent_sdk.models.footprint import describe
 from aitbc_agent_sdk.models.inert import terminal_markup
 
 from . import sample, steps, training_views
@@ -35,7 +36,7 @@ from .training_options import (
     FirstRoundDeadlineOption, LrOption, MinDeadlineOption, MinGpuOption, MinRoundTimeoutOption, ModelType,
     ModelTypeOption, PartitionOption, PingTimeoutOption, PlotOption, ResendTimeoutOption, RoundsOption,
     SpotChecksOption, OpeningTimeoutOption, MinStakeOption,
-    RoundTimeoutOption, SeedOption, TargetOption, TargetWorkersOption,
+    RoundTimeoutOption, SeedOption, TargetOption, TargetWorkersOption, VocabSizeOption,
 )
 
 if TYPE_CHECKING:
@@ -55,6 +56,7 @@ def run(
     data_path: Annotated[Optional[Path], typer.Option(help=".npz/.pt/.csv file or a directory (text corpus, CLASS/ image folders, your task's files); overrides --dataset")] = None,
     label_column: Annotated[Optional[str], typer.Option(help="label column of a CSV file")] = None,
     target: TargetOption = None,
+    vocab_size: VocabSizeOption = None,
     model_type: ModelTypeOption = ModelType.mlp,
     task: TaskOption = None,
     task_param: TaskParamOption = None,
@@ -116,12 +118,12 @@ def run(
         check_writable_png(plot)  # before anything is paid, not after
     source = data_path or dataset
     target_kind = getattr(target, "value", target)
-    flow.check_dataset(source, label_column, target_kind)  # a bad file: a clear error now, not a traceback mid-run
+    flow.check_dataset(source, label_column, target_kind, vocab_size)  # a bad file: a clear error now, not mid-run
     flow.check_task_source(task)
     task_choice = flow.TaskChoice(task, flow.parse_task_params(task_param))
     spec = TrainingSpec(model_type=ModelType(model_type).value, target_workers=target_workers, rounds=rounds,
                         partition=getattr(partition, "value", partition), dirichlet_alpha=alpha, seed=seed,
-                        target=target_kind, spare_workers=spares, encrypt=encrypt, outer=getattr(outer, "value", outer), outer_lr=outer_lr, outer_momentum=outer_momentum,
+                        target=target_kind, vocab_size=vocab_size, spare_workers=spares, encrypt=encrypt, outer=getattr(outer, "value", outer), outer_lr=outer_lr, outer_momentum=outer_momentum,
                         min_stake_wei=min_stake,
                         update_encoding=getattr(update_encoding, "value", update_encoding),
                         aggregation=getattr(aggregation, "value", aggregation),
@@ -194,7 +196,7 @@ async def _cost(agent: Agent, spec: TrainingSpec, source: str | Path, label_colu
 
     request = RunRequest(spec=spec, dataset=source, label_column=label_column, min_gpu=min_gpu)
     prepared = await prepare(agent.coordinator, request)
-    _, selected, spares = prepared
+    selected, spares = prepared.workers, prepared.spares
     cost = flow.preview([w.price for w in selected], [w.price for w in spares], spec.rounds,
                         min_stake_wei=agent.coordinator.min_stake(spec.min_stake_wei),
                         stake_skipped=len(agent.coordinator.stake_skipped))
@@ -209,7 +211,8 @@ async def _plan(config: AgentConfig, spec: TrainingSpec, task: flow.TaskChoice, 
     agent = await _start(config, console)
     try:
         spec = await flow.attach_task(agent, spec, task.source, task.params)
-        cost, (dataset_cid, selected, spares) = await _cost(agent, spec, source, label_column, min_gpu)
+        cost, prepared = await _cost(agent, spec, source, label_column, min_gpu)
+        dataset_cid, selected, spares, footprint = prepared
         # What will train: the data decides it (transformer on a corpus is the gpt language model).
         planned = spec_for_dataset(spec, (await agent.coordinator.data.manifest(dataset_cid)).kind)
         target = await flow.dataset_target(agent, dataset_cid)
@@ -219,12 +222,13 @@ async def _plan(config: AgentConfig, spec: TrainingSpec, task: flow.TaskChoice, 
     confirm_spend(spend, yes=False, dry_run=True)
     console.print(f"task: {terminal_markup(task_ref_of(planned).name)}, outer: {planned.outer}, "
                   f"uploads: {planned.upload_encoding}")
+    console.print(f"model: {describe(footprint, spec.job.batch_size)}")
     if (line := flow.target_line(target, spec.target is not None)) is not None:
         console.print(line)
     workers = [{"worker_id": w.worker_id, "role": role, "gpu": w.gpu_type, "price_wei": w.price}
                for role, group in (("worker", selected), ("spare", spares)) for w in group]
     return {"cost": cost.as_json(), "workers": workers, "task": task_ref_of(planned).name, "outer": planned.outer,
-            "target": target, "warnings": _shortfall(spec, (dataset_cid, selected, spares)),
+            "target": target, "warnings": _shortfall(spec, prepared), "model": footprint.model_dump(),
             "update_encoding": planned.upload_encoding, **spend.as_json()}
 
 
@@ -257,7 +261,7 @@ async def _train(agent: Agent, spec: TrainingSpec, task: flow.TaskChoice, source
     # The workers priced are the workers hired: the run reuses what the preview checked.
     cost, prepared = await _cost(agent, spec, source, label_column, min_gpu)
     warnings.extend(_shortfall(spec, prepared))
-    if view is not None and (line := flow.target_line(await flow.dataset_target(agent, prepared[0]),
+    if view is not None and (line := flow.target_line(await flow.dataset_target(agent, prepared.dataset_cid),
                                                       spec.target is not None)):
         typer.echo(line, err=True)
     spend = SpendPreview("fund the escrow of a new training", tuple(cost.items()), tuple(cost.notes()))
@@ -283,7 +287,7 @@ def _say_interrupted(caught: Interruption, as_json: bool) -> None:
 
 def _shortfall(spec: TrainingSpec, prepared: Any) -> list[str]:
     """Warnings (also on stderr at once) when the market filled fewer places than asked."""
-    _, selected, spares = prepared
+    selected, spares = prepared.workers, prepared.spares
     lines = hiring_warnings(asked_workers=spec.target_workers, asked_spares=spec.spare_workers,
                             workers=len(selected), spares=len(spares))
     for line in lines:

@@ -17,10 +17,11 @@ from .training_views import LATEST, TrainingRefOption, resolve_training_id
 
 
 def sample(
-    prompt: Annotated[str, typer.Option("--prompt", help="the text the model continues (byte-level tokens; "
-                                                         "empty: start a new document)")],
+    prompt: Annotated[str, typer.Option("--prompt", help="the text the model continues (tokenized as its corpus: "
+                                                         "bytes or the corpus's BPE; empty: start a new document)")],
     tokens: Annotated[int, typer.Option("--tokens", min=1, max=MAX_SAMPLE_TOKENS,
-                                        help="how many tokens (bytes of text) to generate")] = 200,
+                                        help="how many tokens to generate (bytes of text on a byte-level corpus)")
+                  ] = 200,
     temperature: Annotated[float, typer.Option("--temperature", min=0.0, max=10.0,
                                                help="sampling temperature; 0 always takes the likeliest token")] = 0.8,
     top_k: Annotated[int, typer.Option("--top-k", min=0,

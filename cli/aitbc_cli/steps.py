@@ -34,7 +34,7 @@ from .training_options import (
     FirstRoundDeadlineOption, LrOption, MinDeadlineOption, MinGpuOption, MinRoundTimeoutOption, ModelType,
     ModelTypeOption, PartitionOption, PingTimeoutOption, AlphaOption, ResendTimeoutOption, RoundsOption,
     SpotChecksOption, OpeningTimeoutOption, RoundTimeoutOption, MinStakeOption,
-    SeedOption, Strategy, TargetOption, TrainingIdOption,
+    SeedOption, Strategy, TargetOption, TrainingIdOption, VocabSizeOption,
 )
 
 if TYPE_CHECKING:
@@ -73,6 +73,7 @@ def init(
     alpha: AlphaOption = SPEC["dirichlet_alpha"].default,
     seed: SeedOption = 0,
     target: TargetOption = None,
+    vocab_size: VocabSizeOption = None,
     spares: SparesOption = 0,
     encrypt: EncryptOption = False,
     aggregation: AggregationChoiceOption = "fedavg",
@@ -113,7 +114,7 @@ def init(
     root = resolve_home(home)
     spec = TrainingSpec(model_type=ModelType(model_type).value, target_workers=target_workers, rounds=rounds,
                         dataset_size=dataset_size, partition=_value(partition), dirichlet_alpha=alpha, seed=seed,
-                        target=_value(target), spare_workers=spares,
+                        target=_value(target), vocab_size=vocab_size, spare_workers=spares,
                         encrypt=encrypt, min_stake_wei=min_stake,
                         outer=getattr(outer, "value", outer), outer_lr=outer_lr, outer_momentum=outer_momentum,
                         update_encoding=getattr(update_encoding, "value", update_encoding),
@@ -203,6 +204,7 @@ def upload_data(
     data_path: Annotated[Path, typer.Option(help=".npz/.pt/.csv file, a directory (text corpus, CLASS/ image folders, your task's files), or 'digits'")],
     label_column: Annotated[Optional[str], typer.Option(help="label column of a CSV file")] = None,
     target: TargetOption = None,
+    vocab_size: VocabSizeOption = None,
     password_file: PasswordFileOption = None,
     home: HomeOption = None,
     as_json: JsonOption = False,
@@ -210,14 +212,16 @@ def upload_data(
     """Validate the dataset and store it by CID in the devnet's content store (--target: as init's, which it
     overrides).
 
+    A text corpus is byte-level tokens unless --vocab-size learns a BPE on it (stored with the dataset).
+
     Example: aitbc distributed-training upload-data --training-id training_... --data-path data.csv --label-column y
     """
     root = resolve_home(home)
     source = flow.dataset_source(data_path)
     target_kind = _value(target)
-    flow.check_dataset(source, label_column, target_kind)  # fail before connecting anywhere
+    flow.check_dataset(source, label_column, target_kind, vocab_size)  # fail before connecting anywhere
     async def upload(agent: Agent) -> tuple[str, TargetKind | None]:
-        cid = await flow.upload_data(agent, training_id, source, label_column, target_kind)
+        cid = await flow.upload_data(agent, training_id, source, label_column, target_kind, vocab_size)
         return cid, await flow.dataset_target(agent, cid)
 
     cid, found = run_as(root, training_id, upload, PasswordSource(password_file, interactive=not as_json))

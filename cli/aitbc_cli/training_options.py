@@ -62,6 +62,10 @@ SeedOption = Annotated[int, typer.Option("--seed", help="seed of the data split 
 TargetOption = Annotated[Optional[TargetChoice], typer.Option(  # type: ignore[valid-type]
     "--target", help="what the labels are: classes, values (regression: floats, one or a vector per row) or none "
                      "(no target); detected from the data when not given")]
+VocabSizeOption = Annotated[Optional[int], typer.Option(
+    "--vocab-size", min=256, metavar="TOKENS",
+    help="a text corpus: learn a byte-level BPE of this many tokens on it (8192 to 50000 is usual; 256: one token "
+         "per byte, the default)")]
 AggregationChoiceOption = Annotated[AggregationChoice, typer.Option(  # type: ignore[valid-type]
     "--aggregation", help="how updates are combined; median, trimmed-mean, krum, multi-krum and norm-clip "
                           "resist dishonest workers")]
