@@ -76,6 +76,8 @@ class Coordinator(ResultChecks):
     stake_skipped: dict[str, int] = field(default_factory=dict)
     # The latest discovery's offers too small for the model it was asked to fit (their hardware).
     fit_skipped: list[Hardware] = field(default_factory=list)
+    # Spot checks take turns holding their opened states (coordinator/spot_check.py).
+    spot_check_turn: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))
     logs: AuditLogs = field(init=False)  # one audit log per training, under settings.audit_dir
     data: DatasetStore = field(init=False)  # datasets by manifest, and the splits this coordinator reads
     tasks: TaskCache = field(init=False)  # the trainings' tasks, built-in or user code by CID

@@ -116,8 +116,13 @@ class SpotChecker:
             if isinstance(opened, WorkVerdict):
                 verdict = opened
             else:
-                blobs, cids = opened
-                verdict = await self._reexecute(job, shard, commitment, segments, blobs)
+                cids = {str(b): cid for b, cid in opened.items()}
+                # One check at a time holds its opened states (each up to four models): the coordinator's
+                # memory follows the model, not the number of workers checked at once.
+                async with self.c.spot_check_turn:
+                    fetched = await self._fetch(opened)
+                    verdict = fetched if isinstance(fetched, WorkVerdict) else \
+                        await self._reexecute(job, shard, commitment, segments, fetched)
         except Exception as exc:  # fail closed: an error is a verdict, never a pass (cancelling still works)
             log.warning("spot check of job %s could not run", job.job_id, exc_info=True)
             verdict = check_crashed(exc)
@@ -141,8 +146,8 @@ class SpotChecker:
         return opening_deadline_s(self.policy.opening_timeout_s, step_s, steps)
 
     async def _open(self, job: JobAssignment, segments: tuple[int, ...], timeout: float
-                    ) -> tuple[dict[int, bytes], dict[str, str]] | WorkVerdict:
-        """The boundary states around ``segments`` and their CIDs, fetched and checked against nothing yet."""
+                    ) -> dict[int, str] | WorkVerdict:
+        """The CIDs of the boundary states around ``segments``, as the worker opened them."""
         listener = await self.c.listener(job.training_id)
         waiting = listener.expect_opening(job.job_id)
         try:
@@ -159,14 +164,18 @@ class SpotChecker:
         wanted = sorted({b for s in segments for b in (s, s + 1)})
         if missing := [b for b in wanted if b not in cids]:
             return WorkVerdict(f"missing work: the opening lacks boundaries {missing}")
+        return {b: cids[b] for b in wanted}
+
+    async def _fetch(self, cids: Mapping[int, str]) -> dict[int, bytes] | WorkVerdict:
+        """The opened boundary states, checked against nothing yet."""
         blobs = {}
         try:
-            async with asyncio.timeout(self.policy.fetch_timeout_s * len(wanted)):
-                for boundary in wanted:
-                    blobs[boundary] = await self.c.store.cat(cids[boundary], max_bytes=self.max_bytes)
+            async with asyncio.timeout(self.policy.fetch_timeout_s * len(cids)):
+                for boundary, cid in cids.items():
+                    blobs[boundary] = await self.c.store.cat(cid, max_bytes=self.max_bytes)
         except Exception as exc:  # missing, too big, corrupt or slow: the worker did not open it
             return WorkVerdict(f"missing work: opened boundary states could not be fetched ({exc})")
-        return blobs, {str(b): cids[b] for b in wanted}
+        return blobs
 
     async def _reexecute(self, job: JobAssignment, shard: Shard, commitment: TrajectoryCommitment,
                          segments: tuple[int, ...], blobs: Mapping[int, bytes]) -> WorkVerdict:
