@@ -64,24 +64,29 @@ def train_task(task: TrainingTask, model: nn.Module, data: LabeledData, params: 
     with isolated_rng(device) if trajectory is not None else contextlib.nullcontext():
         if trajectory is not None:
             trajectory.start(steps, seed, device, model, optimizer, scheduler)
-        for epoch in range(1, config.epochs + 1):
-            # The loss is summed on the device and read once per epoch: no host sync per step on a GPU.
-            epoch_start, seen = time.perf_counter(), 0
-            loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-            for batch in task.batches(data, params, batch_size, generator, device):
-                if trajectory is not None:
-                    trajectory.consume(batch)
-                loss = train_step(task, model, batch, params, optimizer, scheduler, device, clip)
-                if trajectory is not None:
-                    trajectory.stepped(model, optimizer, scheduler)
-                loss_sum += loss.double() * len(batch[1])
-                seen += len(batch[1])
-            epoch_loss = float(loss_sum) / max(seen, 1)
-            if not math.isfinite(epoch_loss):
-                raise TrainingError(f"loss diverged to {epoch_loss} in epoch {epoch}; lower the learning rate")
-            if on_epoch is not None:
-                on_epoch(EpochStats(epoch, config.epochs, epoch_loss,
-                                    seen / max(time.perf_counter() - epoch_start, 1e-9)))
+        try:
+            for epoch in range(1, config.epochs + 1):
+                # The loss is summed on the device and read once per epoch: no host sync per step on a GPU.
+                epoch_start, seen = time.perf_counter(), 0
+                loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+                for batch in task.batches(data, params, batch_size, generator, device):
+                    if trajectory is not None:
+                        trajectory.consume(batch)
+                    loss = train_step(task, model, batch, params, optimizer, scheduler, device, clip)
+                    if trajectory is not None:
+                        trajectory.stepped(model, optimizer, scheduler)
+                    loss_sum += loss.double() * len(batch[1])
+                    seen += len(batch[1])
+                epoch_loss = float(loss_sum) / max(seen, 1)
+                if not math.isfinite(epoch_loss):
+                    raise TrainingError(f"loss diverged to {epoch_loss} in epoch {epoch}; lower the learning rate")
+                if on_epoch is not None:
+                    on_epoch(EpochStats(epoch, config.epochs, epoch_loss,
+                                        seen / max(time.perf_counter() - epoch_start, 1e-9)))
+        except BaseException:
+            if trajectory is not None:
+                trajectory.close()  # its hashing thread stops with the job
+            raise
         if trajectory is not None:
             trajectory.finish()
     kept = encode_task_state(optimizer, scheduler) if task.keep_state else None

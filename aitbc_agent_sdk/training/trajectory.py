@@ -23,6 +23,7 @@ import json
 import math
 import shutil
 import struct
+from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -274,6 +275,14 @@ def load_boundary(blob: bytes, model: nn.Module, optimizer: torch.optim.Optimize
 # --- recording in the training loop
 
 
+def _record_boundary(parts: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, str]],
+                     path: Path | None) -> tuple[str, str]:
+    """A boundary's (model_hash, state_hash), and its state file at ``path`` when it is kept."""
+    if path is not None:
+        path.write_bytes(_encode_parts(*parts))
+    return _hashes(*parts)
+
+
 class TrajectoryRecorder:
     """Records one job's trajectory while :func:`~.task_loop.train_task` runs it; ``directory=None``
     keeps only the hashes. The loop calls :meth:`start`, then per batch :meth:`consume` and
@@ -291,6 +300,10 @@ class TrajectoryRecorder:
         self.batch_hashes: list[str] = []
         self._batches = hashlib.sha256()
         self._finished = False
+        # Boundaries are hashed (and the kept ones written) on a thread while the next segment trains: sha256
+        # releases the GIL, so a GPU's training, or a CPU's spare core, hides it. One snapshot in flight.
+        self._hashing: ThreadPoolExecutor | None = None
+        self._pending: Future[tuple[str, str]] | None = None
 
     def start(self, total_steps: int, seed: int, device: torch.device, model: nn.Module,
               optimizer: torch.optim.Optimizer, scheduler: Scheduler | None) -> None:
@@ -304,6 +317,7 @@ class TrajectoryRecorder:
         if self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)  # no stale boundary of another job survives
             self.directory.mkdir(parents=True)
+        self._hashing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trajectory")
         self._boundary(model, optimizer, scheduler)
         seed_segment(seed, 0, device)
 
@@ -324,19 +338,38 @@ class TrajectoryRecorder:
             seed_segment(self.seed, len(self.batch_hashes), self.device)
 
     def finish(self) -> None:
+        self.close()
         if self.steps != self.total_steps:
             raise TrainingError(f"the task's batches() yielded {self.steps} batches, its steps_per_epoch() x "
                                 f"epochs promise {self.total_steps}; a committed trajectory needs them to agree")
         self._finished = True
 
+    def close(self) -> None:
+        """Wait for the boundary in flight and stop the hashing thread (also after a failed job)."""
+        try:
+            self._collect()
+        finally:
+            if self._hashing is not None:
+                self._hashing.shutdown(wait=True)
+                self._hashing = None
+
     def _boundary(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Scheduler | None) -> None:
-        parts = _boundary_parts(model, optimizer, scheduler)
-        model_hash, state_hash = _hashes(*parts)
-        index = len(self.model_hashes)
-        if self.directory is not None and index in self.kept:
-            (self.directory / boundary_name(index)).write_bytes(_encode_parts(*parts))
-        self.model_hashes.append(model_hash)
-        self.state_hashes.append(state_hash)
+        model_tensors, optim, metadata = _boundary_parts(model, optimizer, scheduler)
+        if self.device.type == "cpu":  # the parts are the live tensors: the next step would change them
+            model_tensors = {k: v.clone() for k, v in model_tensors.items()}
+            optim = {k: v.clone() for k, v in optim.items()}
+        self._collect()
+        index = len(self.model_hashes) + (self._pending is not None)
+        path = self.directory / boundary_name(index) if self.directory is not None and index in self.kept else None
+        assert self._hashing is not None, "start() first"
+        self._pending = self._hashing.submit(_record_boundary, (model_tensors, optim, metadata), path)
+
+    def _collect(self) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            model_hash, state_hash = pending.result()
+            self.model_hashes.append(model_hash)
+            self.state_hashes.append(state_hash)
 
     def commitment(self, job_id: str, worker: str, device_type: str) -> TrajectoryCommitment:
         if not self._finished:

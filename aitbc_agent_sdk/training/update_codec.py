@@ -48,11 +48,14 @@ def encoded_bytes(numel: int, encoding: UpdateEncoding) -> int:
 def quantize_int8(vector: Tensor) -> tuple[Tensor, Tensor]:
     """Blockwise int8: values and one scale (absmax / 127) per ``INT8_BLOCK`` values."""
     n = vector.numel()
-    padded = torch.nn.functional.pad(vector.float(), (0, (-n) % INT8_BLOCK)).view(-1, INT8_BLOCK)
-    scales = padded.abs().amax(dim=1) / 127.0
+    pad = (-n) % INT8_BLOCK
+    flat = vector.float()
+    blocks = (torch.nn.functional.pad(flat, (0, pad)) if pad else flat).view(-1, INT8_BLOCK)
+    low, high = torch.aminmax(blocks, dim=1)  # the absmax without a temporary |x| of the whole model
+    scales = torch.maximum(high, low.neg()).div_(127.0)
     safe = torch.where(scales > 0, scales, torch.ones_like(scales))
-    q = torch.round(padded / safe[:, None]).clamp_(-127, 127).to(torch.int8)
-    return q.view(-1)[:n].clone(), scales
+    q = torch.div(blocks, safe[:, None]).round_().clamp_(-127, 127).to(torch.int8).view(-1)
+    return (q[:n].clone() if pad else q), scales
 
 
 def dequantize_int8(q: Tensor, scales: Tensor) -> Tensor:
