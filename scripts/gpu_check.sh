@@ -9,7 +9,8 @@
 #   4. the trusted cluster's BalancedStep under torchrun (NCCL on a GPU, gloo on a CPU) and a
 #      bf16 weights_digest, plus tests/test_cluster_gpu_paths.py;
 #   5. (issue #18) how far re-executed committed segments land from the committed end state, on the
-#      GPU and on the CPU, honest against skipped (scripts/spot_check_tolerance.py).
+#      GPU and on the CPU, honest against skipped (scripts/spot_check_tolerance.py);
+#   6. (issue #27) tokens/s of a GPT-2-small-shaped gpt job on the provider path against the plain bf16 loop.
 # Without a GPU (torch sees no CUDA device) the GPU-only rows say SKIP and everything else runs
 # on the CPU, so the script itself is checked on any machine. --quick: smaller benchmark, no
 # market flow. Prints a markdown table (also to $OUT/gpu_check.md when $OUT is set); exits 1
@@ -241,6 +242,9 @@ elif [[ $device == cuda ]]; then
     --batch-size 256 --epochs 2 --repeats 3
   check "gpt: provider / plain (tokens/s)" bench --tasks gpt --gpt-layers 6 --gpt-heads 6 --gpt-width 384 \
     --gpt-context 256 --gpt-windows 12800 --batch-size 64 --epochs 2 --repeats 3
+  # GPT-2 small's shape (85M parameters with a byte vocabulary): the provider path, trajectory included.
+  check "gpt2-small: provider / plain (tokens/s)" bench --tasks gpt --gpt-layers 12 --gpt-heads 12 \
+    --gpt-width 768 --gpt-context 512 --gpt-windows 2048 --batch-size 16 --epochs 1 --repeats 2
 else
   check "provider path / plain loop" bench --samples 1024 --epochs 1 --repeats 3
   check "gpt: provider / plain (tokens/s)" bench --tasks gpt --gpt-layers 2 --gpt-width 64 --gpt-context 64 \
