@@ -42,3 +42,16 @@ def test_a_language_models_check_reads_its_token_budget_with_the_rounds_seed():
     def loss(seed: int) -> float:
         return round_checker(task, FaultPolicy(val_tokens=170), seed).validation_loss(task.model_spec(data), state, data)
     assert loss(7) == loss(7) and loss(7) != loss(8)  # the windows follow the secret seed
+
+
+def test_results_are_scored_with_one_model_loaded_anew_not_one_built_each(monkeypatch):
+    task = bind_task(TaskRef(name="mlp", params={"hidden": 16}))
+    data = load_dataset("digits").subset(np.arange(64))
+    spec = task.model_spec(data)
+    first, second = task.build(spec, seed=1).state_dict(), task.build(spec, seed=2).state_dict()
+    built = []
+    original = type(task.task).build_model
+    monkeypatch.setattr(type(task.task), "build_model", lambda self, *a: built.append(1) or original(self, *a))
+    scores = [task.validation_loss(spec, state, data) for state in (first, second, first)]
+    assert len(built) == 1  # at 85M parameters a build costs more than the check's forward pass
+    assert scores[0] == scores[2] != scores[1]  # each result is scored on its own weights

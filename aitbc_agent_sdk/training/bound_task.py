@@ -7,7 +7,8 @@ initialises, scores and checks a model, so a built-in and a user's task take the
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import threading
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -42,6 +43,10 @@ class BoundTask:
     task: TrainingTask
     params: TaskParams
     origin: TaskOrigin | None = None  # a user task's files, so its errors name their line
+    # One model to score results with, loaded anew for each (building one costs more than a check's
+    # forward pass at 85M parameters). Not copied by ``replace``: each bound task has its own.
+    _scorer: dict[str, nn.Module] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _scoring: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
 
     def model_spec(self, data: LabeledData) -> ModelSpec:
         """The data's shape as jobs carry it (and, for a registry classifier, its model); another task
@@ -88,7 +93,14 @@ class BoundTask:
         return evaluate_task(self.task, self.loaded(self.model_spec(test), state), test, self.params)
 
     def validation_loss(self, spec: ModelSpec, state: dict[str, torch.Tensor], batch: LabeledData) -> float:
-        return task_loss(self.task, self.loaded(spec, state), batch, self.params)
+        key = spec.model_dump_json()
+        with self._scoring:
+            model = self._scorer.get(key)
+            if model is None:
+                self._scorer.clear()  # one model kept, of the latest shape
+                model = self._scorer[key] = self.build(spec)
+            model.load_state_dict(dict(state), strict=True)
+            return task_loss(self.task, model, batch, self.params)
 
     def rehearse(self, data: LabeledData, config: JobConfig, seed: int,
                  samples: int = REHEARSAL_SAMPLES) -> ModelFootprint:
