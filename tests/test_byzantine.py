@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from aitbc_agent_sdk.errors import ContentNotFoundError
-from aitbc_agent_sdk.provider.daemon import serve_provider
+from aitbc_agent_sdk.flow.provider_daemon import serve_provider
 from aitbc_agent_sdk.provider.process import CHECKPOINT_FILE, WEIGHTS_FILE
 from aitbc_agent_sdk.provider.worker_process import run_job
 from aitbc_agent_sdk.storage import compute_cid

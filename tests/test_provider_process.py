@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 
 from aitbc_agent_sdk.errors import TrainingError
+from aitbc_agent_sdk.host.sandbox_plan import scrubbed_env
 from aitbc_agent_sdk.models import JobConfig
 from aitbc_agent_sdk.provider.hardware import detect_hardware
-from aitbc_agent_sdk.provider.process import TrainingProcess, scrubbed_env
+from aitbc_agent_sdk.provider.process import TrainingProcess
 from aitbc_agent_sdk.provider.worker_process import CHECKPOINT_FILE, WEIGHTS_FILE
 from aitbc_agent_sdk.training import build_model, decode_state, encode_state, load_dataset, model_spec_for
 from aitbc_agent_sdk.training.shard_files import write_shard

@@ -258,7 +258,7 @@ def test_the_trajectory_leaves_the_sandbox_as_regular_files_only(tmp_path, mlp_j
 
 
 async def test_a_sandboxed_job_commits_its_trajectory_and_recomputes_the_boundaries_it_did_not_keep(tmp_path):
-    from aitbc_agent_sdk.cluster.sandbox import available_backends
+    from aitbc_agent_sdk.host.sandbox import available_backends
     if "bwrap" not in available_backends():
         pytest.skip("bubblewrap does not work here")
     data = synthetic(200)

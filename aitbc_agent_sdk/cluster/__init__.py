@@ -6,7 +6,8 @@
   answered by each host's ``InventoryResponder`` and gathered by ``collect_inventory``.
 - :mod:`.balance`: ``plan_batches`` / ``shrink_after_oom`` (pure) and
   ``weighted_allreduce_gradients`` (torch.distributed), so uneven batches train exactly.
-- :mod:`.sandbox`: ``run_sandboxed`` / ``start_sandboxed`` under bubblewrap (or unshare + setpriv).
+- the sandbox (``run_sandboxed`` / ``start_sandboxed`` under bubblewrap, or unshare + setpriv) lives in
+  :mod:`aitbc_agent_sdk.host.sandbox`, shared with the provider; its names are re-exported here.
 - :mod:`.protocol`: the wire protocol (topics, control messages, job events) and torchrun log parsing (pure).
 - :mod:`.plan`: ``plan_launch`` / ``torchrun_argv`` / ``torchrun_env`` (pure).
 - :mod:`.launcher` / :mod:`.job_watch` / :mod:`.job`: ``TrainingCoordinator`` (torchrun on N hosts), the
@@ -28,7 +29,9 @@ from typing import TYPE_CHECKING
 from .._lazy import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
-    "errors": ("BatchPlanError", "ClusterError", "SandboxError"),
+    "errors": ("BatchPlanError", "ClusterError"),
+    # Relative to this package: ``..host`` is the SDK's host package, below both cluster and provider.
+    ".host.errors": ("SandboxError",),
     "spec": ("ClusterSpec", "HostSpec", "cluster_path", "list_clusters", "load_cluster", "read_cluster_file",
              "save_cluster"),
     "inventory": ("ClusterInventory", "GpuInventory", "HostInventory", "read_gpus", "read_local_inventory"),
@@ -37,8 +40,8 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "report": ("inventory_html",),
     "balance": ("BatchPlan", "RankBudget", "budgets_from_inventory", "plan_batches", "shrink_after_oom",
                 "weighted_allreduce_gradients"),
-    "sandbox": ("SandboxLimits", "SandboxReport", "SandboxResult", "SandboxSpec", "available_backends",
-                "build_command", "run_sandboxed", "start_sandboxed", "verify_sandbox"),
+    ".host.sandbox": ("SandboxLimits", "SandboxReport", "SandboxResult", "SandboxSpec", "available_backends",
+                      "build_command", "run_sandboxed", "start_sandboxed", "verify_sandbox"),
     "protocol": ("ControlReply", "HostStatus", "JobEvent", "PreflightReport", "TorchrunSpec", "new_job_id"),
     "plan": ("HostSlot", "LaunchPlan", "plan_launch", "torchrun_argv", "torchrun_env"),
     "job": ("HostOutcome", "TrainRequest", "TrainResult"),
@@ -52,11 +55,16 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
 }, globals())
 
 if TYPE_CHECKING:
+    from ..host.errors import SandboxError
+    from ..host.sandbox import (
+        SandboxLimits, SandboxReport, SandboxResult, SandboxSpec, available_backends, build_command, run_sandboxed,
+        start_sandboxed, verify_sandbox,
+    )
     from .balance import (
         BatchPlan, RankBudget, budgets_from_inventory, plan_batches, shrink_after_oom, weighted_allreduce_gradients,
     )
     from .ddp import BalancedStep, Checkpointer, DistInfo, emit, global_batch_indices, weights_digest
-    from .errors import BatchPlanError, ClusterError, SandboxError
+    from .errors import BatchPlanError, ClusterError
     from .inventory import ClusterInventory, GpuInventory, HostInventory, read_gpus, read_local_inventory
     from .host_agent import ClusterAgent, HostAgentConfig
     from .job import HostOutcome, TrainRequest, TrainResult
@@ -70,10 +78,6 @@ if TYPE_CHECKING:
     from .protocol import ControlReply, HostStatus, JobEvent, PreflightReport, TorchrunSpec, new_job_id
     from .recovery import ContinuityReport, choose_spare, verify_step_log
     from .report import inventory_html
-    from .sandbox import (
-        SandboxLimits, SandboxReport, SandboxResult, SandboxSpec, available_backends, build_command, run_sandboxed,
-        start_sandboxed, verify_sandbox,
-    )
     from .spec import (
         ClusterSpec, HostSpec, cluster_path, list_clusters, load_cluster, read_cluster_file, save_cluster,
     )

@@ -24,7 +24,3 @@ class PreflightError(ClusterConfigError):
 
 class BatchPlanError(ConfigError):
     """The global batch cannot be split: the ranks' memory caps together hold fewer samples."""
-
-
-class SandboxError(AitbcError):
-    """No sandbox backend works here, or a sandbox could not be set up as asked."""

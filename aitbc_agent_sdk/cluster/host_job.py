@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..provider.process import scrubbed_env
+from ..host.sandbox_plan import scrubbed_env
 from .protocol import TorchrunSpec
 
 log = logging.getLogger(__name__)
@@ -66,8 +66,8 @@ def pid_namespace_prefix() -> tuple[str, ...]:
 
 async def start_sandboxed(spec: TorchrunSpec, argv: list[str], env: dict[str, str], work_dir: Path, *,
                           gpus: bool) -> tuple[asyncio.subprocess.Process, list[str]]:
-    from .sandbox import SandboxLimits, SandboxSpec
-    from .sandbox import start_sandboxed as start
+    from ..host.sandbox import SandboxLimits, SandboxSpec
+    from ..host.sandbox import start_sandboxed as start
 
     read_only = [Path(spec.script).parent, *(Path(p) for p in spec.datasets if Path(p).exists())]
     # The rendezvous and gloo/NCCL use ports picked at run time on every host, and bwrap cannot

@@ -15,8 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
+from ..host.hardware import cpu_model, nvml_text  # the same /proc and NVML string readers as the provider
 from ..models import Address
-from ..provider.hardware import _cpu_model, _text  # one /proc and NVML string reader for both
 
 
 class GpuInventory(BaseModel):
@@ -150,7 +150,7 @@ def read_gpus(nvml: ModuleType | None = None) -> tuple[tuple[GpuInventory, ...],
     except nvml.NVMLError as exc:  # no driver, or no libnvidia-ml.so: a CPU-only host
         return (), f"nvml-error: {exc}"
     try:
-        driver = _text(nvml.nvmlSystemGetDriverVersion())
+        driver = nvml_text(nvml.nvmlSystemGetDriverVersion())
         raw = nvml.nvmlSystemGetCudaDriverVersion_v2()  # e.g. 12040 -> "12.4"
         cuda = f"{raw // 1000}.{(raw % 1000) // 10}"
         gpus = []
@@ -158,7 +158,7 @@ def read_gpus(nvml: ModuleType | None = None) -> tuple[tuple[GpuInventory, ...],
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
             memory = nvml.nvmlDeviceGetMemoryInfo(handle)
             gpus.append(GpuInventory(
-                index=index, model=_text(nvml.nvmlDeviceGetName(handle)), uuid=_optional(nvml, "nvmlDeviceGetUUID", handle),
+                index=index, model=nvml_text(nvml.nvmlDeviceGetName(handle)), uuid=_optional(nvml, "nvmlDeviceGetUUID", handle),
                 memory_total_bytes=int(memory.total), memory_free_bytes=int(memory.free),
                 driver_version=driver, cuda_version=cuda, utilization_percent=_utilization(nvml, handle)))
     except nvml.NVMLError as exc:
@@ -177,7 +177,7 @@ def _utilization(nvml: ModuleType, handle: Any) -> float | None:
 
 def _optional(nvml: ModuleType, name: str, handle: Any) -> str | None:
     try:
-        return _text(getattr(nvml, name)(handle))
+        return nvml_text(getattr(nvml, name)(handle))
     except (AttributeError, nvml.NVMLError):
         return None
 
@@ -186,5 +186,5 @@ def read_local_inventory(name: str, address: str | None = None, *, nvml: ModuleT
     """This host's inventory (blocking: NVML calls; run it with ``asyncio.to_thread`` in async code)."""
     gpus, probe = read_gpus(nvml)
     total, available = _meminfo()
-    return HostInventory(name=name, address=address, cpu_model=_cpu_model(), cpu_cores=os.cpu_count() or 1,
+    return HostInventory(name=name, address=address, cpu_model=cpu_model(), cpu_cores=os.cpu_count() or 1,
                          ram_total_bytes=total, ram_available_bytes=available, gpus=gpus, gpu_probe=probe)

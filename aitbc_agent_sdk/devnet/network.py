@@ -87,7 +87,7 @@ DEVNET_PROVIDER_ARGS = ("--threads", "1", "--slots", "1", "--tasks", "any")
 
 
 def spawn_provider(home: Path, wallet: str, password: str, price_wei: int, stake_wei: int) -> ServiceProcess:
-    return spawn(f"provider:{wallet}", [sys.executable, "-m", "aitbc_agent_sdk.provider.daemon", "--home", str(home),
+    return spawn(f"provider:{wallet}", [sys.executable, "-m", "aitbc_agent_sdk.flow.provider_daemon", "--home", str(home),
                                         "--wallet", wallet, "--price-wei", str(price_wei),
                                         "--stake-wei", str(stake_wei), *DEVNET_PROVIDER_ARGS],
                  port=0, log=home / "devnet" / "logs" / f"{wallet}.log", stdin_data=(password + "\n").encode())

@@ -3,20 +3,9 @@
 from __future__ import annotations
 
 import os
-import platform
-from pathlib import Path
 
+from ..host.hardware import cpu_model, nvml_text
 from ..models import GpuInfo, Hardware
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
 
 
 def _ram_bytes() -> int:
@@ -24,10 +13,6 @@ def _ram_bytes() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return 0
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def detect_gpus() -> tuple[GpuInfo, ...]:
@@ -41,7 +26,7 @@ def detect_gpus() -> tuple[GpuInfo, ...]:
     except pynvml.NVMLError:
         return ()
     try:
-        driver = _text(pynvml.nvmlSystemGetDriverVersion())
+        driver = nvml_text(pynvml.nvmlSystemGetDriverVersion())
         cuda_raw = pynvml.nvmlSystemGetCudaDriverVersion_v2()
         cuda = f"{cuda_raw // 1000}.{(cuda_raw % 1000) // 10}"
         gpus = []
@@ -53,7 +38,7 @@ def detect_gpus() -> tuple[GpuInfo, ...]:
             except pynvml.NVMLError:
                 util = None  # not supported on some parts (MIG slices)
             gpus.append(GpuInfo(
-                name=_text(pynvml.nvmlDeviceGetName(handle)), memory_total_bytes=int(memory.total),
+                name=nvml_text(pynvml.nvmlDeviceGetName(handle)), memory_total_bytes=int(memory.total),
                 memory_free_bytes=int(memory.free), driver_version=driver, cuda_version=cuda,
                 utilization_percent=util,
             ))
@@ -63,5 +48,5 @@ def detect_gpus() -> tuple[GpuInfo, ...]:
 
 
 def detect_hardware() -> Hardware:
-    return Hardware(cpu_model=_cpu_model(), cpu_cores=os.cpu_count() or 1, ram_bytes=_ram_bytes(),
+    return Hardware(cpu_model=cpu_model(), cpu_cores=os.cpu_count() or 1, ram_bytes=_ram_bytes(),
                     gpus=detect_gpus())

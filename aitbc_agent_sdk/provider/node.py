@@ -1,6 +1,6 @@
 """The provider node on the bus: advertise an offer, accept contracts, run jobs in a separate process.
 
-``provider.daemon`` runs one as a process; a job's records and files are in ``provider.jobs``.
+``flow.provider_daemon`` runs one as a process; a job's records and files are in ``provider.jobs``.
 
 Long because: one agent answers eight topics of the market (proposals, jobs, cancels, pings,
 re-sends, challenges, hardware checks, receipts) over state they share (the running jobs and the

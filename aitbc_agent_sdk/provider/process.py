@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ..cluster.sandbox_plan import scrubbed_env
 from ..errors import AitbcError, TrainingError
+from ..host.sandbox_plan import scrubbed_env
 from ..models import MAX_SEGMENTS, JobConfig, ModelSpec, TaskRef, TrajectoryCommitment
 from ..training.shard_files import SHARD_INFO
 from ..training.trajectory import boundary_name, kept_boundaries, recompute_plan
@@ -173,7 +173,7 @@ class TrainingProcess:
         self._work_dir.mkdir(parents=True, exist_ok=True)
         box = None
         if self._sandbox is not None:
-            from ..cluster.sandbox import start_sandboxed
+            from ..host.sandbox import start_sandboxed
 
             await asyncio.to_thread(require_bwrap)
             box = self._work_dir / SANDBOX_DIR / f"p{next(self._seq)}"

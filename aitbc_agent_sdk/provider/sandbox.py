@@ -1,7 +1,7 @@
 """How the provider's training process is confined: one bubblewrap plan, shared with the cluster agent.
 
 The training process parses shards and weights that strangers sent, so it runs in
-:mod:`aitbc_agent_sdk.cluster.sandbox`'s bwrap sandbox and nothing weaker: no network, a
+:mod:`aitbc_agent_sdk.host.sandbox`'s bwrap sandbox and nothing weaker: no network, a
 private root without ``$HOME``, the AITBC home (keystore, devnet password) or host sockets,
 as ``nobody`` when the provider is root, with rlimits on memory, processes, file size and
 CPU time, and a wall-clock limit and a disk quota per job enforced from outside. Without a working bwrap the
@@ -76,7 +76,7 @@ def sandbox_spec(policy: TrainingSandbox, box: Path, command: tuple[str, ...], *
                  gpu: int | None = None) -> object:
     """The SandboxSpec of one training process; creates fresh ``box/in/`` and ``box/out/``. ``gpu``:
     the one GPU whose device node is passed through (None: no GPU device at all)."""
-    from ..cluster.sandbox import SandboxLimits, SandboxSpec, gpu_devices
+    from ..host.sandbox import SandboxLimits, SandboxSpec, gpu_devices
 
     shutil.rmtree(box, ignore_errors=True)  # nothing a previous process left behind survives
     (box / "in").mkdir(parents=True)
@@ -96,8 +96,8 @@ def sandbox_spec(policy: TrainingSandbox, box: Path, command: tuple[str, ...], *
 
 def require_bwrap() -> None:
     """Raise unless bubblewrap can start a sandbox here (the unshare fallback is not enough for strangers)."""
-    from ..cluster.errors import SandboxError
-    from ..cluster.sandbox import available_backends
+    from ..host.errors import SandboxError
+    from ..host.sandbox import available_backends
 
     if "bwrap" not in available_backends():
         raise SandboxError("bubblewrap (bwrap) does not work here, and the training process parses data from "

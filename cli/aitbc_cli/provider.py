@@ -99,7 +99,7 @@ def start(
     policy = task_policy(tasks.value, allow_task or [])
 
     async def serve() -> None:
-        from aitbc_agent_sdk.provider.daemon import serve_provider
+        from aitbc_agent_sdk.flow.provider_daemon import serve_provider
         from aitbc_agent_sdk.provider.sandbox import TrainingSandbox
 
         account, _ = await unlock(root, wallet, PasswordSource(password_file, interactive=not as_json))
@@ -129,7 +129,7 @@ def status(wallet: WalletOption, home: HomeOption = None, as_json: JsonOption = 
 
     Example: aitbc provider status --wallet provider-0 --json
     """
-    from aitbc_agent_sdk.provider.daemon import STATUS_FILE, provider_dir
+    from aitbc_agent_sdk.flow.provider_daemon import STATUS_FILE, provider_dir
 
     root = resolve_home(home)
     address = asyncio.run(wallet_store(root).get(wallet)).address

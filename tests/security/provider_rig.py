@@ -28,7 +28,7 @@ from aitbc_agent_sdk.models import (
     ContractProposal, ContractReply, Hardware, JobAssignment, JobConfig, JobResult, ModelSpec, Progress, new_id,
 )
 from aitbc_agent_sdk.provider.node import ProviderAgent, ProviderConfig
-from aitbc_agent_sdk.provider.daemon import provider_dir
+from aitbc_agent_sdk.flow.provider_daemon import provider_dir
 from aitbc_agent_sdk.provider.onchain import ProviderChain
 from aitbc_agent_sdk.storage.kubo import KuboClient, KuboContentStore
 from aitbc_agent_sdk.training import build_model, encode_state, load_dataset, model_spec_for

@@ -21,13 +21,13 @@ from pathlib import Path
 
 import pytest
 
-from aitbc_agent_sdk.cluster.errors import SandboxError
-from aitbc_agent_sdk.cluster.sandbox import available_backends
 from aitbc_agent_sdk.errors import TrainingError
+from aitbc_agent_sdk.host.errors import SandboxError
+from aitbc_agent_sdk.host.sandbox import available_backends
 from aitbc_agent_sdk.messaging import topics
 from aitbc_agent_sdk.models import JobConfig
 from aitbc_agent_sdk.profile import PASSWORD_FILE
-from aitbc_agent_sdk.provider.daemon import build_parser, provider_dir
+from aitbc_agent_sdk.flow.provider_daemon import build_parser, provider_dir
 from aitbc_agent_sdk.provider.process import TrainingProcess
 from aitbc_agent_sdk.provider.sandbox import TrainingSandbox
 from aitbc_agent_sdk.training import load_dataset, model_spec_for

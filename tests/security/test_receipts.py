@@ -31,7 +31,7 @@ from aitbc_agent_sdk.coordinator.settlement import EscrowAccount, plan_payouts
 from aitbc_agent_sdk.coordinator.store import TrainingStore
 from aitbc_agent_sdk.messaging import Verified, topics
 from aitbc_agent_sdk.models import CheckpointRef, JobAssignment, PaymentReceipt, WorkerContract
-from aitbc_agent_sdk.provider.daemon import build_parser
+from aitbc_agent_sdk.flow.provider_daemon import build_parser
 from aitbc_agent_sdk.provider.onchain import GRACE_PERIOD_S, ProviderChain, SlotView
 from aitbc_agent_sdk.provider.receipts import (
     MAX_RECEIPTS_FILE_BYTES, RECEIPTS_FILE, ProviderReceipts, ReceiptBook, ReceiptFile, SavedReceipt, redeem_due,

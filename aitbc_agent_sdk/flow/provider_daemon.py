@@ -1,9 +1,12 @@
 """The provider daemon process: one ProviderAgent on the devnet's servers until told to stop.
 
-``python -m aitbc_agent_sdk.provider.daemon --wallet W --price-wei N`` reads the wallet
+``python -m aitbc_agent_sdk.flow.provider_daemon --wallet W --price-wei N`` reads the wallet
 password from its first line of stdin, so it never appears in argv or the environment.
-Jobs train in the bwrap sandbox (:mod:`.sandbox`); without a working bwrap the daemon
-refuses to start unless given ``--no-sandbox``.
+Jobs train in the bwrap sandbox (:mod:`aitbc_agent_sdk.provider.sandbox`); without a working
+bwrap the daemon refuses to start unless given ``--no-sandbox``.
+
+It wires a provider to the bus, store and chain that :mod:`aitbc_agent_sdk.stack` opens, so it
+lives above the services layer, beside the coordinator daemon (:mod:`.daemon`).
 """
 
 from __future__ import annotations
@@ -24,14 +27,14 @@ from eth_account.signers.local import LocalAccount
 
 from ..chain import WalletStore
 from ..config import AgentConfig, default_home
-from ..profile import Profile, load_profile
-from ..stack import open_bus, open_store
 from ..models import TaskPolicy, parse_size
-from .cache import DEFAULT_CACHE_BYTES
-from .node import ProviderAgent, ProviderConfig
-from .hardware import detect_hardware
-from .onchain import ProviderChain
-from .sandbox import TrainingSandbox
+from ..profile import Profile, load_profile
+from ..provider.cache import DEFAULT_CACHE_BYTES
+from ..provider.hardware import detect_hardware
+from ..provider.node import ProviderAgent, ProviderConfig
+from ..provider.onchain import ProviderChain
+from ..provider.sandbox import TrainingSandbox
+from ..stack import open_bus, open_store
 
 STATUS_FILE = "status.json"
 

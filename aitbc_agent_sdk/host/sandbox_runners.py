@@ -23,7 +23,7 @@ from .sandbox_plan import (
     GPU_DEVICE_PATTERN, Backend, SandboxSpec, bwrap_argv, cover_paths, devices_for_gpu, mount_plan, unshare_argv,
 )
 
-# The SDK's source root (editable installs): this file is aitbc_agent_sdk/cluster/sandbox_runners.py.
+# The SDK's source root (editable installs): this file is aitbc_agent_sdk/host/sandbox_runners.py.
 _SOURCE_ROOT = Path(__file__).resolve().parents[2]
 
 
