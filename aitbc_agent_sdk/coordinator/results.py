@@ -1,8 +1,9 @@
-"""The coordinator's checks of single results and the seed's aggregation API over them.
+"""Results outside the round loop, and folding one result into an aggregation.
 
-Mixed into :class:`~.service.Coordinator`: the seed's ``collect_checkpoint`` and
-``federated_average`` take results one by one, outside the round loop, and decode them as their
-jobs asked (whole weights, or changes from the job's model in any update encoding).
+The seed's ``collect_checkpoint``, ``checkpoint_fits`` and ``federated_average`` take results one by
+one and decode them as their jobs asked (whole weights, or changes from the job's model in any update
+encoding). :class:`SeedResults` does them with the ports it uses; :class:`~.service.Coordinator`
+holds one and keeps the seed's methods as calls to it. :func:`fold` is shared with the round loop.
 """
 
 from __future__ import annotations
@@ -23,16 +24,42 @@ from .settlement import EscrowAccount
 from .store import TrainingStore
 from .verification import checkpoint_problem, result_signer
 
+Decode = Callable[[bytes], dict[str, Any]]
 
-class ResultChecks:
-    store: ContentStore
-    db: TrainingStore
-    escrow: EscrowAccount
-    logs: AuditLogs
-    aggregation: Callable[[], AggregationStrategy]
-    receipts: ReceiptIssuer
 
-    async def collect_checkpoint(self, worker_id: str, job_id: str) -> CheckpointRef:
+async def fold(store: ContentStore, strategy: AggregationStrategy, ref: CheckpointRef, weight: float, *,
+               max_bytes: int, decode: Decode = decode_state) -> None:
+    """Fetch one checkpoint (at most ``max_bytes``) and fold it into ``strategy``; only this one is decoded
+    at a time. ``decode`` turns the result's bytes into weights (the round's update encoding)."""
+    blob = await store.cat(ref.cid, max_bytes=max_bytes)
+    await asyncio.to_thread(lambda: strategy.accumulate(decode(blob), weight))
+
+
+async def checkpoint_limit(db: TrainingStore, store: ContentStore, training_id: str) -> int:
+    """The most a result's checkpoint may hold: it has the current model's tensors, so its size
+    (exact: the coordinator stored that model) plus room for a different safetensors header."""
+    try:
+        model_cid = (await db.training(training_id)).model_cid
+    except NotFoundError:  # refs folded outside a stored training (the seed's federated_average)
+        model_cid = None
+    if model_cid is None:
+        return DEFAULT_MAX_BYTES
+    return await store.size(model_cid) + CHECKPOINT_HEADER_SLACK
+
+
+class SeedResults:
+    """The seed's checks of single results and its aggregation over them."""
+
+    def __init__(self, *, store: ContentStore, db: TrainingStore, escrow: EscrowAccount, logs: AuditLogs,
+                 receipts: ReceiptIssuer, aggregation: Callable[[], AggregationStrategy]) -> None:
+        self.store = store
+        self.db = db
+        self.escrow = escrow  # who signed a result: its evidence domain and the training's key
+        self.logs = logs
+        self.receipts = receipts
+        self.aggregation = aggregation
+
+    async def collect(self, worker_id: str, job_id: str) -> CheckpointRef:
         """Fetch the job's checkpoint by CID (integrity-checked), check it fits the model, accept it."""
         found = await self.db.checkpoint(job_id)
         if found is None or found[0].worker_id != worker_id:
@@ -43,7 +70,7 @@ class ResultChecks:
         record = await self.db.training(ref.training_id)
         assert record.model_cid is not None
         reference = decode_state(await self.store.cat(record.model_cid))
-        blob = await self.store.cat(ref.cid, max_bytes=await self.checkpoint_limit(ref.training_id))
+        blob = await self.store.cat(ref.cid, max_bytes=await checkpoint_limit(self.db, self.store, ref.training_id))
         try:
             problem = checkpoint_problem(decoded(record.spec.upload_encoding, reference)(blob), reference)
         except TrainingError as exc:
@@ -59,13 +86,13 @@ class ResultChecks:
         await self.receipts.issue(ref.training_id, [worker_id])  # redeemable even if it is never paid
         return ref
 
-    async def checkpoint_fits(self, ref: CheckpointRef) -> bool:
+    async def fits(self, ref: CheckpointRef) -> bool:
         """True when ``ref`` is fetched intact, signed by its worker and fits the current model."""
         record = await self.db.training(ref.training_id)
         assert record.model_cid is not None
         reference = decode_state(await self.store.cat(record.model_cid))
         try:
-            limit = await self.checkpoint_limit(ref.training_id)
+            limit = await checkpoint_limit(self.db, self.store, ref.training_id)
             state = decoded(record.spec.upload_encoding, reference)(await self.store.cat(ref.cid, max_bytes=limit))
         except Exception:  # missing, corrupt, or not a checkpoint at all
             return False
@@ -77,20 +104,8 @@ class ResultChecks:
         return result_signer(await self.escrow.evidence_domain(), self.escrow.key(ref.training_id), ref.round,
                              ref.cid, ref.signature)
 
-    async def checkpoint_limit(self, training_id: str) -> int:
-        """The most a result's checkpoint may hold: it has the current model's tensors, so its size
-        (exact: the coordinator stored that model) plus room for a different safetensors header."""
-        try:
-            model_cid = (await self.db.training(training_id)).model_cid
-        except NotFoundError:  # refs folded outside a stored training (the seed's federated_average)
-            model_cid = None
-        if model_cid is None:
-            return DEFAULT_MAX_BYTES
-        return await self.store.size(model_cid) + CHECKPOINT_HEADER_SLACK
-
-    # -- aggregation -----------------------------------------------------------------------
-    async def federated_average(self, checkpoints: Sequence[CheckpointRef],
-                                weights: Sequence[float] | None = None) -> AggregateResult:
+    async def average(self, checkpoints: Sequence[CheckpointRef],
+                      weights: Sequence[float] | None = None) -> AggregateResult:
         """Fold checkpoints one at a time (about two models in memory), store the average."""
         if not checkpoints:
             raise ConfigError("no checkpoints to aggregate")
@@ -100,7 +115,9 @@ class ResultChecks:
         strategy = self.aggregation()
         strategy.begin()
         for ref, weight in zip(checkpoints, weights, strict=True):
-            await self.fold(strategy, ref, weight, decode=await self._result_decoder(ref))
+            decode = await self._decoder(ref)
+            await fold(self.store, strategy, ref, weight, decode=decode,
+                       max_bytes=await checkpoint_limit(self.db, self.store, ref.training_id))
         model = await asyncio.to_thread(lambda: encode_state(strategy.result()))
         cid = await self.store.add(model)  # the seed uploads ``model`` again: same bytes, same CID
         total = sum(weights)
@@ -109,7 +126,7 @@ class ResultChecks:
                                samples=sum(c.samples for c in checkpoints), loss=loss,
                                contributors=tuple(c.worker_id for c in checkpoints))
 
-    async def _result_decoder(self, ref: CheckpointRef) -> Callable[[bytes], dict[str, Any]]:
+    async def _decoder(self, ref: CheckpointRef) -> Decode:
         """How a result's bytes become weights: as its job asked, from the model the job started from."""
         try:
             job = await self.db.job(ref.job_id)
@@ -118,12 +135,3 @@ class ResultChecks:
         if job.update_encoding == "weights":
             return decode_state
         return decoded(job.update_encoding, decode_state(await self.store.cat(job.weights_cid)))
-
-    async def fold(self, strategy: AggregationStrategy, ref: CheckpointRef, weight: float, *,
-                   max_bytes: int | None = None, decode: Callable[[bytes], dict[str, Any]] = decode_state) -> None:
-        """Fetch one checkpoint and fold it into ``strategy``; only this one is decoded at a time.
-        ``max_bytes`` defaults to :meth:`checkpoint_limit` (the round loop knows it already); ``decode``
-        turns the result's bytes into weights (the round's update encoding)."""
-        limit = max_bytes if max_bytes is not None else await self.checkpoint_limit(ref.training_id)
-        blob = await self.store.cat(ref.cid, max_bytes=limit)
-        await asyncio.to_thread(lambda: strategy.accumulate(decode(blob), weight))

@@ -1,20 +1,48 @@
-"""A round's shard slots, and asking a worker to re-send a checkpoint the coordinator could not fetch."""
+"""A round's shard slots: each shard's jobs, and the phase its result is in, with the moves between phases.
+
+A slot WAITING has no result yet: the holder's job trains (and perhaps a spare's speculative copy).
+The first result that passes its own checks makes it RECEIVED; once the round's median norm is
+known and the result passes the norm check, its spot check runs (CHECKING) or, with nothing left to
+check, it is ACCEPTED. A result rejected by either check sends the slot back to WAITING: the shard
+trains again (a rejection and a reassignment are moves, not places a slot rests in). The round ends
+when every slot is ACCEPTED; aggregation then folds each one (FOLDED).
+"""
 
 from __future__ import annotations
 
-import logging
-import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 
-from ..errors import AitbcError
-from ..messaging import topics
-from ..models import CheckpointRef, FaultPolicy, JobAssignment, ResendRequest, Shard, WorkerContract
-from ..models.base import clipped
-from .logbook import AuditSink
-from .service import Coordinator
+from ..errors import PhaseError
+from ..models import CheckpointRef, JobAssignment, Shard, WorkerContract
 from .verification import Inspection
 
-log = logging.getLogger(__name__)
+
+class SlotPhase(StrEnum):
+    WAITING = "waiting"
+    RECEIVED = "received"
+    CHECKING = "checking"
+    ACCEPTED = "accepted"
+    FOLDED = "folded"
+
+
+S = SlotPhase
+SLOT_MOVES: Mapping[SlotPhase, frozenset[SlotPhase]] = {
+    S.WAITING: frozenset({S.RECEIVED}),
+    S.RECEIVED: frozenset({S.CHECKING, S.ACCEPTED, S.WAITING}),
+    S.CHECKING: frozenset({S.ACCEPTED, S.WAITING}),
+    S.ACCEPTED: frozenset({S.FOLDED}),
+    S.FOLDED: frozenset(),
+}
+
+
+def slot_move(current: SlotPhase, target: SlotPhase) -> SlotPhase:
+    """``target``, or PhaseError when a slot may not move there from ``current`` (a bug in the round loop)."""
+    if target not in SLOT_MOVES[current]:
+        allowed = ", ".join(sorted(p.value for p in SLOT_MOVES[current])) or "none"
+        raise PhaseError(f"a shard slot cannot move from {current.value} to {target.value}; allowed: {allowed}")
+    return target
 
 
 @dataclass
@@ -23,64 +51,53 @@ class ShardSlot:
     contract: WorkerContract  # the holder's: the worker whose escrow slot pays for this shard
     jobs: dict[str, JobAssignment] = field(default_factory=dict)  # live jobs on the shard
     sent_at: dict[str, float] = field(default_factory=dict)
-    winner: Inspection | None = None
+    phase: SlotPhase = SlotPhase.WAITING  # moved only by the methods below
+    winner: Inspection | None = None  # the result past WAITING (None while WAITING)
     winner_ref: CheckpointRef | None = None
-    finished_s: float | None = None  # how long the winning job took
-    judged: bool = False  # the winner also passed the round's norm check and its spot check
-    verifying: bool = False  # the winner passed the norm check; its spot check runs
+    finished_s: float | None = None  # how long the winning job took (kept if it is rejected later: it delivered)
     short: str | None = None  # missing work found by the norm: rejected after its spot check says if it lied
-    straggling: bool = False  # a spare runs a speculative copy of the holder's job
-    reported: bool = False  # the holder was reported as a straggler
-    market_tried: bool = False  # a spare for its copy was looked for on the market
+    # Not phases: both are about helping a slow holder while WAITING, and outlive a rejected result.
+    reported: bool = False  # the holder was reported as a straggler (once per holder)
+    market_tried: bool = False  # a spare for its copy was looked for on the market (once per slot and round)
 
     @property
     def holder(self) -> str:
         return self.contract.worker_id
 
+    @property
+    def waiting(self) -> bool:
+        return self.phase is SlotPhase.WAITING
+
+    @property
+    def straggling(self) -> bool:
+        """A spare runs a speculative copy of the holder's job: the one job on the shard not the holder's."""
+        return any(j.worker_id != self.holder for j in self.jobs.values())
+
     def job_of(self, worker: str) -> JobAssignment | None:
         return next((j for j in self.jobs.values() if j.worker_id == worker), None)
 
+    # -- the moves ---------------------------------------------------------------------------
+    def receive(self, inspection: Inspection, ref: CheckpointRef, took_s: float) -> None:
+        """A result passed its own checks: it wins the shard, until a round-level check says otherwise."""
+        self.phase = slot_move(self.phase, S.RECEIVED)
+        self.winner, self.winner_ref, self.finished_s = inspection, ref, took_s
 
-class Resends:
-    """Mixed into :class:`~.rounds.RoundRunner`: one signed request to re-send, then a deadline."""
+    def start_check(self) -> None:
+        self.phase = slot_move(self.phase, S.CHECKING)
 
-    c: Coordinator
-    tid: str
-    round: int
-    policy: FaultPolicy
-    audit: AuditSink
-    resends: dict[str, tuple[float, CheckpointRef, Inspection]]  # job -> (deadline, result, verdict)
-    asked: set[str]  # jobs already asked once to re-send
+    def accept(self) -> None:
+        self.phase = slot_move(self.phase, S.ACCEPTED)
 
-    def _slot_of(self, job_id: str) -> ShardSlot | None:
-        raise NotImplementedError
+    def reject(self) -> CheckpointRef:
+        """The winner failed a round-level check: forget it (and its job); returns it, to be rejected."""
+        self.phase = slot_move(self.phase, S.WAITING)
+        ref = self.winner_ref
+        assert ref is not None
+        self.winner = self.winner_ref = None
+        self.jobs.pop(ref.job_id, None)
+        return ref
 
-    async def _reject(self, slot: ShardSlot, ref: CheckpointRef, inspection: Inspection) -> None:
-        raise NotImplementedError
-
-    async def _ask_resend(self, ref: CheckpointRef, inspection: Inspection) -> None:
-        """One signed request to upload the checkpoint again before the work is reassigned."""
-        assert inspection.problem is not None
-        self.asked.add(ref.job_id)
-        self.resends[ref.job_id] = (time.monotonic() + self.policy.resend_timeout_s, ref, inspection)
-        await self.c.db.save_strike(self.tid, ref.worker_id, ref.job_id, inspection.problem)
-        await self.audit.append("resend_requested", worker=ref.worker_id, job_id=ref.job_id, cid=ref.cid,
-                                round=self.round, reason=inspection.problem, deadline_s=self.policy.resend_timeout_s)
-        try:
-            await self.c.channel.publish(topics.resend(ref.worker_id), ResendRequest(
-                job_id=ref.job_id, training_id=self.tid, cid=ref.cid, reason=clipped(inspection.problem),
-                deadline_s=self.policy.resend_timeout_s))
-        except AitbcError as exc:
-            log.warning("resend request for %s not sent: %s", ref.job_id, exc)
-
-    async def _check_resends(self) -> None:
-        now = time.monotonic()
-        for job_id, (deadline, ref, inspection) in list(self.resends.items()):
-            slot = self._slot_of(job_id)
-            if slot is None or slot.winner is not None:
-                del self.resends[job_id]
-            elif now > deadline:
-                del self.resends[job_id]
-                late = Inspection(ref.job_id, ref.worker_id, ref.cid, f"{inspection.problem}, and not re-sent within "
-                                  f"{self.policy.resend_timeout_s:g}s", fetched=False)
-                await self._reject(slot, ref, late)
+    def mark_folded(self) -> CheckpointRef:
+        self.phase = slot_move(self.phase, S.FOLDED)
+        assert self.winner_ref is not None
+        return self.winner_ref

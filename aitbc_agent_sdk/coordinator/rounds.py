@@ -17,6 +17,7 @@ import time
 from ..errors import InsufficientFundsError, NotEnoughWorkersError, TrainingError
 from ..models import CheckpointRef, JobAssignment, Progress, TrainingPhase, WorkerContract
 from ..training import strategy_for_round
+from .arrival import Arrival, arrival_checks, check_arrival
 from .deadlines import job_deadline, job_work
 from .health import confirmed_stragglers
 from .inputs import RoundInputs, new_job
@@ -24,19 +25,20 @@ from .liveness import LivenessWatch
 from .logbook import AuditSink
 from .reassign import Reassigner, new_replacement
 from .round_model import decoded, outer_step
-from .round_slots import Resends, ShardSlot
+from .resends import ResendRequests
+from .results import fold
+from .round_slots import ShardSlot, SlotPhase
 from .round_work import RoundWork
 from .service import Coordinator
 from .stats import RoundStats
-from .verification import Inspection, inspect_result, judge_norms, round_median
-from .work_checks import no_improvement
+from .verification import Inspection, judge_norms, round_median
 
 log = logging.getLogger(__name__)
 P = TrainingPhase
 TICK_S = 0.25
 
 
-class RoundRunner(Resends):
+class RoundRunner:
     """One round, from its inputs (read once by the caller) to its aggregated model and stats.
 
     Reassignment and the audit log are handed in; the coordinator serves the store, the
@@ -56,8 +58,8 @@ class RoundRunner(Resends):
         self.slots: dict[int, ShardSlot] = {}
         self.unusable = unusable  # spares that failed or cheated, shared across the training's rounds
         self.median_norm: float | None = None
-        self.resends: dict[str, tuple[float, CheckpointRef, Inspection]] = {}  # job -> (deadline, result, verdict)
-        self.asked: set[str] = set()  # jobs already asked once to re-send
+        self.resends = ResendRequests(training_id=self.tid, round=self.round, timeout_s=self.policy.resend_timeout_s,
+                                      channel=coordinator.channel, db=coordinator.db, audit=audit)
         self.decode = decoded(inputs.record.spec.upload_encoding, inputs.baseline.reference)
         self.bytes_sent = self.bytes_received = 0  # the model out to jobs, results in from workers
         self.first_published: dict[str, str] = {}  # checkpoint CID -> the job whose result named it first
@@ -69,13 +71,14 @@ class RoundRunner(Resends):
             self.slots[contract.shard_index] = ShardSlot(self.inputs.shards[contract.shard_index], contract)
         self.listener = await self.c.listener(self.tid)
         self.work = await asyncio.to_thread(RoundWork, self.c, self.inputs, self.audit)
+        self.checks = arrival_checks(self.c.escrow, self.inputs, self.work, self.first_published)
         self.started = time.monotonic()
         for slot in self.slots.values():
             await self._dispatch(slot, slot.contract)
         await self.c.update_phase(self.tid, P.TRAINING)
         try:
             async with asyncio.timeout(timeout):
-                while not all(s.judged for s in self.slots.values()):
+                while not all(s.phase is SlotPhase.ACCEPTED for s in self.slots.values()):
                     await self._next_events()
                     await self._check_resends()
                     await self._check_liveness()
@@ -113,28 +116,32 @@ class RoundRunner(Resends):
     def _slot_of(self, job_id: str) -> ShardSlot | None:
         return next((s for s in self.slots.values() if job_id in s.jobs), None)
 
+    def _awaits_result(self, job_id: str) -> bool:
+        slot = self._slot_of(job_id)
+        return slot is not None and slot.waiting
+
     async def _handle(self, item: CheckpointRef | Progress) -> None:
         if isinstance(item, CheckpointRef):  # in arrival order: the queue's
             self.first_published.setdefault(item.cid, item.job_id)
         slot = self._slot_of(item.job_id)
-        if slot is None or slot.winner is not None:
+        if slot is None or not slot.waiting:
             return  # a cancelled job, an earlier round, or the loser of a speculative race
         if isinstance(item, Progress):
             await self.audit.append("job_failed", worker=item.worker_id, job_id=item.job_id,
                                     round=self.round, reason=item.error)
             await self._drop_worker(slot, item.worker_id, f"its job failed: {item.error}")
             return
-        waited = self.resends.pop(item.job_id, None)
+        self.resends.answered(item.job_id)
         inspection = await self._inspect(slot, item)
         if inspection.problem is not None:
-            if not inspection.fetched and waited is None and item.job_id not in self.asked:
-                await self._ask_resend(item, inspection)
+            if not inspection.fetched and self.resends.may_ask(item.job_id):  # asked once at most
+                await self.resends.ask(item, inspection)
                 return
             await self._reject(slot, item, inspection)
             return
-        slot.winner, slot.winner_ref = inspection, item
-        slot.finished_s = time.monotonic() - slot.sent_at[item.job_id]
-        await self.c.record_round_time(self.tid, item.worker_id, slot.finished_s)
+        took = time.monotonic() - slot.sent_at[item.job_id]
+        slot.receive(inspection, item, took)
+        await self.c.record_round_time(self.tid, item.worker_id, took)
         for job in list(slot.jobs.values()):
             if job.job_id != item.job_id:
                 await self._cancel(slot, job, "another copy of this shard's job finished first")
@@ -144,6 +151,7 @@ class RoundRunner(Resends):
             await self._judge_norms()
 
     async def _inspect(self, slot: ShardSlot, ref: CheckpointRef) -> Inspection:
+        """Fetch and decode the result, then run the round's checks on arrival (:mod:`.arrival`)."""
         try:
             async with asyncio.timeout(self.policy.fetch_timeout_s):
                 blob = await self.c.store.cat(ref.cid, max_bytes=self.inputs.checkpoint_limit)
@@ -155,29 +163,8 @@ class RoundRunner(Resends):
             state = await asyncio.to_thread(self.decode, blob)
         except TrainingError as exc:  # intact, but not what the job asked for: a bad result, never a crashed round
             return Inspection(ref.job_id, ref.worker_id, ref.cid, f"checkpoint {ref.cid} is malformed: {exc}")
-        base = self.baseline
-        domain, key = await self.c.escrow.evidence_domain(), self.c.escrow.key(self.tid)
-        own = self.inputs.record.spec.partition == "dirichlet"  # judged on its own shard, not the global split
-        validation, start_loss = await self.work.own_shard(slot.shard) if own else (base.validation, base.start_loss)
-        found = await asyncio.to_thread(
-            lambda: inspect_result(
-                job_id=ref.job_id, worker_id=ref.worker_id, domain=domain, key=key, round=ref.round, cid=ref.cid,
-                signature=ref.signature, state=state, reference=base.reference,
-                seen_before=ref.cid in base.earlier_cids, spec=self.inputs.model,
-                validation=validation, start_loss=start_loss, policy=self.policy, task=base.checker))
-        if found.problem is None and own and (short := no_improvement(found.val_loss or 0.0, start_loss)):
-            found = Inspection(ref.job_id, ref.worker_id, ref.cid, short, norm=found.norm, val_loss=found.val_loss)
-        if found.problem is not None:
-            return found
-        first = self.first_published.get(ref.cid, ref.job_id)
-        if first != ref.job_id and first not in slot.jobs:  # signed by this worker, published first by another
-            return Inspection(ref.job_id, ref.worker_id, ref.cid, "a copy of a checkpoint another worker published "
-                              "first in this round", slashable=True)
-        verdict = await asyncio.to_thread(self.work.inspect, slot.jobs[ref.job_id], slot.shard, blob, state)
-        if verdict.problem is not None:
-            return Inspection(ref.job_id, ref.worker_id, ref.cid, verdict.problem, slashable=verdict.slashable,
-                              norm=found.norm, val_loss=found.val_loss)
-        return found
+        arrival = Arrival(ref, slot.jobs[ref.job_id], slot.shard, blob, state, frozenset(slot.jobs))
+        return await check_arrival(self.checks, arrival)
 
     async def _reject(self, slot: ShardSlot, ref: CheckpointRef, inspection: Inspection) -> None:
         assert inspection.problem is not None
@@ -188,12 +175,18 @@ class RoundRunner(Resends):
             await self.reassign.slash(ref.worker_id, ref.cid, ref.signature, ref.round)
         await self._drop_worker(slot, ref.worker_id, f"result rejected: {inspection.problem}")
 
+    async def _check_resends(self) -> None:
+        for ref, late in self.resends.overdue(time.monotonic(), self._awaits_result):
+            slot = self._slot_of(ref.job_id)
+            assert slot is not None  # it awaits a result
+            await self._reject(slot, ref, late)
+
     # -- health ----------------------------------------------------------------------------
     async def _check_liveness(self) -> None:
         now = time.monotonic()
         for slot in self.slots.values():
             for job in list(slot.jobs.values()):
-                if slot.winner is not None:
+                if not slot.waiting:
                     break
                 worker = job.worker_id
                 last = max(self.liveness.last_seen.get(worker, 0.0), self.listener.last_heard.get(worker, 0.0),
@@ -210,7 +203,7 @@ class RoundRunner(Resends):
 
     async def _check_stragglers(self) -> None:
         now = time.monotonic()
-        waiting = [s for s in self.slots.values() if s.winner is None and not s.straggling]
+        waiting = [s for s in self.slots.values() if s.waiting and not s.straggling]
         if not waiting:
             return
         late = set(confirmed_stragglers(
@@ -220,14 +213,14 @@ class RoundRunner(Resends):
         overdue: set[int] = set()  # past the adaptive deadline, not just behind the others
         for index, slot in self.slots.items():
             job = slot.job_of(slot.holder)
-            if job is None or slot.winner is not None:
+            if job is None or not slot.waiting:
                 continue
             if now - slot.sent_at[job.job_id] > self._deadline(slot):
                 overdue.add(index)
         late |= overdue
         for index in sorted(late):
             slot = self.slots[index]
-            if slot.straggling or slot.winner is not None:
+            if slot.straggling or not slot.waiting:
                 continue
             if not slot.reported:
                 slot.reported = True
@@ -249,8 +242,7 @@ class RoundRunner(Resends):
             except InsufficientFundsError as exc:
                 log.warning("no speculative copy for shard %d: %s", index, exc)
                 continue
-            slot.straggling = True
-            await self._dispatch(slot, spare)
+            await self._dispatch(slot, spare)  # the spare's job on the shard: the slot is straggling now
             await self.audit.append("speculative_job", worker=spare.worker_id, straggler=slot.holder,
                                     round=self.round, shard_index=index)
 
@@ -260,7 +252,7 @@ class RoundRunner(Resends):
         return job_deadline(work, self.c.round_times_of(self.tid, slot.holder), self.policy)
 
     def _progress(self, slot: ShardSlot) -> float:
-        if slot.winner is not None:
+        if not slot.waiting:
             return 100.0
         job = slot.job_of(slot.holder)
         found = self.listener.latest.get(job.job_id) if job else None
@@ -274,8 +266,7 @@ class RoundRunner(Resends):
             del slot.jobs[job.job_id]
             await self.reassign.cancel_job(worker, job.job_id, reason)
         if worker != slot.holder:
-            self.unusable.add(worker)  # a spare that failed its speculative job
-            slot.straggling = False  # so another spare may take the copy
+            self.unusable.add(worker)  # a spare that failed its speculative job (gone: another may take the copy)
             return
         running_spare = next((j.worker_id for j in slot.jobs.values()), None)
         if running_spare is not None:
@@ -294,7 +285,7 @@ class RoundRunner(Resends):
         promoted = await self.reassign.take_over_slot(old, contracts[replacement], reason)
         self.unusable.add(slot.holder)
         slot.contract = promoted
-        slot.straggling = slot.reported = False
+        slot.reported = False  # a new holder, not reported yet
 
     async def _free_spare(self) -> WorkerContract | None:
         busy = {j.worker_id for s in self.slots.values() for j in s.jobs.values()}
@@ -317,7 +308,7 @@ class RoundRunner(Resends):
     # -- the round's norm check and aggregation --------------------------------------------
     async def _judge_norms(self) -> None:
         winners = {i: s.winner for i, s in self.slots.items()
-                   if s.winner is not None and not s.judged and not s.verifying}
+                   if s.phase is SlotPhase.RECEIVED and s.winner is not None}
         if not winners:
             return
         if self.median_norm is None:
@@ -339,15 +330,14 @@ class RoundRunner(Resends):
                                         round=self.round, reason="its update (nearly) equals another's this round")
             settled = self.work.start_check(index, slot.jobs.get(verdict.job_id), slot.shard, verdict.job_id in held)
             if settled is None:
-                slot.verifying = True
+                slot.start_check()
             else:  # checks off (a pass), or nothing to check (unverifiable: fails closed)
                 await self._settle_check(slot, settled.problem, settled.slashable)
 
     async def _collect_spot_checks(self) -> None:
         for index, verdict in self.work.finished():
             slot = self.slots[index]
-            slot.verifying = False
-            if slot.winner is not None:
+            if slot.phase is SlotPhase.CHECKING:
                 await self._settle_check(slot, verdict.problem, verdict.slashable)
 
     async def _settle_check(self, slot: ShardSlot, problem: str | None, slashable: bool) -> None:
@@ -358,17 +348,14 @@ class RoundRunner(Resends):
         if problem is None or not slashable:  # a proven lie says most; else the norm's finding, else the check's
             problem, slashable = short or problem, False
         if problem is None:
-            slot.judged = True
+            slot.accept()
             return
         await self._reject_winner(slot, Inspection(found.job_id, found.worker_id, found.cid, problem,
                                                    slashable=slashable, norm=found.norm))
 
     async def _reject_winner(self, slot: ShardSlot, verdict: Inspection) -> None:
         """The slot's winner failed a round-level check after all: reject it, and train the shard again."""
-        ref = slot.winner_ref
-        assert ref is not None
-        slot.winner = slot.winner_ref = None
-        slot.jobs.pop(ref.job_id, None)
+        ref = slot.reject()
         await self._reject(slot, ref, verdict)
         await self._ensure_running(slot)
 
@@ -382,11 +369,11 @@ class RoundRunner(Resends):
         strategy = strategy_for_round(self.inputs.record.spec.aggregation, len(slots), self.baseline.reference)
         strategy.begin()
         for slot in slots:
-            assert slot.winner_ref is not None
+            ref = slot.mark_folded()
             # Weighted by the samples the coordinator put in the shard, not the worker's own claim.
-            await self.c.fold(strategy, slot.winner_ref, float(slot.shard.samples),
-                              max_bytes=self.inputs.checkpoint_limit, decode=self.decode)
-            await self.c.db.save_checkpoint(slot.winner_ref, "accepted")
+            await fold(self.c.store, strategy, ref, float(slot.shard.samples),
+                       max_bytes=self.inputs.checkpoint_limit, decode=self.decode)
+            await self.c.db.save_checkpoint(ref, "accepted")
         await self.c.receipts.issue(self.tid, [s.winner_ref.worker_id for s in slots if s.winner_ref])
         new = await outer_step(self.c.store, self.inputs.record, self.baseline.reference, strategy)
         seconds = time.monotonic() - self.started

@@ -13,19 +13,18 @@ import asyncio
 import os
 import secrets
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ..chain.keywrap import data_key_info, signer_public_key, wrap_key
 from ..errors import ConfigError, MessagingError
 from ..models import JobAssignment
-from ..models.datasets import FileSlice, SealedLayout
+from ..models.datasets import FileSlice, SealedLayout, ShardData
 from ..storage import ContentStore
 from ..storage.sealed import DEFAULT_CHUNK_SIZE, seal_file, sealed_size
 from ..storage.sealed_slices import HEADER_SIZE, open_slice, slice_span
 from ..training.dataset_dirs import visible_files
 
 if TYPE_CHECKING:
-    from .datasets import DatasetStore
     from .settlement import EscrowAccount
     from .store import TrainingStore
 
@@ -113,10 +112,20 @@ def wrapped_key_for(key: bytes, consent_digest: bytes, consent: str, training: b
     return wrap_key(key, public, info=data_key_info(training, worker)).hex()
 
 
+class SealedShards(Protocol):
+    """What :class:`JobKeys` reads of the datasets (``datasets.DatasetStore`` is one): shard records by CID,
+    and the keys. A protocol, so the datasets module depends on this one and not the other way round."""
+
+    @property
+    def keys(self) -> KeyRing: ...
+
+    async def shard(self, cid: str) -> ShardData: ...
+
+
 class JobKeys:
     """Puts the wrapped dataset key into each job of a sealed training (once per training and worker)."""
 
-    def __init__(self, db: TrainingStore, data: DatasetStore, escrow: EscrowAccount) -> None:
+    def __init__(self, db: TrainingStore, data: SealedShards, escrow: EscrowAccount) -> None:
         self._db, self._data, self._escrow = db, data, escrow
         self._wrapped: dict[tuple[str, str], str] = {}
 

@@ -24,8 +24,8 @@ from ..market.discovery import resolve_min_stake, split_by_stake, stake_skip_tex
 from ..market.scoring import rate_worker
 from ..messaging import SignedChannel, topics
 from ..models import (
-    ContractProposal, ContractReply, Hardware, JobAssignment, JobConfig, ModelSpec, Offer,
-    Progress, RoundMetrics, Shard, ShardManifest, TaskRef, TrainingPhase, TrainingRecord, TrainingSpec,
+    AggregateResult, CheckpointRef, ContractProposal, ContractReply, Hardware, JobAssignment, JobConfig, ModelSpec,
+    Offer, Progress, RoundMetrics, Shard, ShardManifest, TaskRef, TrainingPhase, TrainingRecord, TrainingSpec,
     TrainingStatus, Worker, WorkerContract, fit_problem, new_id, reported_accuracy,
 )
 from ..storage import ContentStore
@@ -43,7 +43,7 @@ from .logbook import AuditLogs, audit_path
 from .money import EscrowSteps
 from .phases import check_transition
 from .receipts import ReceiptIssuer
-from .results import ResultChecks
+from .results import SeedResults
 from .settings import CoordinatorSettings
 from .settlement import EscrowAccount
 from .sharding import publish_shards
@@ -57,7 +57,7 @@ ROUND_TIMES_KEPT = 256  # per provider, loaded on start: its adaptive deadline n
 
 
 @dataclass
-class Coordinator(ResultChecks):
+class Coordinator:
     channel: SignedChannel
     store: ContentStore
     db: TrainingStore
@@ -84,6 +84,7 @@ class Coordinator(ResultChecks):
     money: EscrowSteps = field(init=False)  # budget, funding, paying, settling
     job_keys: JobKeys = field(init=False)  # sealed datasets: each job carries the key wrapped for its worker
     receipts: ReceiptIssuer = field(init=False)  # each accepted round's signed, redeemable payment receipts
+    results: SeedResults = field(init=False)  # the seed's results one by one, outside the round loop
 
     def __post_init__(self) -> None:
         self.logs = AuditLogs(self.settings.audit_dir)
@@ -93,6 +94,8 @@ class Coordinator(ResultChecks):
         self.money = EscrowSteps(self.db, self.escrow, self.logs, gas_reserve_wei=self.settings.gas_reserve_wei,
                                  observer=self.observer)
         self.receipts = ReceiptIssuer(self.channel, self.db, self.escrow, self.logs)
+        self.results = SeedResults(store=self.store, db=self.db, escrow=self.escrow, logs=self.logs,
+                                   receipts=self.receipts, aggregation=self.aggregation)
 
     @property
     def address(self) -> str:
@@ -366,6 +369,17 @@ class Coordinator(ResultChecks):
         if self.observer is not None:
             self.observer(round_metrics)
         return round_metrics
+
+    # -- the seed's results, one by one (coordinator.results) -----------------------------------
+    async def collect_checkpoint(self, worker_id: str, job_id: str) -> CheckpointRef:
+        return await self.results.collect(worker_id, job_id)
+
+    async def checkpoint_fits(self, ref: CheckpointRef) -> bool:
+        return await self.results.fits(ref)
+
+    async def federated_average(self, checkpoints: Sequence[CheckpointRef],
+                                weights: Sequence[float] | None = None) -> AggregateResult:
+        return await self.results.average(checkpoints, weights)
 
     # -- phases and status -----------------------------------------------------------------
     async def update_phase(self, training_id: str, phase: TrainingPhase | str) -> TrainingRecord:
