@@ -14,30 +14,22 @@ from rich.console import Console
 from aitbc_agent_sdk import flow
 from aitbc_agent_sdk.config import AgentConfig
 from aitbc_agent_sdk.errors import ConfigError
-from aitbc_agent_sdk.models import FaultPolicy, JobConfig, TrainingReport, TrainingSpec
+from aitbc_agent_sdk.models import TrainingReport, TrainingSpec
 from aitbc_agent_sdk.models.footprint import describe
 from aitbc_agent_sdk.models.inert import terminal_markup
 
 from . import sample, steps, training_views
 from .common import (
-    DryRunOption, HeartbeatOption, HomeOption, JsonOption, MaxWorkersOption, MinWorkersOption,
-    ScaleWindowOption, SparesOption, SpendPreview, TargetThroughputOption, YesOption, confirm_spend, exit_code_for,
-    elastic_policy, eth_amount_option, print_json, EncryptOption,
+    DryRunOption, HomeOption, JsonOption, SpendPreview, YesOption, confirm_spend, exit_code_for, eth_amount_option,
+    print_json,
 )
 from .interrupts import Interruption, interrupted_line, stop_on_signal
 from .paths import check_writable_png
 from .plot import plot_report
 from .render import LiveTraining, hiring_warnings
 from .report_view import final_text, report_tables
-from .task_options import TaskOption, TaskParamOption
-from .training_options import (
-    FAULTS, JOB, SPEC, AggregationChoiceOption, AssumedSpeedOption, OuterLrOption, OuterMomentumOption, OuterOption,
-    UpdateEncodingOption, BatchSizeOption, EpochsOption, FetchTimeoutOption,
-    FirstRoundDeadlineOption, LrOption, MinDeadlineOption, MinGpuOption, MinRoundTimeoutOption, ModelType,
-    ModelTypeOption, PartitionOption, PingTimeoutOption, PlotOption, ResendTimeoutOption, RoundsOption,
-    SpotChecksOption, OpeningTimeoutOption, MinStakeOption,
-    RoundTimeoutOption, SeedOption, TargetOption, TargetWorkersOption, VocabSizeOption,
-)
+from .spec_options import TrainingOptions, with_training_options
+from .training_options import MinGpuOption, PlotOption
 
 if TYPE_CHECKING:
     from aitbc_agent_sdk.agent import Agent
@@ -51,48 +43,13 @@ sample.register(app)
 
 
 @app.command()
+@with_training_options()
 def run(
     dataset: Annotated[str, typer.Option(help="bundled dataset name (digits)")] = "digits",
     data_path: Annotated[Optional[Path], typer.Option(help=".npz/.pt/.csv file or a directory (text corpus, CLASS/ image folders, your task's files); overrides --dataset")] = None,
     label_column: Annotated[Optional[str], typer.Option(help="label column of a CSV file")] = None,
-    target: TargetOption = None,
-    vocab_size: VocabSizeOption = None,
-    model_type: ModelTypeOption = ModelType.mlp,
-    task: TaskOption = None,
-    task_param: TaskParamOption = None,
-    target_workers: TargetWorkersOption = 4,
-    rounds: RoundsOption = 5,
-    epochs: EpochsOption = JOB["epochs"].default,
-    batch_size: BatchSizeOption = JOB["batch_size"].default,
-    lr: LrOption = JOB["learning_rate"].default,
-    partition: PartitionOption = "iid",
-    alpha: Annotated[float, typer.Option(help="Dirichlet concentration, above 0: lower is more "
-                                                       "skewed (with --partition dirichlet)")] = 0.5,
-    seed: SeedOption = 0,
-    spares: SparesOption = 0,
-    encrypt: EncryptOption = False,
-    aggregation: AggregationChoiceOption = "fedavg",
-    outer: OuterOption = "fedavg",
-    outer_lr: OuterLrOption = SPEC["outer_lr"].default,
-    outer_momentum: OuterMomentumOption = SPEC["outer_momentum"].default,
-    update_encoding: UpdateEncodingOption = None,
-    heartbeat_timeout: HeartbeatOption = FAULTS["heartbeat_timeout_s"].default,
-    ping_timeout: PingTimeoutOption = FAULTS["ping_timeout_s"].default,
-    first_round_deadline: FirstRoundDeadlineOption = FAULTS["first_round_deadline_s"].default,
-    assumed_samples_per_s: AssumedSpeedOption = FAULTS["assumed_samples_per_s"].default,
-    min_deadline: MinDeadlineOption = FAULTS["min_deadline_s"].default,
-    round_timeout: RoundTimeoutOption = None,
-    min_round_timeout: MinRoundTimeoutOption = FAULTS["min_round_timeout_s"].default,
-    fetch_timeout: FetchTimeoutOption = FAULTS["fetch_timeout_s"].default,
-    resend_timeout: ResendTimeoutOption = FAULTS["resend_timeout_s"].default,
-    spot_checks: SpotChecksOption = FAULTS["spot_checks"].default,
-    opening_timeout: OpeningTimeoutOption = FAULTS["opening_timeout_s"].default,
-    target_throughput: TargetThroughputOption = None,
-    min_workers: MinWorkersOption = 1,
-    max_workers: MaxWorkersOption = 64,
-    scale_window: ScaleWindowOption = 2,
+    options: TrainingOptions = TrainingOptions(),  # the options init has too (spec_options), in their place
     min_gpu: MinGpuOption = None,
-    min_stake: MinStakeOption = None,
     providers: Annotated[Optional[int], typer.Option(
         min=0, help="local provider agents on the embedded stack [default: workers + spares]")] = None,
     wallet_funds: Annotated[int, eth_amount_option("--wallet-funds", "--wallet-funds-eth",
@@ -111,40 +68,21 @@ def run(
 
     Example: aitbc distributed-training run --dataset digits --target-workers 4 --rounds 5 --yes --plot curves.png
     """
-    # Long because: typer declares every option in the signature; the body is some 40 lines.
     if data_path is not None and not data_path.exists():
         raise ConfigError(f"dataset not found: {data_path}")
     if plot is not None:
         check_writable_png(plot)  # before anything is paid, not after
     source = data_path or dataset
-    target_kind = getattr(target, "value", target)
-    flow.check_dataset(source, label_column, target_kind, vocab_size)  # a bad file: a clear error now, not mid-run
-    flow.check_task_source(task)
-    task_choice = flow.TaskChoice(task, flow.parse_task_params(task_param))
-    spec = TrainingSpec(model_type=ModelType(model_type).value, target_workers=target_workers, rounds=rounds,
-                        partition=getattr(partition, "value", partition), dirichlet_alpha=alpha, seed=seed,
-                        target=target_kind, vocab_size=vocab_size, spare_workers=spares, encrypt=encrypt, outer=getattr(outer, "value", outer), outer_lr=outer_lr, outer_momentum=outer_momentum,
-                        min_stake_wei=min_stake,
-                        update_encoding=getattr(update_encoding, "value", update_encoding),
-                        aggregation=getattr(aggregation, "value", aggregation),
-                        faults=FaultPolicy(
-                            heartbeat_timeout_s=heartbeat_timeout, ping_timeout_s=ping_timeout,
-                            first_round_deadline_s=first_round_deadline, assumed_samples_per_s=assumed_samples_per_s,
-                            min_deadline_s=min_deadline, round_timeout_s=round_timeout,
-                            min_round_timeout_s=min_round_timeout, fetch_timeout_s=fetch_timeout,
-                            resend_timeout_s=resend_timeout, spot_checks=spot_checks,
-                            opening_timeout_s=opening_timeout),
-                        elastic=elastic_policy(target_throughput, min_workers, max_workers, scale_window),
-                        job=JobConfig(batch_size=batch_size, learning_rate=lr, epochs=epochs))
-    settings: dict[str, Any] = {"providers": target_workers + spares if providers is None else providers,
+    flow.check_dataset(source, label_column, options.target_kind, options.vocab_size)  # a bad file: a clear error now
+    flow.check_task_source(options.task)
+    task_choice = flow.TaskChoice(options.task, flow.parse_task_params(options.task_param))
+    spec = options.spec()
+    workers = options.target_workers + options.spares
+    settings: dict[str, Any] = {"providers": workers if providers is None else providers,
                                 "wallet_funding_wei": wallet_funds}
     console = Console(stderr=True, quiet=as_json)
-    if dry_run:  # the embedded stack in a scratch home: this home and its chain stay untouched
-        with tempfile.TemporaryDirectory(prefix="aitbc-dry-run-") as scratch:
-            config = AgentConfig(name="aitbc-cli", home=Path(scratch), warm_providers=False, **settings)
-            plan = asyncio.run(_plan(config, spec, task_choice, source, label_column, min_gpu, console))
-        if as_json:
-            print_json({"dry_run": True, **plan})
+    if dry_run:
+        _dry_run(settings, spec, task_choice, source, label_column, min_gpu, console, as_json)
         return
     if home is not None:
         settings["home"] = home
@@ -152,6 +90,12 @@ def run(
     warnings: list[str] = []
     report = asyncio.run(_run(config, spec, task_choice, source, label_column, min_gpu, console, yes=yes,
                               live=not as_json, warnings=warnings))
+    _show(report, plot, as_json, warnings)
+
+
+def _show(report: Any, plot: Path | None, as_json: bool, warnings: list[str]) -> None:
+    """The run's outcome: tables (or one JSON object), the plot, and the exit an interruption or a
+    failed plot calls for."""
     if isinstance(report, Interruption):
         _say_interrupted(report, as_json)
     plot_failure = _write_plot(report, plot)  # whatever happens to the plot, the results are shown
@@ -169,6 +113,16 @@ def run(
         raise typer.Exit(exit_code_for(plot_failure))
     if plot_failure is not None:
         raise plot_failure
+
+
+def _dry_run(settings: dict[str, Any], spec: Any, task_choice: Any, source: Any, label_column: str | None,
+             min_gpu: Any, console: Console, as_json: bool) -> None:
+    """Plan on the embedded stack in a scratch home: the user's home and its chain stay untouched."""
+    with tempfile.TemporaryDirectory(prefix="aitbc-dry-run-") as scratch:
+        config = AgentConfig(name="aitbc-cli", home=Path(scratch), warm_providers=False, **settings)
+        plan = asyncio.run(_plan(config, spec, task_choice, source, label_column, min_gpu, console))
+    if as_json:
+        print_json({"dry_run": True, **plan})
 
 
 def _write_plot(report: TrainingReport, plot: Path | None) -> Exception | None:

@@ -16,26 +16,18 @@ from rich.table import Table
 
 from aitbc_agent_sdk import flow
 from aitbc_agent_sdk.errors import AitbcError, ConfigError
-from aitbc_agent_sdk.models import FaultPolicy, JobConfig, TrainingSpec, format_size, parse_size
+from aitbc_agent_sdk.models import format_size, parse_size
 from aitbc_agent_sdk.models.inert import terminal_markup
 
 from .common import (
-    DryRunOption, HeartbeatOption, HomeOption, JsonOption, MaxWorkersOption, MinWorkersOption, ScaleWindowOption,
-    SparesOption, SpendPreview, TargetThroughputOption, YesOption, confirm_spend, elastic_policy,
-    eth_amount_option, print_json, resolve_home, unlock, EncryptOption, PasswordFileOption, PasswordSource,
+    DryRunOption, HomeOption, JsonOption, SpendPreview, YesOption, confirm_spend, eth_amount_option, print_json,
+    resolve_home, unlock, PasswordFileOption, PasswordSource,
 )
 from .params import format_eth
 from .render import hiring_warnings, output_console
+from .spec_options import TrainingOptions, with_training_options
 from .training_views import LATEST, TrainingRefArgument, resolve_training_id
-from .task_options import TaskOption, TaskParamOption
-from .training_options import (
-    FAULTS, JOB, SPEC, AggregationChoiceOption, AssumedSpeedOption, OuterLrOption, OuterMomentumOption, OuterOption,
-    UpdateEncodingOption, BatchSizeOption, EpochsOption, FetchTimeoutOption,
-    FirstRoundDeadlineOption, LrOption, MinDeadlineOption, MinGpuOption, MinRoundTimeoutOption, ModelType,
-    ModelTypeOption, PartitionOption, PingTimeoutOption, AlphaOption, ResendTimeoutOption, RoundsOption,
-    SpotChecksOption, OpeningTimeoutOption, RoundTimeoutOption, MinStakeOption,
-    SeedOption, Strategy, TargetOption, TrainingIdOption, VocabSizeOption,
-)
+from .training_options import MinGpuOption, Strategy, TargetOption, TrainingIdOption, VocabSizeOption
 
 if TYPE_CHECKING:
     from aitbc_agent_sdk.agent import Agent
@@ -54,49 +46,14 @@ def run_as(home: Path, training_id: str, work: Callable[[Agent], Awaitable[T]],
     return asyncio.run(go())
 
 
+@with_training_options(target_workers=3)  # the local devnet's providers (DEVNET_PROVIDERS); run's default is 4
 def init(
     wallet: Annotated[str, typer.Option(help="the coordinator's wallet (pays the escrow later)")],
-    model_type: ModelTypeOption = ModelType.mlp,
-    task: TaskOption = None,
-    task_param: TaskParamOption = None,
-    target_workers: Annotated[int, typer.Option("--target-workers", "--workers", min=1, max=1024,
-                                                help="workers to hire (one data shard each)")] = 3,
+    options: TrainingOptions = TrainingOptions(),  # the options run has too (spec_options), in their place
     dataset_size: Annotated[Optional[int], typer.Option(
         metavar="SIZE", parser=parse_size,
         help="the most the dataset may hold: 100GB, 512MiB, 1.5TB or bytes (kB/MB/GB/TB are powers of 1000, "
              "KiB/MiB/GiB/TiB of 1024); upload-data refuses a larger dataset before anything is funded")] = None,
-    rounds: RoundsOption = 5,
-    epochs: EpochsOption = JOB["epochs"].default,
-    batch_size: BatchSizeOption = JOB["batch_size"].default,
-    lr: LrOption = JOB["learning_rate"].default,
-    partition: PartitionOption = "iid",
-    alpha: AlphaOption = SPEC["dirichlet_alpha"].default,
-    seed: SeedOption = 0,
-    target: TargetOption = None,
-    vocab_size: VocabSizeOption = None,
-    spares: SparesOption = 0,
-    encrypt: EncryptOption = False,
-    aggregation: AggregationChoiceOption = "fedavg",
-    outer: OuterOption = "fedavg",
-    outer_lr: OuterLrOption = SPEC["outer_lr"].default,
-    outer_momentum: OuterMomentumOption = SPEC["outer_momentum"].default,
-    update_encoding: UpdateEncodingOption = None,
-    heartbeat_timeout: HeartbeatOption = FAULTS["heartbeat_timeout_s"].default,
-    ping_timeout: PingTimeoutOption = FAULTS["ping_timeout_s"].default,
-    first_round_deadline: FirstRoundDeadlineOption = FAULTS["first_round_deadline_s"].default,
-    assumed_samples_per_s: AssumedSpeedOption = FAULTS["assumed_samples_per_s"].default,
-    min_deadline: MinDeadlineOption = FAULTS["min_deadline_s"].default,
-    round_timeout: RoundTimeoutOption = None,
-    min_round_timeout: MinRoundTimeoutOption = FAULTS["min_round_timeout_s"].default,
-    fetch_timeout: FetchTimeoutOption = FAULTS["fetch_timeout_s"].default,
-    resend_timeout: ResendTimeoutOption = FAULTS["resend_timeout_s"].default,
-    spot_checks: SpotChecksOption = FAULTS["spot_checks"].default,
-    opening_timeout: OpeningTimeoutOption = FAULTS["opening_timeout_s"].default,
-    target_throughput: TargetThroughputOption = None,
-    min_workers: MinWorkersOption = 1,
-    max_workers: MaxWorkersOption = 64,
-    scale_window: ScaleWindowOption = 2,
-    min_stake: MinStakeOption = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="no devnet here: start the local one without asking")
                    ] = False,
     password_file: PasswordFileOption = None,
@@ -110,28 +67,15 @@ def init(
 
     Example: aitbc distributed-training init --wallet dev --model-type mlp --target-workers 3 --rounds 3
     """
-    # Long because: typer declares every option (the fault policy's timeouts too) in the signature.
     root = resolve_home(home)
-    spec = TrainingSpec(model_type=ModelType(model_type).value, target_workers=target_workers, rounds=rounds,
-                        dataset_size=dataset_size, partition=_value(partition), dirichlet_alpha=alpha, seed=seed,
-                        target=_value(target), vocab_size=vocab_size, spare_workers=spares,
-                        encrypt=encrypt, min_stake_wei=min_stake,
-                        outer=getattr(outer, "value", outer), outer_lr=outer_lr, outer_momentum=outer_momentum,
-                        update_encoding=getattr(update_encoding, "value", update_encoding),
-                        aggregation=_value(aggregation), faults=FaultPolicy(
-                            heartbeat_timeout_s=heartbeat_timeout, ping_timeout_s=ping_timeout,
-                            first_round_deadline_s=first_round_deadline, assumed_samples_per_s=assumed_samples_per_s,
-                            min_deadline_s=min_deadline, round_timeout_s=round_timeout,
-                            min_round_timeout_s=min_round_timeout, fetch_timeout_s=fetch_timeout,
-                            resend_timeout_s=resend_timeout, spot_checks=spot_checks,
-                            opening_timeout_s=opening_timeout),
-                        elastic=elastic_policy(target_throughput, min_workers, max_workers, scale_window),
-                        job=JobConfig(batch_size=batch_size, learning_rate=lr, epochs=epochs))
+    spec = options.spec(dataset_size=dataset_size)
+    task = options.task
+    target_workers = options.target_workers
 
     flow.check_task_source(task)
-    params = flow.parse_task_params(task_param)
+    params = flow.parse_task_params(options.task_param)
 
-    _ensure_devnet(root, wallet, providers=target_workers + spares, yes=yes,
+    _ensure_devnet(root, wallet, providers=target_workers + options.spares, yes=yes,
                    can_ask=not as_json and sys.stdin.isatty(), quiet=as_json)
 
     async def create() -> Any:

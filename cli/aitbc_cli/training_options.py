@@ -124,8 +124,18 @@ OpeningTimeoutOption = Annotated[float, typer.Option(
 SpotChecksOption = Annotated[int, typer.Option(
     "--spot-checks", min=0, max=16, help="committed segments of each result re-executed by the coordinator "
     "(0: no spot checks)")]
+
+
+def _dirichlet_alpha(value: float) -> float:
+    # TrainingSpec wants alpha > 0; an open range typer cannot show, so the check and the help say it (as --lr's).
+    if not value > 0.0:
+        raise typer.BadParameter(f"{value} is not above 0")
+    return value
+
+
 AlphaOption = Annotated[float, typer.Option(
-    "--alpha", min=1e-6, help="Dirichlet concentration: lower is more skewed (with --partition dirichlet)")]
+    "--alpha", callback=_dirichlet_alpha,
+    help="Dirichlet concentration, above 0: lower is more skewed (with --partition dirichlet)")]
 ResendTimeoutOption = Annotated[float, typer.Option(
     "--resend-timeout", min=0.1, metavar="SECONDS",
     help="seconds a worker has to re-send a checkpoint that could not be fetched before its work moves")]
