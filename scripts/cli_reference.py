@@ -1,10 +1,12 @@
 """The CLI reference in markdown, generated from the ``aitbc`` commands themselves, so it cannot drift.
 
-    python scripts/cli_reference.py                     # print it
-    python scripts/cli_reference.py --write README.md   # replace the README's section
-    python scripts/cli_reference.py --check README.md   # exit 1 when that section differs
+    python scripts/cli_reference.py                                 # print it
+    python scripts/cli_reference.py --write docs/reference/cli.md   # replace the page's section
+    python scripts/cli_reference.py --check docs/reference/cli.md   # exit 1 when that section differs
 
-The section is the text between ``<!-- cli-reference:start -->`` and ``<!-- cli-reference:end -->``.
+The section is the text between ``<!-- cli-reference:start -->`` and ``<!-- cli-reference:end -->``;
+the page's own prose around it is kept. Every command is a ``###`` heading, so the docs site's table
+of contents and the links in each group's command table lead to it.
 Every visible command and group gets its usage line, description, arguments and options (names
 and aliases, type or choices, default, range, environment variable, help). Hidden commands and
 options stay out, as they do in ``--help``.
@@ -17,7 +19,6 @@ user config or environment leaks into a default.
 from __future__ import annotations
 
 import argparse
-import html
 import inspect
 import os
 import sys
@@ -109,6 +110,17 @@ def _code(text: str) -> str:
     return f"`{text}`" if text else ""
 
 
+def _code_cell(text: str) -> str:
+    """A table cell in code font. Choices (``<a|b>``, ``A|B``) become one code span per choice joined
+    by an escaped pipe, since renderers disagree about a ``\\|`` inside a code span in a table."""
+    text = " ".join(str(text).split())
+    if "|" not in text:
+        return _code(text)
+    if text.startswith("<") and text.endswith(">"):
+        text = text[1:-1]
+    return " \\| ".join(_code(choice) for choice in text.split("|"))
+
+
 def _description(help_text: str | None) -> list[str]:
     """Paragraphs as text; a paragraph of commands or indented lines (an example) as a code block."""
     text = inspect.cleandoc(help_text or "")
@@ -136,8 +148,8 @@ def render_command(command: Any, ctx: Any) -> list[str]:
         out += ["| Argument / option | Type | Default | Help |", "|---|---|---|---|"]
         for param in params:
             help_text = "; ".join(filter(None, [_cell(getattr(param, "help", "") or ""), *_notes(param)]))
-            out.append(f"| {_names(param)} | {_cell(_code(_type(param, ctx)))} | "
-                       f"{_cell(_code(_default(param, ctx)))} | {help_text} |")
+            out.append(f"| {_names(param)} | {_code_cell(_type(param, ctx))} | "
+                       f"{_code_cell(_default(param, ctx))} | {help_text} |")
         out.append("")
     if hasattr(command, "list_commands"):
         subs = [(name, command.get_command(ctx, name)) for name in command.list_commands(ctx)]
@@ -152,7 +164,8 @@ def render_command(command: Any, ctx: Any) -> list[str]:
 
 
 def _anchor(title: str) -> str:
-    # GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens.
+    # GitHub's heading anchors, which the docs site's toc extension also makes: lower case,
+    # punctuation dropped, spaces to hyphens.
     kept = "".join(c for c in title.lower() if c.isalnum() or c in " -_")
     return kept.replace(" ", "-")
 
@@ -179,19 +192,16 @@ def reference() -> str:
 
 
 def grouped(commands: Iterator[tuple[Any, Any]]) -> list[str]:
-    """The root's page, then each command group folded in a ``<details>`` block, so the README stays readable."""
+    """The root's page, then each command group and its commands, a rule between groups.
+
+    Plain markdown only (no ``<details>`` folding): the docs site renders markdown inside raw HTML
+    blocks as text, and the page's table of contents does the job folding used to do.
+    """
     lines: list[str] = []
-    open_group = False
     for command, ctx in commands:
         if len(ctx.command_path.split()) == 2:
-            if open_group:
-                lines += ["</details>", ""]
-            summary = command.get_short_help_str(limit=90) if hasattr(command, "get_short_help_str") else ""
-            lines += ["<details>", f"<summary><code>{ctx.command_path}</code>: {html.escape(summary)}</summary>", ""]
-            open_group = True
+            lines += ["---", ""]
         lines += render_command(command, ctx)
-    if open_group:
-        lines += ["</details>", ""]
     return lines
 
 
@@ -199,7 +209,7 @@ def _context_type(command: Any) -> Any:
     return getattr(command, "context_class", None) or sys.modules[type(command).__module__].Context
 
 
-# -- the README section --------------------------------------------------------------------------
+# -- the page's section --------------------------------------------------------------------------
 
 
 def section(text: str) -> tuple[int, int]:

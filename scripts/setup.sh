@@ -42,8 +42,9 @@ if ! stamp_ok python pyproject.toml scripts/setup.sh; then
       --index-url "${AITBC_TORCH_INDEX:-https://download.pytorch.org/whl/cu128}" 2>&1 \
       | grep -v '^WARNING: Location' || echo "setup: the CUDA build did not install; keeping the CPU wheel" >&2
   fi
-  "$VENV/bin/python" -m pip install --quiet -e ".[dev]" 2>&1 | grep -v '^WARNING: Location' || true
-  "$VENV/bin/python" -c 'import aitbc_agent_sdk, aitbc_cli, torch' \
+  # dev: the test tools; docs: mkdocs-material, which builds the docs site (the tests build it too).
+  "$VENV/bin/python" -m pip install --quiet -e ".[dev,docs]" 2>&1 | grep -v '^WARNING: Location' || true
+  "$VENV/bin/python" -c 'import aitbc_agent_sdk, aitbc_cli, torch, mkdocs' \
     || { echo "setup: the Python install failed" >&2; exit 1; }
   stamp_done python
 fi
