@@ -1,4 +1,5 @@
-"""The structure the README promises, checked on the source: layers, no cycles, sizes, a generated CLI reference.
+"""The structure the docs promise, checked on the source: layers, no cycles (of modules and of folders),
+function sizes, a generated CLI reference.
 
 Layers, top to bottom. A module may import its own layer or any layer below it, never one above
 (not even lazily inside a function). Each module's layer is that of the longest entry in
@@ -14,6 +15,7 @@ package has to be placed here on purpose.
     3 settings   .config, .profile, .settings,      AgentConfig, the saved devnet profile, the user's
                  .coordinator.settings              config file and networks by name; a component's
                                                     own settings that AgentConfig nests
+      host       .host                              what provider and cluster share about the machine
     2 ports      .market, .storage, .messaging,     ports, their adapters and pure strategies;
                  .chain, .training, .audit          audit is the append-only log file
     1 base       .models, .errors, .limits, ._lazy  records, the error root, bounds, lazy re-exports
@@ -28,11 +30,14 @@ How imports are read (AST, nothing is imported):
 - the implicit import of a parent package's ``__init__`` is not an edge (``aitbc_agent_sdk``'s is
   a lazy facade), and neither are names ``_lazy`` resolves from strings.
 
-Sizes: a module over ``MAX_MODULE_LINES`` lines, or a function over ``MAX_FUNCTION_LINES`` (from
-its ``def`` to its last line, nested functions included), needs its reason written down: for a
-function a ``# Long because: ...`` comment between its ``def`` and its first statement (its
-docstring excepted), for a module ``Long because:`` in its docstring or a ``# Long because:``
-comment in its first lines.
+Folders: the SDK's folders (and top-level modules) form no circle either, type-only imports
+included, and the services do not lean on each other: only ``stack`` (the wiring) imports its
+siblings ``provider`` and ``devnet``; coordinator, provider, cluster and devnet import none of them.
+
+Sizes: a module is as long as its one idea (no line cap: splitting for size made mixins). A
+function over ``MAX_FUNCTION_LINES`` (from its ``def`` to its last line, nested functions included)
+needs its reason written down: a ``# Long because: ...`` comment between its ``def`` and its first
+statement (its docstring excepted).
 """
 
 from __future__ import annotations
@@ -62,6 +67,9 @@ LAYERS: dict[str, tuple[int, str]] = {
     "aitbc_agent_sdk.cluster": (4, "services"),
     "aitbc_agent_sdk.devnet": (4, "services"),
     "aitbc_agent_sdk.stack": (4, "services"),
+    # What provider and cluster share about the machine (hardware readers, env scrubbing, sandbox):
+    # below both, so neither imports the other; beside settings, as the sandbox reads default_home.
+    "aitbc_agent_sdk.host": (3, "host"),
     "aitbc_agent_sdk.config": (3, "settings"),
     "aitbc_agent_sdk.profile": (3, "settings"),
     "aitbc_agent_sdk.settings": (3, "settings"),
@@ -78,10 +86,12 @@ LAYERS: dict[str, tuple[int, str]] = {
     "aitbc_agent_sdk.limits": (1, "base"),
     "aitbc_agent_sdk._lazy": (1, "base"),
 }
-MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
 REASON = "Long because:"
 CLI_REFERENCE = ROOT / "scripts" / "cli_reference.py"
+SERVICES = ("coordinator", "provider", "cluster", "devnet", "stack")
+SERVICE_WIRING = {("stack", "provider"), ("stack", "devnet")}  # the only service-to-service imports
+CLI_REFERENCE_PAGE = ROOT / "docs" / "reference" / "cli.md"  # the generated page the docs site shows
 
 
 @dataclass(frozen=True)
@@ -168,6 +178,8 @@ def layer(module: str) -> tuple[int, str] | None:
 
 
 def where(module: str, line: int | None = None) -> str:
+    if module not in modules():
+        return module  # a made-up module of a rule's own test
     path = modules()[module].relative_to(ROOT)
     return f"{path}:{line}" if line else str(path)
 
@@ -250,16 +262,50 @@ def _has_reason(lines: list[str], first: int, last: int) -> bool:
     return any(line.lstrip().startswith("# " + REASON) for line in lines[first - 1:last])
 
 
-def long_modules() -> list[str]:
-    offenders = []
-    for module, path in modules().items():
-        lines = path.read_text(encoding="utf-8").splitlines()
-        if len(lines) <= MAX_MODULE_LINES:
-            continue
-        doc = ast.get_docstring(tree(module)) or ""
-        if REASON not in doc and not _has_reason(lines, 1, 10):
-            offenders.append(f"{where(module)}: {len(lines)} lines (> {MAX_MODULE_LINES})")
-    return offenders
+def folder(module: str) -> str:
+    """The SDK folder (or top-level module) a module belongs to: ``coordinator`` for
+    ``aitbc_agent_sdk.coordinator.rounds``; the CLI is one folder."""
+    parts = module.split(".")
+    if parts[0] != "aitbc_agent_sdk":
+        return parts[0]
+    return parts[1] if len(parts) > 1 else "aitbc_agent_sdk"
+
+
+def folder_edges() -> dict[tuple[str, str], Import]:
+    """One import (the first seen) for each pair of different folders, type-only imports included."""
+    edges: dict[tuple[str, str], Import] = {}
+    for module in modules():
+        for imp in imports_of(module):
+            pair = (folder(imp.source), folder(imp.target))
+            if pair[0] != pair[1]:
+                edges.setdefault(pair, imp)
+    return edges
+
+
+def folder_cycles(edges: dict[tuple[str, str], Import]) -> list[str]:
+    """Every circle of folders, as 'a -> b -> a' with the import that makes each step."""
+    graph: dict[str, set[str]] = {}
+    for a, b in edges:
+        graph.setdefault(a, set()).add(b)
+    found = []
+    for start in sorted(graph):
+        paths = [[start]]
+        while paths:  # breadth first from start; a circle is reported from its smallest folder
+            path = paths.pop(0)
+            for nxt in sorted(graph.get(path[-1], ())):
+                if nxt == start:
+                    steps = [edges[(x, y)] for x, y in zip(path, [*path[1:], start])]
+                    found.append(" -> ".join([*path, start]) + ": " +
+                                 "; ".join(f"{where(i.source, i.line)} imports {i.target}" for i in steps))
+                elif nxt > start and nxt not in path:
+                    paths.append([*path, nxt])
+    return found
+
+
+def services_leaning_on_each_other(edges: dict[tuple[str, str], Import]) -> list[str]:
+    return [f"{where(imp.source, imp.line)}: {a} imports {b} ({imp.target})"
+            for (a, b), imp in sorted(edges.items())
+            if a in SERVICES and b in SERVICES and (a, b) not in SERVICE_WIRING]
 
 
 def long_functions() -> list[str]:
@@ -300,8 +346,23 @@ def test_no_import_cycles() -> None:
     _fail_on("import cycles", [_cycle_lines(c) for c in import_cycles()])
 
 
-def test_no_module_over_the_limit_without_a_reason() -> None:
-    _fail_on(f"modules over {MAX_MODULE_LINES} lines without '{REASON}'", long_modules())
+def test_no_circle_of_folders() -> None:
+    _fail_on("circles of folders", folder_cycles(folder_edges()))
+
+
+def test_the_services_do_not_lean_on_each_other() -> None:
+    _fail_on("imports between services other than the wiring", services_leaning_on_each_other(folder_edges()))
+
+
+def test_the_folder_rules_see_a_circle_and_a_sibling_import() -> None:
+    """The folder checks on a made-up graph: a circle of three and a provider -> cluster import."""
+    fake = {pair: Import(f"aitbc_agent_sdk.{pair[0]}.made_up", f"aitbc_agent_sdk.{pair[1]}.made_up", 1, False)
+            for pair in [("training", "storage"), ("storage", "chain"), ("chain", "training"),
+                         ("provider", "cluster"), ("stack", "provider")]}
+    circles, leaning = folder_cycles(fake), services_leaning_on_each_other(fake)
+    assert len(circles) == 1 and circles[0].startswith("chain -> training -> storage -> chain"), circles
+    assert leaning == ["aitbc_agent_sdk.provider.made_up: provider imports cluster "
+                       "(aitbc_agent_sdk.cluster.made_up)"], leaning
 
 
 def test_no_function_over_the_limit_without_a_reason() -> None:
@@ -345,11 +406,12 @@ def test_the_cli_reference_covers_every_visible_command() -> None:
     assert "/_monitor" not in text and "aitbc cluster _monitor" not in text  # hidden commands stay out
 
 
-def test_the_readme_cli_reference_is_generated_from_the_commands() -> None:
-    done = subprocess.run([sys.executable, str(CLI_REFERENCE), "--check", str(ROOT / "README.md")],
+def test_the_docs_cli_reference_is_generated_from_the_commands() -> None:
+    done = subprocess.run([sys.executable, str(CLI_REFERENCE), "--check", str(CLI_REFERENCE_PAGE)],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, (
-        f"README.md's CLI reference is stale or missing; run: python scripts/cli_reference.py --write README.md\n"
+        f"docs/reference/cli.md is stale or missing; run: "
+        f"python scripts/cli_reference.py --write docs/reference/cli.md\n"
         f"{done.stdout[-3000:]}{done.stderr[-3000:]}")
 
 
