@@ -17,6 +17,9 @@ from test_token_task import stdlib_corpus
 pytestmark = pytest.mark.slow
 GPT2_SMALL = ("layers=12", "heads=12", "width=768", "context=16", "windows_per_epoch=4", "eval_windows=16")
 SLOW = 900  # seconds for a command on a loaded 2-core machine: every wait below is for an event
+# An opening uploads two 1 GB boundary states (weights + Adam moments) per worker. js-ipfs adds about
+# 71 MB/s on an idle core here; 600 s ran out once with the whole suite and four other jobs running.
+OPENING = 1500
 
 
 def test_a_gpt2_small_model_is_funded_trained_checked_paid_and_sampled(aitbc_cmd, cli_env, aitbc_home, tmp_path):
@@ -29,7 +32,7 @@ def test_a_gpt2_small_model_is_funded_trained_checked_paid_and_sampled(aitbc_cmd
         init = aitbc(aitbc_cmd, cli_env, "distributed-training", "init", "--wallet", "dev", "--task", "gpt", *params,
                      "--outer", "diloco", "--update-encoding", "int8", "--target-workers", "2", "--rounds", "2",
                      "--epochs", "1", "--batch-size", "2", "--lr", "1e-4", "--spot-checks", "1",
-                     "--fetch-timeout", "300", "--opening-timeout", "600", "--first-round-deadline", "900")
+                     "--fetch-timeout", "300", "--opening-timeout", str(OPENING), "--first-round-deadline", "900")
         tid = init["training_id"]
         aitbc(aitbc_cmd, cli_env, "distributed-training", "upload-data", "--training-id", tid,
               "--data-path", str(tmp_path / "corpus"), timeout=SLOW)
