@@ -22,7 +22,7 @@ _EXPORTS = {
         "BrokerUnreachableError", "ChainUnreachableError", "StoreUnreachableError",
     ),
     "market": ("ScoringStrategy", "WeightedScore"),
-    "models": (
+    "records": (
         "AggregateResult", "CheckpointRef", "EscrowSummary", "Hardware", "JobAssignment", "JobConfig", "Offer",
         "Payment", "Progress", "RoundMetrics", "Settlement", "Shard", "ShardManifest", "TrainingPhase",
         "TrainingRecord", "TrainingReport", "TrainingSpec", "TrainingStatus", "Worker", "WorkerContract",
@@ -44,7 +44,7 @@ if TYPE_CHECKING:  # static tools see ordinary imports
         ChainUnreachableError, StoreUnreachableError,
     )
     from .market import ScoringStrategy, WeightedScore
-    from .models import (
+    from .records import (
         AggregateResult, CheckpointRef, EscrowSummary, Hardware, JobAssignment, JobConfig, Offer, Payment,
         Progress, RoundMetrics, Settlement, Shard, ShardManifest, TrainingPhase, TrainingRecord, TrainingReport,
         TrainingSpec, TrainingStatus, Worker, WorkerContract, TaskPolicy, TaskRef,

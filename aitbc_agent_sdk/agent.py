@@ -22,12 +22,12 @@ from .coordinator import (
 from .coordinator.liveness import ping
 from .coordinator.lock import training_lock
 from .coordinator.run import Prepared
-from .coordinator.sampling import SampleRequest, sample_text
+from .coordinator.generation import SampleRequest, sample_text
 from .errors import AitbcError, ConfigError, NotEnoughWorkersError
-from .models.datasets import TargetKind
+from .records.datasets import TargetKind
 from .market import ScoringStrategy, WeightedScore
 from .messaging import SignedChannel
-from .models import (
+from .records import (
     AggregateResult, CheckpointRef, EscrowSummary, JobAssignment, JobConfig, Payment, Progress, RoundMetrics,
     SampleResult, Settlement, Shard, TaskRef, TrainingPhase, TrainingRecord, TrainingReport, TrainingSpec,
     TrainingStatus, Worker, WorkerContract,

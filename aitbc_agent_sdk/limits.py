@@ -1,6 +1,6 @@
 """Size limits on what strangers send, and the model-size estimate checked before a model is built.
 
-Every record that crosses the bus is validated against these (see models.py), so a
+Every record that crosses the bus is validated against these (see records/), so a
 provider never allocates for a model, a string or a list larger than this, whoever
 signed it. Pure arithmetic, no torch: the provider daemon checks a job before it
 starts the training process.
@@ -47,7 +47,7 @@ def _square_side(features: int) -> int | None:
 
 
 def model_size(name: str, input_shape: tuple[int, ...], num_classes: int, hidden: int) -> ModelSize:
-    """What training/models.py builds for this spec; unknown names are sized as the MLP.
+    """What training/networks.py builds for this spec; unknown names are sized as the MLP.
 
     Parameter counts are exact (tests compare them with the built models); activations are
     an upper estimate of the floats a forward pass keeps per sample.

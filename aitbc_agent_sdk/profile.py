@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .errors import ConfigError
 from .messaging.settings import BusSettings  # noqa: F401 - the broker's settings, re-exported here
-from .models import Address, id_path
+from .records import Address, id_path
 from .settings import NetworkSettings, parse_broker
 
 PROFILE_FILE = "profile.json"

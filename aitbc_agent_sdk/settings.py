@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .errors import ConfigError
-from .models import Address
+from .records import Address
 from .storage.address import parse_api_address
 
 CONFIG_ENV = "AITBC_CONFIG"

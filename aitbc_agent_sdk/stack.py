@@ -19,7 +19,7 @@ from .chain.revert import CHAIN_EXCEPTIONS, map_chain_error
 from .config import AgentConfig
 from .errors import ConfigError, MessagingError
 from .messaging import Bus, InMemoryBus
-from .models import TaskPolicy
+from .records import TaskPolicy
 from .profile import Profile, load_profile, network_profile
 from .provider.node import ProviderAgent, ProviderConfig
 from .provider.hardware import detect_hardware

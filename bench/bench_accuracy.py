@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from aitbc_agent_sdk.models import JobConfig
+from aitbc_agent_sdk.records import JobConfig
 from aitbc_agent_sdk.training import (
     FedAvg,
     LabeledData,

@@ -77,7 +77,7 @@ def peak_mib() -> float:
 async def coordinator_child(source: Path, work: Path) -> dict:
     from aitbc_agent_sdk.coordinator.datasets import DatasetStore
     from aitbc_agent_sdk.coordinator.sharding import publish_shards
-    from aitbc_agent_sdk.models import TrainingRecord, TrainingSpec
+    from aitbc_agent_sdk.records import TrainingRecord, TrainingSpec
     from aitbc_agent_sdk.storage import LocalContentStore
 
     data = DatasetStore(LocalContentStore(work / "store"), work / "data")
@@ -93,7 +93,7 @@ async def coordinator_child(source: Path, work: Path) -> dict:
 
 
 async def provider_child(work: Path) -> dict:
-    from aitbc_agent_sdk.models.datasets import ShardData
+    from aitbc_agent_sdk.records.datasets import ShardData
     from aitbc_agent_sdk.provider.cache import ContentCache
     from aitbc_agent_sdk.storage import LocalContentStore
 

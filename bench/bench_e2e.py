@@ -86,7 +86,7 @@ finally:
 
 CENTRAL = """
 import json, torch
-from aitbc_agent_sdk.models import JobConfig
+from aitbc_agent_sdk.records import JobConfig
 from aitbc_agent_sdk.training import (build_model, evaluate, fit_normalization, load_dataset, model_spec_for,
                                       train_local, train_test_split)
 torch.set_num_threads(1)

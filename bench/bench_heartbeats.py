@@ -38,7 +38,7 @@ from aitbc_agent_sdk.devnet.service import stop
 from aitbc_agent_sdk.messaging import SignedChannel, topics
 from aitbc_agent_sdk.messaging.envelope import EnvelopeSigner
 from aitbc_agent_sdk.messaging.mqtt import MqttBus
-from aitbc_agent_sdk.models import Heartbeat
+from aitbc_agent_sdk.records import Heartbeat
 
 from quick import parse_args
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from aitbc_agent_sdk.coordinator.datasets import DatasetStore
 from aitbc_agent_sdk.devnet.ipfs import start_ipfs_daemon
 from aitbc_agent_sdk.devnet.service import free_port, stop
-from aitbc_agent_sdk.models import TrainingRecord, TrainingSpec
+from aitbc_agent_sdk.records import TrainingRecord, TrainingSpec
 from aitbc_agent_sdk.storage.kubo import KuboClient, KuboContentStore
 from aitbc_agent_sdk.storage.local import LocalContentStore
 from aitbc_agent_sdk.training.file_sharding import plan_split

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from aitbc_agent_sdk.models import JobConfig
+from aitbc_agent_sdk.records import JobConfig
 from aitbc_agent_sdk.training.checkpoint import encode_state
 from aitbc_agent_sdk.training.corpus import BYTE_EOT, BYTE_VOCAB
 from aitbc_agent_sdk.training.gpt import GPT, GptConfig

@@ -212,7 +212,7 @@ def trajectory_extrapolated(boundaries: list[tuple[float, bool]], segments: int)
 
 def child(rung: str, args: argparse.Namespace) -> dict[str, Any]:
     # Long because: two rounds of one provider and one coordinator, read top to bottom as a round runs.
-    from aitbc_agent_sdk.models import JobConfig, TaskRef
+    from aitbc_agent_sdk.records import JobConfig, TaskRef
     from aitbc_agent_sdk.provider.process import CHECKPOINT_FILE, TRAJECTORY_DIR
     from aitbc_agent_sdk.provider.weights_delta import rebuild
     from aitbc_agent_sdk.provider.worker_process import write_checkpoint

@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from aitbc_agent_sdk.models import MAX_TASK_BYTES, JobConfig, TaskRef
+from aitbc_agent_sdk.records import MAX_TASK_BYTES, JobConfig, TaskRef
 from aitbc_agent_sdk.provider.process import TASK_FILE, WEIGHTS_FILE, TrainingProcess
 from aitbc_agent_sdk.provider.sandbox import TrainingSandbox
 from aitbc_agent_sdk.storage import LocalContentStore

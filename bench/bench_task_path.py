@@ -45,8 +45,8 @@ import torch
 from torch.nn import functional as F
 
 from aitbc_agent_sdk.host.errors import SandboxError
-from aitbc_agent_sdk.models import MAX_TASK_BYTES, JobConfig, ModelSpec, TaskRef
-from aitbc_agent_sdk.models.datasets import DataSlices, FileSlice, ShardData, TokenLayout
+from aitbc_agent_sdk.records import MAX_TASK_BYTES, JobConfig, ModelSpec, TaskRef
+from aitbc_agent_sdk.records.datasets import DataSlices, FileSlice, ShardData, TokenLayout
 from aitbc_agent_sdk.provider.process import TASK_FILE, WEIGHTS_FILE, TrainingProcess
 from aitbc_agent_sdk.provider.sandbox import TrainingSandbox, require_bwrap
 from aitbc_agent_sdk.storage import LocalContentStore

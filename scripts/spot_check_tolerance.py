@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from aitbc_agent_sdk.models import FaultPolicy, JobConfig, TaskRef  # noqa: E402
+from aitbc_agent_sdk.records import FaultPolicy, JobConfig, TaskRef  # noqa: E402
 from aitbc_agent_sdk.training import decode_state, load_dataset  # noqa: E402
 from aitbc_agent_sdk.training.bound_task import bind_task  # noqa: E402
 from aitbc_agent_sdk.training.shard_files import TokenData  # noqa: E402

@@ -18,7 +18,7 @@ package has to be placed here on purpose.
       host       .host                              what provider and cluster share about the machine
     2 ports      .market, .storage, .messaging,     ports, their adapters and pure strategies;
                  .chain, .training, .audit          audit is the append-only log file
-    1 base       .models, .errors, .limits, ._lazy  records, the error root, bounds, lazy re-exports
+    1 base       .records, .errors, .limits, ._lazy records, the error root, bounds, lazy re-exports
 
 How imports are read (AST, nothing is imported):
 - every ``import``/``from ... import`` anywhere in a module counts: at the top, inside functions
@@ -81,7 +81,7 @@ LAYERS: dict[str, tuple[int, str]] = {
     "aitbc_agent_sdk.chain": (2, "ports"),
     "aitbc_agent_sdk.training": (2, "ports"),
     "aitbc_agent_sdk.audit": (2, "ports"),
-    "aitbc_agent_sdk.models": (1, "base"),
+    "aitbc_agent_sdk.records": (1, "base"),
     "aitbc_agent_sdk.errors": (1, "base"),
     "aitbc_agent_sdk.limits": (1, "base"),
     "aitbc_agent_sdk._lazy": (1, "base"),
@@ -371,7 +371,7 @@ def test_no_function_over_the_limit_without_a_reason() -> None:
 
 def test_the_checks_see_what_they_check(tmp_path: Path) -> None:
     """The walker itself: relative imports resolve, lazy and TYPE_CHECKING imports are seen."""
-    targets = {i.target for i in imports_of("aitbc_agent_sdk.models.jobs")}
+    targets = {i.target for i in imports_of("aitbc_agent_sdk.records.jobs")}
     assert "aitbc_agent_sdk.limits" in targets  # ``from .. import limits``
     everything = [i for m in modules() for i in imports_of(m)]
     assert any(i.type_only for i in everything)

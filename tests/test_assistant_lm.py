@@ -16,9 +16,9 @@ from aitbc_agent_sdk.assistant.executor import Executor
 from aitbc_agent_sdk.assistant.market_tools import InitArgs, UploadArgs, training_spec, upload_data
 from aitbc_agent_sdk.assistant.planner import plan_request
 from aitbc_agent_sdk.assistant.session import Assistant
-from aitbc_agent_sdk.coordinator.store import TrainingStore
+from aitbc_agent_sdk.coordinator.training_db import TrainingStore
 from aitbc_agent_sdk.errors import DatasetError
-from aitbc_agent_sdk.models import TaskRef, TrainingRecord, TrainingSpec
+from aitbc_agent_sdk.records import TaskRef, TrainingRecord, TrainingSpec
 from aitbc_agent_sdk.training.builtin_tasks import BUILTIN_TASKS
 
 MARKET_TRAIN = ["training_init", "upload_data", "discover_workers", "distribute"]

@@ -14,7 +14,7 @@ from aitbc_agent_sdk.assistant.market_tools import InitArgs, training_spec
 from aitbc_agent_sdk.assistant.planner import plan_request
 from aitbc_agent_sdk.assistant.tools import REGISTRY
 from aitbc_agent_sdk.audit import read_log, verify_log
-from aitbc_agent_sdk.models import TaskRef
+from aitbc_agent_sdk.records import TaskRef
 
 TID = "training_0123456789abcdef"
 

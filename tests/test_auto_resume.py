@@ -20,7 +20,7 @@ from aitbc_agent_sdk.audit import read_log, verify_log
 from aitbc_agent_sdk.coordinator.lock import is_driven
 from aitbc_agent_sdk.coordinator.service import audit_path
 from aitbc_agent_sdk.devnet.network import wallet_store
-from aitbc_agent_sdk.models import TrainingPhase
+from aitbc_agent_sdk.records import TrainingPhase
 from aitbc_agent_sdk.profile import devnet_password
 
 pytestmark = pytest.mark.slow

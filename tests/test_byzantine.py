@@ -16,7 +16,7 @@ from aitbc_agent_sdk.training import decode_state, encode_state
 from aitbc_agent_sdk.training.shard_files import write_shard
 from aitbc_agent_sdk.training.update_codec import decode_update
 from aitbc_agent_sdk.coordinator.verification import checkpoint_problem
-from aitbc_agent_sdk.models.datasets import ShardData
+from aitbc_agent_sdk.records.datasets import ShardData
 from scripts.chaos.byzantine import (
     BEHAVIOURS, SCALE, CidMismatchProvider, ForgedProvider, NanProvider, RandomProvider, ScaledProvider,
     StaleProvider, byzantine_factory,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from aitbc_agent_sdk.models import FaultPolicy, TaskRef
+from aitbc_agent_sdk.records import FaultPolicy, TaskRef
 from aitbc_agent_sdk.training import load_dataset
 from aitbc_agent_sdk.training.bound_task import bind_task
 from aitbc_agent_sdk.training.shard_files import TokenData, drawn_samples

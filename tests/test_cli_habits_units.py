@@ -130,7 +130,7 @@ def test_a_home_that_is_a_file_is_refused(tmp_path: Path) -> None:
 
 async def test_the_database_file_is_made_by_the_first_write(tmp_path: Path) -> None:
     from aitbc_agent_sdk.coordinator import TrainingStore
-    from aitbc_agent_sdk.models import TrainingRecord, TrainingSpec
+    from aitbc_agent_sdk.records import TrainingRecord, TrainingSpec
 
     path = tmp_path / "home" / "aitbc.db"
     async with TrainingStore(path) as db:

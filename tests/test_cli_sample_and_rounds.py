@@ -18,15 +18,15 @@ from rich.console import Console
 from aitbc_agent_sdk import Agent, AgentConfig
 from aitbc_agent_sdk.coordinator.datasets import DatasetStore
 from aitbc_agent_sdk.coordinator.monitor import Snapshot
-from aitbc_agent_sdk.coordinator.sampling import NotSampleableError, SampleRequest, prompt_tokens, sample_text
-from aitbc_agent_sdk.coordinator.store import TrainingStore
+from aitbc_agent_sdk.coordinator.generation import NotSampleableError, SampleRequest, prompt_tokens, sample_text
+from aitbc_agent_sdk.coordinator.training_db import TrainingStore
 from aitbc_agent_sdk.coordinator.tasks import TaskCache
 from aitbc_agent_sdk.errors import ConfigError
-from aitbc_agent_sdk.models import (
+from aitbc_agent_sdk.records import (
     EscrowSummary, RoundMetrics, RoundReport, TaskRef, TrainingPhase, TrainingRecord, TrainingReport, TrainingSpec,
 )
-from aitbc_agent_sdk.models.datasets import TokenLayout
-from aitbc_agent_sdk.models.inert import visible
+from aitbc_agent_sdk.records.datasets import TokenLayout
+from aitbc_agent_sdk.records.inert import visible
 from aitbc_agent_sdk.storage import LocalContentStore
 from aitbc_agent_sdk.training import LabeledData, encode_state
 from aitbc_agent_sdk.training.corpus import decode_bytes

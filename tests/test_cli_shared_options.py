@@ -11,7 +11,7 @@ import typer
 import typer.main
 from typer._click.core import Context
 
-from aitbc_agent_sdk.models import TrainingSpec
+from aitbc_agent_sdk.records import TrainingSpec
 from aitbc_cli.app import app, main
 from aitbc_cli.spec_options import SHARED_OPTIONS, TrainingOptions, with_training_options
 

@@ -10,7 +10,7 @@ from aitbc_agent_sdk.chain import EvidenceDomain, sign_result, training_key
 from aitbc_agent_sdk.coordinator import Coordinator, EscrowAccount, TrainingStore
 from aitbc_agent_sdk.errors import TrainingError
 from aitbc_agent_sdk.market import WeightedScore
-from aitbc_agent_sdk.models import CheckpointRef, TrainingRecord, TrainingSpec
+from aitbc_agent_sdk.records import CheckpointRef, TrainingRecord, TrainingSpec
 from aitbc_agent_sdk.storage import LocalContentStore
 from aitbc_agent_sdk.training import decode_state, encode_state
 

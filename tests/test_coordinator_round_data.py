@@ -17,7 +17,7 @@ import pytest
 
 from aitbc_agent_sdk import Agent, AgentConfig, JobConfig, TrainingPhase, TrainingSpec
 from aitbc_agent_sdk.coordinator import Coordinator, RunRequest, TrainingStore, resume_training, run_training
-from aitbc_agent_sdk.models import RoundMetrics, TrainingRecord
+from aitbc_agent_sdk.records import RoundMetrics, TrainingRecord
 from aitbc_agent_sdk.storage import ContentStore
 
 SPEC = TrainingSpec(model_type="mlp", target_workers=3, rounds=2, seed=5,

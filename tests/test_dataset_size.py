@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from aitbc_agent_sdk import Agent, AgentConfig, TrainingSpec
 from aitbc_agent_sdk.errors import ConfigError
-from aitbc_agent_sdk.models import format_size, parse_size
+from aitbc_agent_sdk.records import format_size, parse_size
 
 
 @pytest.mark.parametrize(("text", "size"), [

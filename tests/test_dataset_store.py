@@ -11,7 +11,7 @@ from PIL import Image
 from aitbc_agent_sdk.coordinator.datasets import DatasetStore
 from aitbc_agent_sdk.coordinator.sharding import publish_shards
 from aitbc_agent_sdk.errors import ConfigError, DatasetError
-from aitbc_agent_sdk.models import TrainingRecord, TrainingSpec
+from aitbc_agent_sdk.records import TrainingRecord, TrainingSpec
 from aitbc_agent_sdk.storage import LocalContentStore
 from aitbc_agent_sdk.training import load_dataset
 from aitbc_agent_sdk.training.corpus import decode_bytes

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from aitbc_agent_sdk.chain import EscrowClient, connect_rpc
-from aitbc_agent_sdk.models import ShardManifest
+from aitbc_agent_sdk.records import ShardManifest
 from aitbc_agent_sdk.profile import load_profile
 from aitbc_agent_sdk.storage.kubo import KuboClient, KuboContentStore
 from aitbc_agent_sdk.training import load_dataset

@@ -12,7 +12,7 @@ from aitbc_agent_sdk.coordinator.elastic import (
     count, needs_rebalance, plan_shares, reassign, scaling_decision, take_tail,
 )
 from aitbc_agent_sdk.coordinator.service import audit_path
-from aitbc_agent_sdk.models import ElasticPolicy, SampleRange
+from aitbc_agent_sdk.records import ElasticPolicy, SampleRange
 from aitbc_agent_sdk.stack import join_embedded_market
 from aitbc_agent_sdk.training import decode_state
 from scripts.chaos.byzantine import QuarterSpeedProvider

@@ -6,7 +6,7 @@ import pytest
 
 from aitbc_agent_sdk import Agent, AgentConfig, JobConfig, TrainingPhase, TrainingSpec
 from aitbc_agent_sdk.chain import result_hash, training_key
-from aitbc_agent_sdk.models import ShardManifest
+from aitbc_agent_sdk.records import ShardManifest
 from aitbc_agent_sdk.training import build_model, decode_state
 
 async def test_four_workers_five_rounds_train_and_get_paid(aitbc_home):
@@ -72,7 +72,7 @@ async def test_four_workers_five_rounds_train_and_get_paid(aitbc_home):
             assert state.completed == 1 and state.failed == 0 and state.assigned == 0
 
     # progress streamed while it ran
-    from aitbc_agent_sdk.models import Progress
+    from aitbc_agent_sdk.records import Progress
     assert any(isinstance(e, Progress) and e.status == "running" and e.loss is not None for e in events)
 
     # and it is all in SQLite
@@ -109,7 +109,7 @@ async def test_a_cancelled_training_pays_its_accepted_rounds_and_refunds_the_res
     """An SDK caller who gives up (a timeout, Ctrl-C under asyncio.run) leaves nothing locked in the escrow."""
     import asyncio
 
-    from aitbc_agent_sdk.models import RoundMetrics
+    from aitbc_agent_sdk.records import RoundMetrics
 
     first_round = asyncio.Event()
     observer = lambda event: first_round.set() if isinstance(event, RoundMetrics) else None  # noqa: E731

@@ -5,7 +5,7 @@ from eth_account import Account
 
 from aitbc_agent_sdk.errors import SignatureError
 from aitbc_agent_sdk.messaging import EnvelopeSigner, EnvelopeVerifier
-from aitbc_agent_sdk.models import Heartbeat
+from aitbc_agent_sdk.records import Heartbeat
 
 TOPIC = "aitbc/v1/heartbeat/x"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from aitbc_agent_sdk.models import JobConfig, TaskRef
+from aitbc_agent_sdk.records import JobConfig, TaskRef
 from aitbc_agent_sdk.training import load_dataset, train_test_split
 from aitbc_agent_sdk.training.bound_task import BoundTask, bind_task
 from aitbc_agent_sdk.training.datasets import LabeledData

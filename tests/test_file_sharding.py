@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aitbc_agent_sdk.models.datasets import ArrayLayout, DatasetFile, DatasetManifest, ImageLayout, TokenLayout
+from aitbc_agent_sdk.records.datasets import ArrayLayout, DatasetFile, DatasetManifest, ImageLayout, TokenLayout
 from aitbc_agent_sdk.training.file_sharding import (
     array_rows, class_ranges, merge_shards, plan_split, shard_data, shard_label_counts, sub_shard)
 

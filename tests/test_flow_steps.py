@@ -8,8 +8,8 @@ import pytest
 
 from aitbc_agent_sdk import flow
 from aitbc_agent_sdk.audit import AuditLog
-from aitbc_agent_sdk.coordinator.store import TrainingStore
-from aitbc_agent_sdk.models import JobConfig, TrainingPhase, TrainingRecord, TrainingSpec
+from aitbc_agent_sdk.coordinator.training_db import TrainingStore
+from aitbc_agent_sdk.records import JobConfig, TrainingPhase, TrainingRecord, TrainingSpec
 from aitbc_agent_sdk.training import MODEL_NAMES
 
 COORD = "0x" + "ab" * 20

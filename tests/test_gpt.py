@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from aitbc_agent_sdk.errors import ConfigError, DatasetError
-from aitbc_agent_sdk.models import JobConfig, TaskRef
+from aitbc_agent_sdk.records import JobConfig, TaskRef
 from aitbc_agent_sdk.training.bound_task import bind_task
 from aitbc_agent_sdk.training.builtin_tasks import BUILTIN_TASKS
 from aitbc_agent_sdk.training.checkpoint import decode_state

@@ -17,7 +17,7 @@ from eth_account import Account
 from aitbc_agent_sdk.coordinator.service import Coordinator
 from aitbc_agent_sdk.coordinator.settings import CoordinatorSettings
 from aitbc_agent_sdk.coordinator.settlement import EscrowAccount
-from aitbc_agent_sdk.coordinator.store import TrainingStore
+from aitbc_agent_sdk.coordinator.training_db import TrainingStore
 from aitbc_agent_sdk.market import WeightedScore, rank_workers
 from aitbc_agent_sdk.market import hardware_check as hc
 from aitbc_agent_sdk.market.hardware_check import (
@@ -25,7 +25,7 @@ from aitbc_agent_sdk.market.hardware_check import (
     product_ok,
 )
 from aitbc_agent_sdk.messaging import InMemoryBus, SignedChannel, Verified, topics
-from aitbc_agent_sdk.models import GpuInfo, Hardware, HardwareAnswer, HardwareChallenge, Offer, Worker
+from aitbc_agent_sdk.records import GpuInfo, Hardware, HardwareAnswer, HardwareChallenge, Offer, Worker
 from aitbc_agent_sdk.provider.hardware_answer import HardwareAnswers, challenge_refusal
 from aitbc_agent_sdk.provider.node import ProviderAgent, ProviderConfig
 from aitbc_agent_sdk.storage import LocalContentStore

@@ -5,7 +5,7 @@ import pytest
 from aitbc_agent_sdk.coordinator.health import (
     adaptive_deadline, confirmed_stragglers, past_deadline, progress_stragglers, quantile, silent_workers,
 )
-from aitbc_agent_sdk.models import FaultPolicy
+from aitbc_agent_sdk.records import FaultPolicy
 
 
 def test_silent_workers_are_those_quiet_for_longer_than_the_timeout():

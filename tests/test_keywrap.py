@@ -22,7 +22,7 @@ from aitbc_agent_sdk.chain.wallet import WalletStore
 from aitbc_agent_sdk.errors import DecryptionError, SignatureError
 from aitbc_agent_sdk.messaging import EnvelopeSigner
 from aitbc_agent_sdk.messaging.envelope import Envelope
-from aitbc_agent_sdk.models import Hardware, Offer
+from aitbc_agent_sdk.records import Hardware, Offer
 
 TRAINING_KEY = os.urandom(32)
 INFO = b"chain=31337|training=t-1|provider=0xabc"

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from aitbc_agent_sdk.coordinator.datasets import DatasetStore
-from aitbc_agent_sdk.models import ShardManifest
+from aitbc_agent_sdk.records import ShardManifest
 from aitbc_agent_sdk.profile import load_profile
 from aitbc_agent_sdk.storage.kubo import KuboClient, KuboContentStore
 from aitbc_agent_sdk.training import decode_state

@@ -1,11 +1,11 @@
 import pytest
 import torch
 
-from aitbc_agent_sdk.models import JobConfig
+from aitbc_agent_sdk.records import JobConfig
 from aitbc_agent_sdk.training.datasets import load_dataset, train_test_split
 from aitbc_agent_sdk.training.evaluation import evaluate
 from aitbc_agent_sdk.training.local import EpochStats, train_local
-from aitbc_agent_sdk.training.models import build_model, fit_normalization, model_spec_for
+from aitbc_agent_sdk.training.networks import build_model, fit_normalization, model_spec_for
 from aitbc_agent_sdk.training.sharding import iid_partition
 
 

@@ -12,7 +12,7 @@ import torch
 from pydantic import ValidationError
 
 from aitbc_agent_sdk.messaging import topics
-from aitbc_agent_sdk.models import (
+from aitbc_agent_sdk.records import (
     ContractReply, GpuInfo, Hardware, JobAssignment, JobConfig, ModelFootprint, ModelSpec, TaskRef, fit_problem,
     largest_machine, new_id,
 )

@@ -18,7 +18,7 @@ from aitbc_agent_sdk.errors import MessagingError
 from aitbc_agent_sdk.messaging import Bus, BusMessage, SignedChannel, topics
 from aitbc_agent_sdk.messaging.envelope import EnvelopeSigner
 from aitbc_agent_sdk.messaging.mqtt import MqttBus
-from aitbc_agent_sdk.models import ContractProposal, ContractReply
+from aitbc_agent_sdk.records import ContractProposal, ContractReply
 
 HOST = "127.0.0.1"
 

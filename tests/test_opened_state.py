@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from aitbc_agent_sdk.errors import TrainingError
-from aitbc_agent_sdk.models import JobConfig, TaskRef
+from aitbc_agent_sdk.records import JobConfig, TaskRef
 from aitbc_agent_sdk.training.bound_task import bind_task
 from aitbc_agent_sdk.training.checkpoint import decode_metadata, decode_state, encode_state
 from aitbc_agent_sdk.training.datasets import LabeledData

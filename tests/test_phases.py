@@ -2,7 +2,7 @@ import pytest
 
 from aitbc_agent_sdk.coordinator import check_transition, is_terminal
 from aitbc_agent_sdk.errors import PhaseError
-from aitbc_agent_sdk.models import TrainingPhase as P
+from aitbc_agent_sdk.records import TrainingPhase as P
 
 HAPPY_PATH = [P.INITIALIZING, P.DISTRIBUTING, P.TRAINING, P.AGGREGATING, P.DISTRIBUTING, P.TRAINING,
               P.AGGREGATING, P.COMPLETE]

@@ -9,8 +9,8 @@ from aitbc_agent_sdk import Agent, AgentConfig, JobConfig, TrainingPhase, Traini
 from aitbc_agent_sdk.chain.escrow import training_key
 from aitbc_agent_sdk.chain.keywrap import data_key_info, unwrap_key
 from aitbc_agent_sdk.errors import DecryptionError
-from aitbc_agent_sdk.models import ShardManifest
-from aitbc_agent_sdk.models.datasets import ShardData
+from aitbc_agent_sdk.records import ShardManifest
+from aitbc_agent_sdk.records.datasets import ShardData
 from aitbc_agent_sdk.training import load_dataset
 
 

@@ -26,7 +26,7 @@ from aitbc_agent_sdk.chain import (
 )
 from aitbc_agent_sdk.chain.registry import result_digest
 from aitbc_agent_sdk.messaging import InMemoryBus, SignedChannel, topics
-from aitbc_agent_sdk.models import (
+from aitbc_agent_sdk.records import (
     ContractProposal, ContractReply, Hardware, JobAssignment, JobCancel, JobConfig, JobResult, ModelSpec, Ping,
     Pong, Progress, new_id,
 )

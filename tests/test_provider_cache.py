@@ -14,8 +14,8 @@ from eth_account import Account
 
 from aitbc_agent_sdk.errors import FetchLimitError, StorageError, UnsafeNameError
 from aitbc_agent_sdk.messaging import topics
-from aitbc_agent_sdk.models import JobCancel, new_id
-from aitbc_agent_sdk.models.datasets import ShardData
+from aitbc_agent_sdk.records import JobCancel, new_id
+from aitbc_agent_sdk.records.datasets import ShardData
 from aitbc_agent_sdk.provider.cache import ContentCache, cache_key
 from aitbc_agent_sdk.provider.cache_files import ENTRIES_DIR, PARTIAL_DIR, meta_path
 from aitbc_agent_sdk.provider.node import ProviderAgent, ProviderConfig

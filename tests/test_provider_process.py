@@ -8,7 +8,7 @@ import pytest
 
 from aitbc_agent_sdk.errors import TrainingError
 from aitbc_agent_sdk.host.sandbox_plan import scrubbed_env
-from aitbc_agent_sdk.models import JobConfig
+from aitbc_agent_sdk.records import JobConfig
 from aitbc_agent_sdk.provider.hardware import detect_hardware
 from aitbc_agent_sdk.provider.process import TrainingProcess
 from aitbc_agent_sdk.provider.worker_process import CHECKPOINT_FILE, WEIGHTS_FILE

@@ -4,7 +4,7 @@ import asyncio
 from pathlib import Path
 
 from aitbc_agent_sdk.host.sandbox_plan import devices_for_gpu
-from aitbc_agent_sdk.models import GpuInfo, Hardware
+from aitbc_agent_sdk.records import GpuInfo, Hardware
 from aitbc_agent_sdk.provider.sandbox import TrainingSandbox, gpu_env, sandbox_spec
 from aitbc_agent_sdk.provider.slots import SlotPlan, TrainingSlots, plan_slots
 

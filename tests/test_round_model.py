@@ -9,7 +9,7 @@ import torch
 from aitbc_agent_sdk.coordinator.inputs import job_task, new_job
 from aitbc_agent_sdk.coordinator.round_model import outer_step
 from aitbc_agent_sdk.coordinator.tasks import spec_for_dataset
-from aitbc_agent_sdk.models import (
+from aitbc_agent_sdk.records import (
     JobConfig, ModelSpec, Shard, TaskRef, TrainingRecord, TrainingSpec, WeightsDelta, WorkerContract,
 )
 from aitbc_agent_sdk.provider.cache import ContentCache

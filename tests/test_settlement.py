@@ -1,5 +1,5 @@
 from aitbc_agent_sdk.coordinator import earned_wei, plan_payouts
-from aitbc_agent_sdk.models import CheckpointRef, WorkerContract
+from aitbc_agent_sdk.records import CheckpointRef, WorkerContract
 
 A = "0x" + "a" * 40
 B = "0x" + "b" * 40

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from aitbc_agent_sdk.errors import ConfigError, DatasetError
-from aitbc_agent_sdk.models import (
+from aitbc_agent_sdk.records import (
     EscrowSummary, JobConfig, RoundReport, TrainingPhase, TrainingReport, TrainingSpec)
-from aitbc_agent_sdk.models.datasets import DatasetManifest
+from aitbc_agent_sdk.records.datasets import DatasetManifest
 from aitbc_agent_sdk.storage.unixfs import compute_cid
 from aitbc_agent_sdk.training.array_files import write_class_sorted
 from aitbc_agent_sdk.training.bound_task import bind_task, task_ref_of

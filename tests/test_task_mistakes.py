@@ -17,7 +17,7 @@ from aitbc_agent_sdk.coordinator.tasks import TaskCache
 from aitbc_agent_sdk.errors import ConfigError, TrainingError
 from aitbc_agent_sdk.flow.tasks import check_task_source
 from aitbc_agent_sdk.limits import TEXT_MAX_LENGTH
-from aitbc_agent_sdk.models import JobConfig, ModelSpec, TaskRef, TrainingSpec
+from aitbc_agent_sdk.records import JobConfig, ModelSpec, TaskRef, TrainingSpec
 from aitbc_agent_sdk.provider.process import TASK_FILE, WEIGHTS_FILE
 from aitbc_agent_sdk.provider.worker_process import run_job
 from aitbc_agent_sdk.storage.local import LocalContentStore

@@ -17,7 +17,7 @@ from eth_account import Account
 from aitbc_agent_sdk.coordinator import Coordinator, CoordinatorSettings, EscrowAccount, TrainingStore
 from aitbc_agent_sdk.market import WeightedScore
 from aitbc_agent_sdk.messaging import InMemoryBus, SignedChannel, topics
-from aitbc_agent_sdk.models import Hardware, Offer, TaskPolicy, TaskRef
+from aitbc_agent_sdk.records import Hardware, Offer, TaskPolicy, TaskRef
 from aitbc_agent_sdk.provider.tasks import ProviderTasks
 from aitbc_agent_sdk.storage import LocalContentStore
 from aitbc_agent_sdk.training.task_package import encode_package, pack_task

@@ -7,7 +7,7 @@ from torch import nn
 
 from aitbc_agent_sdk import Agent, AgentConfig, TrainingSpec
 from aitbc_agent_sdk.errors import TrainingError
-from aitbc_agent_sdk.models import JobConfig
+from aitbc_agent_sdk.records import JobConfig
 from aitbc_agent_sdk.chain.escrow import training_key
 from aitbc_agent_sdk.training.task_state import encode_task_state, restore_task_state
 

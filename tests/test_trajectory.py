@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from aitbc_agent_sdk.errors import TrainingError
-from aitbc_agent_sdk.models import COMMITMENT_KEY, JobConfig, TaskRef
+from aitbc_agent_sdk.records import COMMITMENT_KEY, JobConfig, TaskRef
 from aitbc_agent_sdk.provider.process import TRAJECTORY_DIR, TrainingProcess
 from aitbc_agent_sdk.provider.sandbox import TrainingSandbox, take_trajectory
 from aitbc_agent_sdk.provider.worker_process import CHECKPOINT_FILE, WEIGHTS_FILE, write_checkpoint

@@ -17,7 +17,7 @@ import torch
 
 from aitbc_agent_sdk.coordinator.spot_check import measured_step_s, opening_deadline_s
 from aitbc_agent_sdk.errors import TrainingError
-from aitbc_agent_sdk.models import JobAssignment, JobConfig, TaskRef, TrajectoryChallenge
+from aitbc_agent_sdk.records import JobAssignment, JobConfig, TaskRef, TrajectoryChallenge
 from aitbc_agent_sdk.provider.jobs import TrainOutcome
 from aitbc_agent_sdk.provider.kept import MAX_RECOMPUTES, KeptJob, KeptResults
 from aitbc_agent_sdk.provider.owners import TrainingOwner

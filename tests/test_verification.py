@@ -11,7 +11,7 @@ from aitbc_agent_sdk.coordinator.verification import (
     Inspection, inspect_result, judge_norms, loss_limit, norm_problem, result_signer, round_median, update_norm,
     validation_loss,
 )
-from aitbc_agent_sdk.models import FaultPolicy, JobConfig
+from aitbc_agent_sdk.records import FaultPolicy, JobConfig
 from aitbc_agent_sdk.training import build_model, load_dataset, model_spec_for, train_local, train_test_split
 
 TID = "training-verify"

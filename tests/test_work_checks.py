@@ -12,7 +12,7 @@ from aitbc_agent_sdk.coordinator.work_checks import (
     state_norm, update_sketch,
 )
 from aitbc_agent_sdk.training.trajectory import segment_steps
-from aitbc_agent_sdk.models import FaultPolicy, TrajectoryCommitment
+from aitbc_agent_sdk.records import FaultPolicy, TrajectoryCommitment
 
 WORKER = "0x" + "11" * 20
 OTHER = "0x" + "22" * 20

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field
 
 from ..cluster.errors import ClusterError
-from ..models import id_path
+from ..records import id_path
 from .base import Tool, ToolArgs, ToolContext, ToolResult
 from .cluster_tools import CLUSTER_HELP, WALLET_HELP, cluster_channel, pick_cluster
 

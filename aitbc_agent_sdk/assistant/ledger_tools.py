@@ -8,7 +8,7 @@ import os
 from pydantic import Field
 
 from ..errors import ConfigError
-from ..models import reported_accuracy
+from ..records import reported_accuracy
 from . import sdk
 from .base import Tool, ToolArgs, ToolContext, ToolResult
 from .market_tools import TrainingArgs

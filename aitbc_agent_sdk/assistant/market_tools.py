@@ -11,7 +11,7 @@ from pydantic import Field
 
 from .. import flow
 from ..errors import DatasetError
-from ..models import JobConfig, OuterName, TaskRef, TrainingSpec, UpdateEncoding
+from ..records import JobConfig, OuterName, TaskRef, TrainingSpec, UpdateEncoding
 from . import sdk
 from .base import Tool, ToolArgs, ToolContext, ToolResult
 

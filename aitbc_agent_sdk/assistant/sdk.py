@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
     from ..agent import Agent
     from ..coordinator.monitor import Snapshot
-    from ..models import TrainingRecord
+    from ..records import TrainingRecord
     from .base import ToolContext
 
 WEI_PER_ETH = 10**18
@@ -61,7 +61,7 @@ async def resolve_training(ctx: ToolContext, training_id: str | None) -> str:
         return training_id
     if ctx.training_id:
         return ctx.training_id
-    from ..coordinator.store import TrainingStore
+    from ..coordinator.training_db import TrainingStore
 
     if not db_path(ctx.home).exists():
         raise NotFoundError(f"no trainings yet in {ctx.home}; start one first (for example: "
@@ -81,7 +81,7 @@ async def wallet_of(home: Path, training_id: str) -> str:
 
 async def snapshot_of(home: Path, training_id: str) -> Snapshot:
     from ..coordinator.monitor import snapshot
-    from ..coordinator.store import TrainingStore
+    from ..coordinator.training_db import TrainingStore
 
     async with TrainingStore(db_path(home)) as db:
         return await snapshot(db, training_id, audit_dir=home / "trainings")

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
 from ..host.hardware import cpu_model, nvml_text  # the same /proc and NVML string readers as the provider
-from ..models import Address
+from ..records import Address
 
 
 class GpuInventory(BaseModel):

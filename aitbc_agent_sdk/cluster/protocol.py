@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..messaging.topics import PREFIX
-from ..models import ID_PATTERN
+from ..records import ID_PATTERN
 from .mounts import MountCommand
 from .spec import NAME_PATTERN
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from ..models.inert import html_text as escape  # hosts' words: control characters shown, then HTML-escaped
+from ..records.inert import html_text as escape  # hosts' words: control characters shown, then HTML-escaped
 from .inventory import ClusterInventory, HostInventory
 
 _CSS = """

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ..models import Address
+from ..records import Address
 from ..profile import BusSettings
 from .errors import ClusterConfigError, UnknownClusterError
 

@@ -10,7 +10,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "service": ("Coordinator",),
     "settings": ("CoordinatorSettings",),
     "settlement": ("EscrowAccount", "Payout", "earned_wei", "plan_payouts"),
-    "store": ("TrainingStore",),
+    "training_db": ("TrainingStore",),
 }, globals())
 
 if TYPE_CHECKING:
@@ -19,4 +19,4 @@ if TYPE_CHECKING:
     from .service import Coordinator
     from .settings import CoordinatorSettings
     from .settlement import EscrowAccount, Payout, earned_wei, plan_payouts
-    from .store import TrainingStore
+    from .training_db import TrainingStore

@@ -17,7 +17,7 @@ from typing import Protocol
 
 import torch
 
-from ..models import CheckpointRef, JobAssignment, Shard
+from ..records import CheckpointRef, JobAssignment, Shard
 from .inputs import RoundInputs
 from .round_work import RoundWork
 from .settlement import EscrowAccount

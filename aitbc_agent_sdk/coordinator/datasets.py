@@ -21,14 +21,14 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ConfigError, DatasetError
-from ..models import format_size
-from ..models.datasets import (
+from ..records import format_size
+from ..records.datasets import (
     MAX_DATASET_FILES, DataSlices, DatasetKind, DatasetManifest, FileSlice, ShardData, TargetKind,
 )
 from ..storage import ContentStore
 from ..storage.port import DirectoryStore
 from ..training import LabeledData
-from ..models import TrainingSpec
+from ..records import TrainingSpec
 from ..training.dataset_dirs import PreparedDataset, build_manifest, prepare_dataset
 from ..training.file_sharding import plan_split, shard_data, spread_sample
 from ..training.shard_files import SHARD_INFO, ShardContent, data_layout, load_shard, part_name, target_bytes

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from ..models import FaultPolicy
+from ..records import FaultPolicy
 from .health import adaptive_deadline
 
 

@@ -13,7 +13,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
-from ..models import ElasticPolicy, SampleRange
+from ..records import ElasticPolicy, SampleRange
 
 Decision = Literal["hire", "release"] | None
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from ..errors import AitbcError, MessagingError
 from ..market.hardware_check import PRODUCT_KEY, HardwareVerdict, challenge_deadline, hardware_verdict, product_ok
 from ..messaging import SignedChannel, topics
-from ..models import HardwareAnswer, HardwareChallenge, Offer, Worker, new_id
+from ..records import HardwareAnswer, HardwareChallenge, Offer, Worker, new_id
 from ..storage import ContentStore
 from ..training import decode_state
 from .settings import CoordinatorSettings

@@ -7,7 +7,7 @@ import statistics
 from collections.abc import Hashable, Mapping, Sequence
 from typing import TypeVar
 
-from ..models import FaultPolicy
+from ..records import FaultPolicy
 
 K = TypeVar("K", bound=Hashable)
 

@@ -14,18 +14,18 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..errors import NotFoundError
-from ..models import (
+from ..records import (
     FaultPolicy, JobAssignment, JobConfig, ModelSpec, Shard, ShardManifest, TaskRef, TrainingRecord, TrainingSpec,
     WeightsDelta, WorkerContract, new_id,
 )
 from ..storage import ContentStore
 from ..training import LabeledData, decode_state
 from ..training.bound_task import BoundTask
-from ..training.models import MODEL_NAMES
+from ..training.networks import MODEL_NAMES
 from ..training.shard_files import drawn_samples
 from .datasets import DatasetStore
 from .tasks import TaskCache
-from .store import TrainingStore
+from .training_db import TrainingStore
 from .verification import validation_loss
 
 CHECKPOINT_HEADER_SLACK = 64 * 1024  # safetensors headers differ in offsets' digits and metadata

@@ -11,8 +11,8 @@ from typing import Any
 
 from ..errors import NotFoundError
 from ..messaging import SignedChannel, Verified, topics
-from ..models import CheckpointRef, JobResult, Progress, TrajectoryOpening
-from .store import TrainingStore
+from ..records import CheckpointRef, JobResult, Progress, TrajectoryOpening
+from .training_db import TrainingStore
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ import time
 
 from ..errors import MessagingError
 from ..messaging import SignedChannel, topics
-from ..models import Heartbeat, Ping, Pong, new_id
+from ..records import Heartbeat, Ping, Pong, new_id
 
 
 class LivenessWatch:

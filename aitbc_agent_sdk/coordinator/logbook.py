@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..audit import AuditLog
-from ..models import id_path
+from ..records import id_path
 
 
 class AuditSink(Protocol):

@@ -10,11 +10,11 @@ import asyncio
 from dataclasses import replace
 
 from ..errors import ConfigError, InsufficientFundsError, NotFoundError
-from ..models import Payment, Settlement, WorkerContract
+from ..records import Payment, Settlement, WorkerContract
 from .listener import Observer
 from .logbook import AuditLogs
 from .settlement import EscrowAccount, plan_payouts
-from .store import TrainingStore
+from .training_db import TrainingStore
 
 
 class EscrowSteps:

@@ -7,9 +7,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ..models import EscrowSummary, Payment, Progress, RoundMetrics, TrainingPhase, id_path
+from ..records import EscrowSummary, Payment, Progress, RoundMetrics, TrainingPhase, id_path
 from ..audit import read_log
-from .store import TrainingStore
+from .training_db import TrainingStore
 
 
 POOL_EVENTS = ("worker_added", "worker_released", "rebalanced", "scale_up_refused", "worker_replaced",

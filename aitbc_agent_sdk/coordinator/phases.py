@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..errors import PhaseError
-from ..models import TrainingPhase as P
+from ..records import TrainingPhase as P
 
 TRANSITIONS: Mapping[P, frozenset[P]] = {
     P.INITIALIZING: frozenset({P.DISTRIBUTING, P.FAILED}),

@@ -11,7 +11,7 @@ import json
 import logging
 
 from ..errors import InsufficientFundsError, MessagingError, NotEnoughWorkersError
-from ..models import ElasticPolicy, SampleRange, Shard, ShardManifest, WorkerContract
+from ..records import ElasticPolicy, SampleRange, Shard, ShardManifest, WorkerContract
 from ..training.file_sharding import merge_shards, shard_label_counts, sub_shard
 from .elastic import count, needs_rebalance, plan_shares, reassign, scaling_decision
 from .service import Coordinator

@@ -18,11 +18,11 @@ from ..chain import SlashEvidence
 from ..chain.registry import RegistryClient
 from ..errors import AitbcError, ContractRevertError, MessagingError, NotEnoughWorkersError
 from ..messaging import SignedChannel, topics
-from ..models import ChainIntent, JobCancel, Worker, WorkerContract, new_id
-from ..models.base import clipped
+from ..records import ChainIntent, JobCancel, Worker, WorkerContract, new_id
+from ..records.base import clipped
 from .logbook import AuditSink
 from .settlement import EscrowAccount
-from .store import TrainingStore
+from .training_db import TrainingStore
 
 if TYPE_CHECKING:  # hiring asks the market through the coordinator; the rest of this module does not
     from .service import Coordinator

@@ -14,10 +14,10 @@ from collections.abc import Iterable, Sequence
 from ..chain.escrow import sign_receipt
 from ..errors import AitbcError
 from ..messaging import SignedChannel, topics
-from ..models import CheckpointRef, PaymentReceipt, WorkerContract
+from ..records import CheckpointRef, PaymentReceipt, WorkerContract
 from .logbook import AuditLogs
 from .settlement import EscrowAccount, accepted_earnings
-from .store import TrainingStore
+from .training_db import TrainingStore
 
 __all__ = ["ReceiptIssuer", "receipt_terms"]
 

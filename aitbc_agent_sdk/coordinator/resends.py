@@ -9,10 +9,10 @@ from collections.abc import Callable, Iterator
 
 from ..errors import AitbcError
 from ..messaging import SignedChannel, topics
-from ..models import CheckpointRef, ResendRequest
-from ..models.base import clipped
+from ..records import CheckpointRef, ResendRequest
+from ..records.base import clipped
 from .logbook import AuditSink
-from .store import TrainingStore
+from .training_db import TrainingStore
 from .verification import Inspection
 
 log = logging.getLogger(__name__)

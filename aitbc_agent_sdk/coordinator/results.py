@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import ConfigError, NotFoundError, TrainingError
-from ..models import AggregateResult, CheckpointRef
+from ..records import AggregateResult, CheckpointRef
 from ..storage import DEFAULT_MAX_BYTES, ContentStore
 from ..training import AggregationStrategy, decode_state, encode_state, sample_weights
 from .inputs import CHECKPOINT_HEADER_SLACK
@@ -21,7 +21,7 @@ from .logbook import AuditLogs
 from .receipts import ReceiptIssuer
 from .round_model import decoded
 from .settlement import EscrowAccount
-from .store import TrainingStore
+from .training_db import TrainingStore
 from .verification import checkpoint_problem, result_signer
 
 Decode = Callable[[bytes], dict[str, Any]]

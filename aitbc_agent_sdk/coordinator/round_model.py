@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..models import TrainingRecord, UpdateEncoding
+from ..records import TrainingRecord, UpdateEncoding
 from ..storage import ContentStore
 from ..training import AggregationStrategy, decode_state, encode_state
 from ..training.outer import outer_for

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from ..errors import PhaseError
-from ..models import CheckpointRef, JobAssignment, Shard, WorkerContract
+from ..records import CheckpointRef, JobAssignment, Shard, WorkerContract
 from .verification import Inspection
 
 

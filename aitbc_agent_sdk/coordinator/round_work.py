@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ..errors import TrainingError
-from ..models import JobAssignment, Shard, TrajectoryCommitment
+from ..records import JobAssignment, Shard, TrajectoryCommitment
 from ..training.shard_files import drawn_samples
 from ..training.trajectory import read_commitment, tensor_digest
 from .inputs import RoundInputs

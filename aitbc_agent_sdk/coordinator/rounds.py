@@ -15,7 +15,7 @@ import logging
 import time
 
 from ..errors import InsufficientFundsError, NotEnoughWorkersError, TrainingError
-from ..models import CheckpointRef, JobAssignment, Progress, TrainingPhase, WorkerContract
+from ..records import CheckpointRef, JobAssignment, Progress, TrainingPhase, WorkerContract
 from ..training import strategy_for_round
 from .arrival import Arrival, arrival_checks, check_arrival
 from .deadlines import job_deadline, job_work

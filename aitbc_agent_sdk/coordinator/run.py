@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ..errors import AitbcError, ConfigError, NotEnoughWorkersError, TrainingError
-from ..models import (
+from ..records import (
     ModelFootprint, RoundReport, Settlement, TrainingPhase, TrainingRecord, TrainingReport, TrainingSpec, Worker,
     WorkerReport, fit_problem, largest_machine, reported_accuracy,
 )
-from ..models.footprint import describe
+from ..records.footprint import describe
 from ..training.bound_task import rehearsal_size
 from ..training.file_sharding import partition_problem
 from ..training.task import TrainingTask

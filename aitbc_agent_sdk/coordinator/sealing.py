@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from ..chain.keywrap import data_key_info, signer_public_key, wrap_key
 from ..errors import ConfigError, MessagingError
-from ..models import JobAssignment
-from ..models.datasets import FileSlice, SealedLayout, ShardData
+from ..records import JobAssignment
+from ..records.datasets import FileSlice, SealedLayout, ShardData
 from ..storage import ContentStore
 from ..storage.sealed import DEFAULT_CHUNK_SIZE, seal_file, sealed_size
 from ..storage.sealed_slices import HEADER_SIZE, open_slice, slice_span
@@ -26,7 +26,7 @@ from ..training.dataset_dirs import visible_files
 
 if TYPE_CHECKING:
     from .settlement import EscrowAccount
-    from .store import TrainingStore
+    from .training_db import TrainingStore
 
 KEY_BYTES = 32
 SEALED_LAYOUT = SealedLayout(chunk_size=DEFAULT_CHUNK_SIZE)

@@ -23,14 +23,14 @@ from ..market import (
 from ..market.discovery import resolve_min_stake, split_by_stake, stake_skip_text
 from ..market.scoring import rate_worker
 from ..messaging import SignedChannel, topics
-from ..models import (
+from ..records import (
     AggregateResult, CheckpointRef, ContractProposal, ContractReply, Hardware, JobAssignment, JobConfig, ModelSpec,
     Offer, Progress, RoundMetrics, Shard, ShardManifest, TaskRef, TrainingPhase, TrainingRecord, TrainingSpec,
     TrainingStatus, Worker, WorkerContract, fit_problem, new_id, reported_accuracy,
 )
 from ..storage import ContentStore
 from ..training import AggregationStrategy, FedAvg, LabeledData, decode_state
-from ..models.datasets import DatasetManifest, TargetKind
+from ..records.datasets import DatasetManifest, TargetKind
 from ..training.bound_task import rehearsal_size
 from ..training.dataset_dirs import manifest_shape
 from ..training.file_sharding import partition_problem
@@ -49,7 +49,7 @@ from .settlement import EscrowAccount
 from .sharding import publish_shards
 from .tasks import TaskCache, spec_for_dataset
 from .stats import RoundStats
-from .store import TrainingStore
+from .training_db import TrainingStore
 
 __all__ = ["Coordinator", "CoordinatorSettings", "audit_path"]  # audit_path: where tests and tools read a log
 log = logging.getLogger(__name__)

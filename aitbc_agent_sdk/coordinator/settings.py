@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..models import MAX_HARDWARE_FLOPS, MAX_HARDWARE_PRODUCT, HardwareChallenge
+from ..records import MAX_HARDWARE_FLOPS, MAX_HARDWARE_PRODUCT, HardwareChallenge
 from ..market.discovery import DEFAULT_MIN_STAKE_WEI
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from ..chain import (EscrowClient, EvidenceDomain, TransactionSender, consent_digest, consent_signer, result_hash, training_key,
                      training_salt)
 from ..errors import ConfigError
-from ..models import CheckpointRef, EscrowSummary, Payment, WorkerContract
+from ..records import CheckpointRef, EscrowSummary, Payment, WorkerContract
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ConfigError
-from ..models import Shard, ShardManifest, TrainingRecord
-from ..models.datasets import DatasetManifest, ShardData
+from ..records import Shard, ShardManifest, TrainingRecord
+from ..records.datasets import DatasetManifest, ShardData
 from ..training.dataset_dirs import manifest_shape
 from ..training.file_sharding import merge_shards, plan_split, shard_data, spread_sample
 from .datasets import DatasetStore

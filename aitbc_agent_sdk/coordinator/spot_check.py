@@ -36,7 +36,7 @@ import torch
 
 from ..errors import AitbcError
 from ..messaging import topics
-from ..models import JobAssignment, Shard, TrajectoryChallenge, TrajectoryCommitment, TrajectoryOpening
+from ..records import JobAssignment, Shard, TrajectoryChallenge, TrajectoryCommitment, TrajectoryOpening
 from ..training import decode_state
 from ..training.trajectory import boundary_hashes, recompute_segments
 from ..training.trajectory_replay import Reexecution, reexecute_segments, relative_distance, unfit_states

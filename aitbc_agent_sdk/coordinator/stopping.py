@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..models import TrainingPhase
+from ..records import TrainingPhase
 
 if TYPE_CHECKING:
     from .service import Coordinator

@@ -10,7 +10,7 @@ import asyncio
 import tempfile
 from pathlib import Path
 
-from ..models import MAX_TASK_BYTES, TaskRef, TrainingSpec, id_path
+from ..records import MAX_TASK_BYTES, TaskRef, TrainingSpec, id_path
 from ..storage import ContentStore
 from ..training.bound_task import BoundTask, bind_task, task_ref_of
 from ..training.task import TrainingTask

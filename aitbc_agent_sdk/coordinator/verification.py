@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from ..chain.registry import EvidenceDomain, result_digest, signature_signer
-from ..models import FaultPolicy, ModelSpec
+from ..records import FaultPolicy, ModelSpec
 from ..training import LabeledData
 from ..training.bound_task import BoundTask, bind_task, job_task_ref
 

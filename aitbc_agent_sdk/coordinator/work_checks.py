@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from ..models import FaultPolicy, JobConfig, TrajectoryCommitment
+from ..records import FaultPolicy, JobConfig, TrajectoryCommitment
 from ..training.bound_task import BoundTask
 from ..training.trajectory import segment_steps
 

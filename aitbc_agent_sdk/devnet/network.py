@@ -255,7 +255,7 @@ async def _check_bus(profile: Profile) -> list[Health]:
     from ..market import collect_offers
     from ..messaging import SignedChannel, topics
     from ..messaging.settings import connect_bus
-    from ..models import Heartbeat
+    from ..records import Heartbeat
 
     try:
         async with connect_bus(profile.bus, f"devnet-status-{time.time_ns()}", persistent=False,

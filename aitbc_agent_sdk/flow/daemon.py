@@ -19,7 +19,7 @@ from eth_account.signers.local import LocalAccount
 
 from ..config import AgentConfig, default_home
 from ..coordinator.lock import training_lock
-from ..models import Settlement
+from ..records import Settlement
 from ..profile import training_dir
 
 log = logging.getLogger("aitbc.coordinator")

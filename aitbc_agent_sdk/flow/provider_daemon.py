@@ -27,7 +27,7 @@ from eth_account.signers.local import LocalAccount
 
 from ..chain import WalletStore
 from ..config import AgentConfig, default_home
-from ..models import TaskPolicy, parse_size
+from ..records import TaskPolicy, parse_size
 from ..profile import Profile, load_profile
 from ..provider.cache import DEFAULT_CACHE_BYTES
 from ..provider.hardware import detect_hardware

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import AitbcError, ConfigError, DatasetError, NotEnoughWorkersError, NotFoundError
 from ..market.discovery import resolve_min_stake
-from ..models import TrainingPhase, TrainingRecord, TrainingSpec, largest_machine
-from ..models.footprint import describe
-from ..models.datasets import TargetKind
+from ..records import TrainingPhase, TrainingRecord, TrainingSpec, largest_machine
+from ..records.footprint import describe
+from ..records.datasets import TargetKind
 from ..profile import training_dir
 from .costs import CostPreview, preview
 
@@ -40,7 +40,7 @@ def coordinator_log(home: Path, training_id: str) -> Path:
 
 
 async def load_training(home: Path, training_id: str) -> TrainingRecord:
-    from ..coordinator.store import TrainingStore
+    from ..coordinator.training_db import TrainingStore
 
     if not db_path(home).exists():  # opening would create an empty database
         raise NotFoundError(f"no training {training_id!r}: no trainings yet in {home}")
@@ -183,7 +183,7 @@ async def hire_workers(agent: Agent, training_id: str, required: int | None = No
 
 async def distribution_cost(home: Path, training_id: str) -> CostPreview:
     """What ``distribute`` will deposit, from the contracts signed (no chain, no writes)."""
-    from ..coordinator.store import TrainingStore
+    from ..coordinator.training_db import TrainingStore
 
     record = await load_training(home, training_id)
     _check_distributable(record)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from ..errors import ConfigError
-from ..models import TaskRef, TrainingSpec
+from ..records import TaskRef, TrainingSpec
 from ..training.builtin_tasks import BUILTIN_TASKS
 from ..training.task_package import pack_task
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from ..errors import AitbcError, ConfigError
-from ..models import TrainingPhase
+from ..records import TrainingPhase
 from ..profile import training_dir
 from ..coordinator.stopping import STOPPED_REASON, wind_down
 from .steps import coordinator_log, db_path, devnet_agent, load_training
@@ -48,7 +48,7 @@ def is_driven_now(home: Path, training_id: str) -> bool:
 
 async def list_trainings(home: Path) -> list[TrainingSummary]:
     """Every training of this home, newest first; an empty home stays empty (no database made)."""
-    from ..coordinator.store import TrainingStore
+    from ..coordinator.training_db import TrainingStore
 
     if not db_path(home).exists():
         return []

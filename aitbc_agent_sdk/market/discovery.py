@@ -9,7 +9,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING
 
 from ..messaging import topics
-from ..models import Offer, Worker
+from ..records import Offer, Worker
 
 if TYPE_CHECKING:
     from ..messaging import SignedChannel

@@ -10,7 +10,7 @@ from typing import Protocol
 import numpy as np
 
 from ..errors import ConfigError
-from ..models import Offer, Worker
+from ..records import Offer, Worker
 
 # Relative training performance in 0..1. The four RTX values are the seed scenario's own
 # table; the data-centre parts saturate the scale.

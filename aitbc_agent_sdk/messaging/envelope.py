@@ -21,7 +21,7 @@ from eth_account.signers.local import LocalAccount
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..errors import SignatureError
-from ..models import Address
+from ..records import Address
 from .replay import MemorySeen, SeenStore
 
 M = TypeVar("M", bound=BaseModel)

@@ -14,7 +14,7 @@ from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 
-from ..models import ContractProposal
+from ..records import ContractProposal
 
 __all__ = ["BookLimits", "ContractBook", "ContractKey", "contract_key"]
 

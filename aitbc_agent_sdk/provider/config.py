@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..models import ByteSize, TaskPolicy, Wei
+from ..records import ByteSize, TaskPolicy, Wei
 from .book import BookLimits
 from .cache import DEFAULT_CACHE_BYTES
 from .kept import KEPT_BYTES

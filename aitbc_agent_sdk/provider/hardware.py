@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from ..host.hardware import cpu_model, nvml_text
-from ..models import GpuInfo, Hardware
+from ..records import GpuInfo, Hardware
 
 
 def _ram_bytes() -> int:

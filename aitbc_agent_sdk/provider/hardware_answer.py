@@ -19,7 +19,7 @@ import torch
 from ..errors import AitbcError
 from ..market.hardware_check import PRODUCT_KEY, compute_product
 from ..messaging import SignedChannel, Verified, topics
-from ..models import MAX_HARDWARE_FLOPS, MAX_HARDWARE_PRODUCT, Hardware, HardwareAnswer, HardwareChallenge
+from ..records import MAX_HARDWARE_FLOPS, MAX_HARDWARE_PRODUCT, Hardware, HardwareAnswer, HardwareChallenge
 from ..storage import ContentStore
 from ..training import encode_state
 

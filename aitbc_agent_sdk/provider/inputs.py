@@ -21,8 +21,8 @@ from pathlib import Path
 
 from ..chain.keywrap import data_key_info, unwrap_key
 from ..errors import AitbcError, DatasetError, DecryptionError, FetchLimitError, StorageError
-from ..models import MAX_SHARD_BYTES, JobAssignment
-from ..models.datasets import ShardData
+from ..records import MAX_SHARD_BYTES, JobAssignment
+from ..records.datasets import ShardData
 from ..storage import ContentStore, fetch_timeout_s
 from ..storage.sealed_slices import HEADER_SIZE, open_slice, slice_span
 from ..training.shard_files import part_name

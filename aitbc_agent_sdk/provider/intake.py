@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..errors import AitbcError
-from ..models import ContractProposal, Hardware, JobAssignment, fit_problem
+from ..records import ContractProposal, Hardware, JobAssignment, fit_problem
 from .book import ContractKey, contract_key
 from .onchain import ProviderChain
 

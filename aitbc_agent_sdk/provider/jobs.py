@@ -11,7 +11,7 @@ from typing import Any, Literal, NamedTuple
 
 from ..limits import TEXT_MAX_LENGTH
 from ..messaging import Verified
-from ..models import ContractProposal, JobAssignment, Progress
+from ..records import ContractProposal, JobAssignment, Progress
 from .owners import TrainingOwner
 from .process import SHARD_FILE, WEIGHTS_FILE
 

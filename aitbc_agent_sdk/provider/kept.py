@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..models import BoundaryState, JobAssignment, TrajectoryChallenge, id_path
+from ..records import BoundaryState, JobAssignment, TrajectoryChallenge, id_path
 from ..storage import ContentStore
 from .jobs import TrainOutcome
 from .owners import TrainingOwner

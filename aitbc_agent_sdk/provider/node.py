@@ -26,7 +26,7 @@ from eth_account.signers.local import LocalAccount
 
 from ..errors import AitbcError
 from ..messaging import Bus, SignedChannel, Verified, topics
-from ..models import (
+from ..records import (
     ContractProposal, ContractReply, Hardware, Heartbeat, JobAssignment, JobCancel, JobResult, Offer, Ping, Pong,
     HardwareChallenge, PaymentReceipt, Progress, ResendRequest, TrajectoryChallenge, TrajectoryOpening,
     declared_parameters, id_path,

@@ -24,7 +24,7 @@ from ..chain.escrow import (ETH_TOKEN, GRACE_PERIOD_S, EscrowClient, EscrowState
 from ..chain.registry import EvidenceDomain, sign_result
 from ..chain.tx import CHAIN_EXCEPTIONS, TransactionSender, map_chain_error
 from ..errors import ConfigError
-from ..models import ContractProposal, PaymentReceipt
+from ..records import ContractProposal, PaymentReceipt
 
 __all__ = ["GRACE_PERIOD_S", "ProviderChain", "SlotView", "contract_problem"]
 

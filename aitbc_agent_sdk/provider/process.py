@@ -34,7 +34,7 @@ from typing import Any, BinaryIO
 
 from ..errors import AitbcError, TrainingError
 from ..host.sandbox_plan import scrubbed_env
-from ..models import MAX_SEGMENTS, JobConfig, ModelSpec, TaskRef, TrajectoryCommitment
+from ..records import MAX_SEGMENTS, JobConfig, ModelSpec, TaskRef, TrajectoryCommitment
 from ..training.shard_files import SHARD_INFO
 from ..training.trajectory import boundary_name, kept_boundaries, recompute_plan
 from .sandbox import (

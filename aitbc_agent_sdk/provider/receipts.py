@@ -29,8 +29,8 @@ from pydantic import Field, ValidationError
 from ..chain.escrow import training_key
 from ..errors import AitbcError
 from ..messaging import Verified
-from ..models import PaymentReceipt
-from ..models.base import Address, Record, Wei
+from ..records import PaymentReceipt
+from ..records.base import Address, Record, Wei
 from .onchain import GRACE_PERIOD_S, ProviderChain, SlotView
 
 __all__ = ["MAX_DELIVERED_ROUNDS", "MAX_RECEIPT_SLOTS", "RECEIPTS_FILE", "ProviderReceipts", "ReceiptBook",

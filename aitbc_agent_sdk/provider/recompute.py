@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..errors import TrainingError
-from ..models import TrajectoryCommitment
+from ..records import TrajectoryCommitment
 from ..training.trajectory import (
     boundary_hashes, boundary_name, kept_boundaries, read_commitment_file, recompute_plan,
 )

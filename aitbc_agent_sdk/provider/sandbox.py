@@ -29,7 +29,7 @@ from typing import TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import TrainingError
-from ..models import MAX_SEGMENTS
+from ..records import MAX_SEGMENTS
 
 SANDBOX_DIR = "sandbox"
 GiB = 1 << 30

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..models import Hardware
+from ..records import Hardware
 from .process import TrainingProcess
 from .sandbox import TrainingSandbox
 

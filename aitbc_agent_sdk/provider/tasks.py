@@ -17,7 +17,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from ..errors import AitbcError
-from ..models import MAX_TASK_BYTES, JobAssignment, TaskPackage, TaskPolicy, TaskRef, id_path
+from ..records import MAX_TASK_BYTES, JobAssignment, TaskPackage, TaskPolicy, TaskRef, id_path
 from ..storage import ContentStore, fetch_timeout_s
 from ..training.task_package import decode_package, missing_requirements
 from .jobs import write_file

@@ -14,7 +14,7 @@ import logging
 from collections.abc import AsyncIterator
 
 from ..errors import AitbcError, NotFoundError
-from ..models import JobAssignment, weights_limit
+from ..records import JobAssignment, weights_limit
 from ..storage import ContentStore, fetch_timeout_s
 from ..storage.unixfs import compute_cid
 from ..training import decode_state, encode_state

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..models import COMMITMENT_KEY, JobConfig, ModelSpec, TaskRef, TrajectoryCommitment
+from ..records import COMMITMENT_KEY, JobConfig, ModelSpec, TaskRef, TrajectoryCommitment
 from ..training import EpochStats, LabeledData, decode_state, encode_state
 from ..errors import AitbcError, TrainingError
 from ..training.bound_task import BoundTask, bind_task, job_task_ref

@@ -5,7 +5,7 @@ from aitbc_agent_sdk.training.checkpoint import decode_data, decode_metadata, de
 from aitbc_agent_sdk.training.datasets import DATASET_NAMES, LabeledData, load_dataset, train_test_split
 from aitbc_agent_sdk.training.evaluation import EvalResult, evaluate
 from aitbc_agent_sdk.training.local import EpochStats, LocalTrainResult, train_local
-from aitbc_agent_sdk.training.models import MODEL_NAMES, build_model, fit_normalization, model_spec_for
+from aitbc_agent_sdk.training.networks import MODEL_NAMES, build_model, fit_normalization, model_spec_for
 from aitbc_agent_sdk.training.clipping import NormClipping
 from aitbc_agent_sdk.training.robust import CoordinateMedian, Krum, MultiKrum, TrimmedMean
 from aitbc_agent_sdk.training.sharding import dirichlet_partition, iid_partition, label_counts

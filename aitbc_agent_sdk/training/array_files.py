@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from aitbc_agent_sdk.errors import DatasetError
-from aitbc_agent_sdk.models.datasets import ArrayLayout, TargetKind
+from aitbc_agent_sdk.records.datasets import ArrayLayout, TargetKind
 from aitbc_agent_sdk.training.datasets import (
     class_indices, numeric_text, pick_arrays, target_kind, target_values)
 

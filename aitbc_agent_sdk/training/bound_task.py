@@ -16,13 +16,13 @@ from pydantic import ValidationError
 from torch import nn
 
 from aitbc_agent_sdk.errors import ConfigError, TrainingError, UnknownModelError
-from aitbc_agent_sdk.models import JobConfig, ModelFootprint, ModelSpec, TaskRef, TrainingSpec
-from aitbc_agent_sdk.models.training import TASK_MODEL
+from aitbc_agent_sdk.records import JobConfig, ModelFootprint, ModelSpec, TaskRef, TrainingSpec
+from aitbc_agent_sdk.records.training import TASK_MODEL
 from aitbc_agent_sdk.training.builtin_tasks import BUILTIN_TASKS, ClassifierParams, RegistryClassifier
 from aitbc_agent_sdk.training.checkpoint import decode_state, encode_state
 from aitbc_agent_sdk.training.datasets import LabeledData
 from aitbc_agent_sdk.training.footprint import measure_footprint
-from aitbc_agent_sdk.training.models import model_spec_for
+from aitbc_agent_sdk.training.networks import model_spec_for
 from aitbc_agent_sdk.training.task import DataInfo, TaskParams, TrainingTask
 from aitbc_agent_sdk.training.task_checks import TaskOrigin, check_metric, describe_task_error
 from aitbc_agent_sdk.training.task_loop import evaluate_task, task_loss, task_metrics, train_task

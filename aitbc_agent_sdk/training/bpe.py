@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from aitbc_agent_sdk.errors import DatasetError
-from aitbc_agent_sdk.models.datasets import MAX_TOKENIZER_BYTES, MAX_VOCAB, TokenLayout, token_dtype
+from aitbc_agent_sdk.records.datasets import MAX_TOKENIZER_BYTES, MAX_VOCAB, TokenLayout, token_dtype
 
 EOT_TEXT = "<|endoftext|>"
 TOKENIZER_FILE = "tokenizer.json"

@@ -13,10 +13,10 @@ from pydantic import Field
 from torch import nn
 
 from aitbc_agent_sdk import limits
-from aitbc_agent_sdk.models import ModelSpec
+from aitbc_agent_sdk.records import ModelSpec
 from aitbc_agent_sdk.training.datasets import LabeledData
 from aitbc_agent_sdk.training.gpt_task import GptTask
-from aitbc_agent_sdk.training.models import MODEL_NAMES, build_model, fit_normalization
+from aitbc_agent_sdk.training.networks import MODEL_NAMES, build_model, fit_normalization
 from aitbc_agent_sdk.training.task import DataInfo, TaskParams, TrainingTask
 
 
@@ -25,7 +25,7 @@ class ClassifierParams(TaskParams):
 
 
 class RegistryClassifier(TrainingTask):
-    """One of :mod:`aitbc_agent_sdk.training.models`' classifiers, by name."""
+    """One of :mod:`aitbc_agent_sdk.training.networks`' classifiers, by name."""
 
     Params = ClassifierParams
 

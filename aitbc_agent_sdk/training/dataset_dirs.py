@@ -18,7 +18,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from aitbc_agent_sdk.errors import DatasetError
-from aitbc_agent_sdk.models.datasets import (
+from aitbc_agent_sdk.records.datasets import (
     IMAGE_SUFFIXES,
     ArrayLayout,
     DatasetFile,

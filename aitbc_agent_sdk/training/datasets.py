@@ -17,7 +17,7 @@ import torch
 
 from aitbc_agent_sdk.errors import DatasetError
 from aitbc_agent_sdk.limits import MAX_CLASSES
-from aitbc_agent_sdk.models.datasets import MAX_TARGET_WIDTH, TARGET_KINDS, TargetKind
+from aitbc_agent_sdk.records.datasets import MAX_TARGET_WIDTH, TARGET_KINDS, TargetKind
 
 DATASET_NAMES: tuple[str, ...] = ("digits",)
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from aitbc_agent_sdk.models.datasets import DataSlices, DatasetManifest, FileSlice, ShardData
+from aitbc_agent_sdk.records.datasets import DataSlices, DatasetManifest, FileSlice, ShardData
 from aitbc_agent_sdk.training.sharding import dirichlet_partition
 
 RowRange = tuple[int, int]  # [start, stop) of one class

@@ -1,4 +1,4 @@
-"""Measure a task's model footprint in the rehearsal: what :class:`~aitbc_agent_sdk.models.ModelFootprint` declares.
+"""Measure a task's model footprint in the rehearsal: what :class:`~aitbc_agent_sdk.records.ModelFootprint` declares.
 
 Activations are counted as autograd keeps them: every tensor saved for the backward pass of one
 training step, once per storage, parameters excepted. That is the memory a batch costs whatever
@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from aitbc_agent_sdk.models import JobConfig, ModelFootprint
+from aitbc_agent_sdk.records import JobConfig, ModelFootprint
 from aitbc_agent_sdk.training.task import Batch, TaskParams, TrainingTask
 
 

@@ -25,7 +25,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from aitbc_agent_sdk.errors import ConfigError, DatasetError
-from aitbc_agent_sdk.models import JobConfig
+from aitbc_agent_sdk.records import JobConfig
 from aitbc_agent_sdk.training.gpt import GPT, GptConfig
 from aitbc_agent_sdk.training.shard_files import TokenData
 from aitbc_agent_sdk.training.task import Batch, DataInfo, Scheduler, TaskParams, TrainingTask

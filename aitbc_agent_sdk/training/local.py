@@ -12,7 +12,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from aitbc_agent_sdk.errors import TrainingError
-from aitbc_agent_sdk.models import JobConfig
+from aitbc_agent_sdk.records import JobConfig
 from aitbc_agent_sdk.training.datasets import LabeledData
 
 

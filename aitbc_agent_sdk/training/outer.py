@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from aitbc_agent_sdk.errors import TrainingError
-from aitbc_agent_sdk.models import OuterName
+from aitbc_agent_sdk.records import OuterName
 from aitbc_agent_sdk.training.checkpoint import decode_state, encode_state
 
 

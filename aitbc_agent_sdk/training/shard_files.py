@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from aitbc_agent_sdk.errors import DatasetError
-from aitbc_agent_sdk.models.datasets import ArrayLayout, ShardData
+from aitbc_agent_sdk.records.datasets import ArrayLayout, ShardData
 from aitbc_agent_sdk.training.datasets import LabeledData
 
 SHARD_INFO = "shard.json"
@@ -182,7 +182,7 @@ _LOADERS = {"arrays": _arrays, "images": _images, "tokens": _tokens, "files": _f
 def write_shard(directory: Path, data: LabeledData) -> ShardData:
     """Labelled data already in memory written as an arrays shard in ``directory`` (a job directory's
     layout): what a test or a benchmark hands a training process without a content store."""
-    from aitbc_agent_sdk.models.datasets import DataSlices, FileSlice  # noqa: PLC0415
+    from aitbc_agent_sdk.records.datasets import DataSlices, FileSlice  # noqa: PLC0415
     from aitbc_agent_sdk.storage.unixfs import compute_cid  # noqa: PLC0415
 
     x = np.ascontiguousarray(data.features.numpy(), dtype="<f4").tobytes()

@@ -36,8 +36,8 @@ from pydantic import BaseModel, ConfigDict
 from torch import nn
 from torch.nn import functional as F
 
-from aitbc_agent_sdk.models import JobConfig
-from aitbc_agent_sdk.models.datasets import TargetKind
+from aitbc_agent_sdk.records import JobConfig
+from aitbc_agent_sdk.records.datasets import TargetKind
 from aitbc_agent_sdk.training.datasets import LabeledData
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets), on the training device

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from aitbc_agent_sdk.errors import TrainingError
-from aitbc_agent_sdk.models import JobConfig
+from aitbc_agent_sdk.records import JobConfig
 from aitbc_agent_sdk.training.datasets import LabeledData
 from aitbc_agent_sdk.training.local import EpochStats, LocalTrainResult
 from aitbc_agent_sdk.training.task import Batch, Scheduler, TaskParams, TrainingTask

@@ -24,7 +24,7 @@ from packaging.version import InvalidVersion, Version
 from pydantic import ValidationError
 
 from aitbc_agent_sdk.errors import ConfigError, TrainingError
-from aitbc_agent_sdk.models import TaskManifest, TaskPackage
+from aitbc_agent_sdk.records import TaskManifest, TaskPackage
 from aitbc_agent_sdk.training.task import TrainingTask
 from aitbc_agent_sdk.training.task_checks import TaskOrigin, check_task_class, task_frame
 

@@ -33,7 +33,7 @@ from pydantic import ValidationError
 from torch import nn
 
 from aitbc_agent_sdk.errors import TrainingError
-from aitbc_agent_sdk.models import COMMITMENT_KEY, MAX_COMMITMENT_BYTES, MAX_SEGMENTS, TrajectoryCommitment
+from aitbc_agent_sdk.records import COMMITMENT_KEY, MAX_COMMITMENT_BYTES, MAX_SEGMENTS, TrajectoryCommitment
 from aitbc_agent_sdk.training.checkpoint import decode_metadata, decode_state, encode_state
 from aitbc_agent_sdk.training.opened_state import (
     model_problem, optimizer_state_problem, param_groups_problem, scheduler_problem,

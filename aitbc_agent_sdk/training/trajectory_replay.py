@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from aitbc_agent_sdk.errors import TrainingError
-from aitbc_agent_sdk.models import JobConfig, ModelSpec, TrajectoryCommitment
+from aitbc_agent_sdk.records import JobConfig, ModelSpec, TrajectoryCommitment
 from aitbc_agent_sdk.training.bound_task import BoundTask
 from aitbc_agent_sdk.training.task import Batch
 from aitbc_agent_sdk.training.task_loop import train_step

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from aitbc_agent_sdk.errors import TrainingError
-from aitbc_agent_sdk.models import UpdateEncoding
+from aitbc_agent_sdk.records import UpdateEncoding
 from aitbc_agent_sdk.training.checkpoint import decode_metadata, decode_state, encode_state
 
 INT8_BLOCK = 256

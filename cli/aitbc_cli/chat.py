@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from aitbc_agent_sdk.errors import ConfigError
-from aitbc_agent_sdk.models.inert import terminal_markup, visible
+from aitbc_agent_sdk.records.inert import terminal_markup, visible
 from aitbc_agent_sdk.profile import devnet_password
 
 from .common import (

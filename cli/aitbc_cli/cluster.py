@@ -15,8 +15,8 @@ from aitbc_agent_sdk.cluster.errors import ClusterConfigError
 from aitbc_agent_sdk.cluster.report import inventory_html
 from aitbc_agent_sdk.cluster.spec import ClusterSpec, HostSpec, list_clusters, load_cluster, save_cluster
 from aitbc_agent_sdk.cluster.transport import DEFAULT_TIMEOUT_S
-from aitbc_agent_sdk.models import id_path
-from aitbc_agent_sdk.models.inert import terminal_markup
+from aitbc_agent_sdk.records import id_path
+from aitbc_agent_sdk.records.inert import terminal_markup
 from aitbc_agent_sdk.profile import BusSettings
 
 from .cluster_options import (

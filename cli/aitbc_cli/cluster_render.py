@@ -11,7 +11,7 @@ from rich.table import Table
 
 from aitbc_agent_sdk.cluster.inventory import ClusterInventory
 from aitbc_agent_sdk.cluster.report import gib, host_status
-from aitbc_agent_sdk.models.inert import terminal_markup as literal  # hosts' words, shown as written
+from aitbc_agent_sdk.records.inert import terminal_markup as literal  # hosts' words, shown as written
 
 if TYPE_CHECKING:
     from aitbc_agent_sdk.cluster.job import TrainResult

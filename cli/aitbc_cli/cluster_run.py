@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 
 from aitbc_agent_sdk.cluster.errors import ClusterConfigError
-from aitbc_agent_sdk.models.inert import terminal_markup
+from aitbc_agent_sdk.records.inert import terminal_markup
 
 from .cluster_render import event_printer
 from .common import PasswordSource, unlock

@@ -20,7 +20,7 @@ from rich.console import Console
 
 from aitbc_agent_sdk.config import default_home
 from aitbc_agent_sdk.errors import AitbcError, ConfigError
-from aitbc_agent_sdk.models import ElasticPolicy
+from aitbc_agent_sdk.records import ElasticPolicy
 from aitbc_agent_sdk.profile import devnet_password
 from aitbc_agent_sdk.settings import UserSettings, load_settings
 

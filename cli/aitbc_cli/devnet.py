@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from aitbc_agent_sdk.models.inert import terminal_markup
+from aitbc_agent_sdk.records.inert import terminal_markup
 
 from .common import ExitCode, HomeOption, JsonOption, cli_parser, eth_amount_option, print_json, resolve_home
 from .params import parse_ipfs_api

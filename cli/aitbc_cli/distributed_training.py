@@ -14,9 +14,9 @@ from rich.console import Console
 from aitbc_agent_sdk import flow
 from aitbc_agent_sdk.config import AgentConfig
 from aitbc_agent_sdk.errors import ConfigError
-from aitbc_agent_sdk.models import TrainingReport, TrainingSpec
-from aitbc_agent_sdk.models.footprint import describe
-from aitbc_agent_sdk.models.inert import terminal_markup
+from aitbc_agent_sdk.records import TrainingReport, TrainingSpec
+from aitbc_agent_sdk.records.footprint import describe
+from aitbc_agent_sdk.records.inert import terminal_markup
 
 from . import sample, steps, training_views
 from .common import (

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from aitbc_agent_sdk.models.inert import terminal_markup
+from aitbc_agent_sdk.records.inert import terminal_markup
 
 from .common import (
     HomeOption, JsonOption, NetworkOption, PasswordFileOption, PasswordSource, network_or_default, print_json,

@@ -17,8 +17,8 @@ from rich.table import Table
 
 from aitbc_agent_sdk.errors import ConfigError
 from aitbc_agent_sdk.market.discovery import DEFAULT_MIN_STAKE_WEI
-from aitbc_agent_sdk.models import TaskPolicy, parse_size
-from aitbc_agent_sdk.models.inert import terminal_markup
+from aitbc_agent_sdk.records import TaskPolicy, parse_size
+from aitbc_agent_sdk.records.inert import terminal_markup
 from aitbc_agent_sdk.profile import load_profile
 
 from .common import (

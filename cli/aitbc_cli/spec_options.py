@@ -16,7 +16,7 @@ import inspect
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Optional, get_type_hints
 
-from aitbc_agent_sdk.models import FaultPolicy, JobConfig, TrainingSpec
+from aitbc_agent_sdk.records import FaultPolicy, JobConfig, TrainingSpec
 
 from .common import (
     EncryptOption, HeartbeatOption, MaxWorkersOption, MinWorkersOption, ScaleWindowOption, SparesOption,

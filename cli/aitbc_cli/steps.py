@@ -16,8 +16,8 @@ from rich.table import Table
 
 from aitbc_agent_sdk import flow
 from aitbc_agent_sdk.errors import AitbcError, ConfigError
-from aitbc_agent_sdk.models import format_size, parse_size
-from aitbc_agent_sdk.models.inert import terminal_markup
+from aitbc_agent_sdk.records import format_size, parse_size
+from aitbc_agent_sdk.records.inert import terminal_markup
 
 from .common import (
     DryRunOption, HomeOption, JsonOption, SpendPreview, YesOption, confirm_spend, eth_amount_option, print_json,
@@ -31,7 +31,7 @@ from .training_options import MinGpuOption, Strategy, TargetOption, TrainingIdOp
 
 if TYPE_CHECKING:
     from aitbc_agent_sdk.agent import Agent
-    from aitbc_agent_sdk.models.datasets import TargetKind
+    from aitbc_agent_sdk.records.datasets import TargetKind
 
 T = TypeVar("T")
 

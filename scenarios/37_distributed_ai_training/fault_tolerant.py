@@ -30,7 +30,7 @@ from aitbc_agent_sdk.profile import devnet_password  # noqa: E402
 from aitbc_agent_sdk.audit import read_log  # noqa: E402
 from aitbc_agent_sdk.coordinator import is_terminal  # noqa: E402
 from aitbc_agent_sdk.coordinator.service import audit_path  # noqa: E402
-from aitbc_agent_sdk.models import ElasticPolicy, FaultPolicy  # noqa: E402
+from aitbc_agent_sdk.records import ElasticPolicy, FaultPolicy  # noqa: E402
 from aitbc_agent_sdk.provider import ProviderAgent  # noqa: E402
 from aitbc_agent_sdk.stack import join_embedded_market  # noqa: E402
 from scripts.chaos.byzantine import BEHAVIOURS  # noqa: E402

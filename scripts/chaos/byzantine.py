@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from eth_account import Account
 
-from aitbc_agent_sdk.models import ContractProposal, GpuInfo, Hardware, JobAssignment
+from aitbc_agent_sdk.records import ContractProposal, GpuInfo, Hardware, JobAssignment
 from aitbc_agent_sdk.provider.node import EpochReporter, ProviderAgent, TrainOutcome
 from aitbc_agent_sdk.provider.process import CHECKPOINT_FILE, WEIGHTS_FILE
 from aitbc_agent_sdk.storage import compute_cid

@@ -246,7 +246,7 @@ class BusWatch:
 
         from aitbc_agent_sdk.messaging import SignedChannel, topics
         from aitbc_agent_sdk.messaging.settings import connect_bus
-        from aitbc_agent_sdk.models import JobResult, Progress
+        from aitbc_agent_sdk.records import JobResult, Progress
 
         bus = await self._stack.enter_async_context(
             connect_bus(self.bus, f"chaos-watch-{time.time_ns()}", persistent=False))
@@ -296,13 +296,13 @@ class BusWatch:
                 self._waiters.remove(entry)
 
     def result_of(self, worker: str, round_: int) -> Any | None:
-        from aitbc_agent_sdk.models import JobResult
+        from aitbc_agent_sdk.records import JobResult
         return next((i for i in self.items if isinstance(i, JobResult) and i.worker_id == worker
                      and i.round == round_), None)
 
 
 def is_progress(worker: str | None = None, round_: int | None = None, status: str | None = None) -> Callable[[Any], bool]:
-    from aitbc_agent_sdk.models import Progress
+    from aitbc_agent_sdk.records import Progress
 
     def check(item: Any) -> bool:
         return (isinstance(item, Progress) and (worker is None or item.worker_id == worker)

@@ -18,7 +18,7 @@ import torch
 
 from aitbc_agent_sdk.coordinator.work_checks import expected_steps
 from aitbc_agent_sdk.messaging import topics
-from aitbc_agent_sdk.models import COMMITMENT_KEY, JobAssignment, JobResult, TrajectoryCommitment
+from aitbc_agent_sdk.records import COMMITMENT_KEY, JobAssignment, JobResult, TrajectoryCommitment
 from aitbc_agent_sdk.provider.node import EpochReporter, ProviderAgent, TrainOutcome
 from aitbc_agent_sdk.provider.process import CHECKPOINT_FILE, TRAJECTORY_DIR, WEIGHTS_FILE
 from aitbc_agent_sdk.provider.worker_process import warm_up

@@ -153,7 +153,7 @@ async def heartbeats(args: argparse.Namespace) -> str:
     from aitbc_agent_sdk.market import collect_offers
     from aitbc_agent_sdk.messaging import SignedChannel, topics
     from aitbc_agent_sdk.messaging.settings import connect_bus
-    from aitbc_agent_sdk.models import Heartbeat
+    from aitbc_agent_sdk.records import Heartbeat
 
     profile = load_profile_file(args.profile)
     expected = labels(args.expect)
@@ -263,7 +263,7 @@ async def kill_on_progress(args: argparse.Namespace) -> dict[str, Any]:
 
     from aitbc_agent_sdk.messaging import SignedChannel, topics
     from aitbc_agent_sdk.messaging.settings import connect_bus
-    from aitbc_agent_sdk.models import Progress
+    from aitbc_agent_sdk.records import Progress
     from aitbc_agent_sdk.profile import load_profile
 
     home = Path(args.home)
@@ -367,7 +367,7 @@ def recovery(args: argparse.Namespace) -> str:
 
 async def export(args: argparse.Namespace) -> dict[str, Any]:
     """On the coordinator's host: the training's results, as the coordinator recorded them."""
-    from aitbc_agent_sdk.coordinator.store import TrainingStore
+    from aitbc_agent_sdk.coordinator.training_db import TrainingStore
 
     async with TrainingStore(Path(args.home) / "aitbc.db") as db:
         record = await db.training(args.training_id)
@@ -535,7 +535,7 @@ async def _coordinator_spending(w3: Any, coordinator: str, first: int, last: int
 
 async def data(args: argparse.Namespace) -> str:
     """Fetch every shard, the test set, the dataset, each accepted checkpoint and the model by CID."""
-    from aitbc_agent_sdk.models import ShardManifest
+    from aitbc_agent_sdk.records import ShardManifest
     from aitbc_agent_sdk.storage.kubo import KuboClient, KuboContentStore
 
     results = load_json(args.results)

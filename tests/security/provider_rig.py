@@ -24,7 +24,7 @@ from aitbc_agent_sdk.chain.deployment import deploy_contracts, fund_accounts
 from aitbc_agent_sdk.chain.escrow import EscrowClient, training_salt
 from aitbc_agent_sdk.messaging import SignedChannel, topics
 from aitbc_agent_sdk.messaging.mqtt import MqttBus
-from aitbc_agent_sdk.models import (
+from aitbc_agent_sdk.records import (
     ContractProposal, ContractReply, Hardware, JobAssignment, JobConfig, JobResult, ModelSpec, Progress, new_id,
 )
 from aitbc_agent_sdk.provider.node import ProviderAgent, ProviderConfig

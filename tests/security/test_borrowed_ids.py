@@ -20,7 +20,7 @@ from aitbc_agent_sdk.chain.deployment import fund_accounts
 from aitbc_agent_sdk.chain.escrow import training_key
 from aitbc_agent_sdk.messaging import SignedChannel, topics
 from aitbc_agent_sdk.messaging.mqtt import MqttBus
-from aitbc_agent_sdk.models import (
+from aitbc_agent_sdk.records import (
     ContractReply, ResendRequest, TrajectoryChallenge, TrajectoryOpening, new_id,
 )
 from aitbc_agent_sdk.provider.book import BookLimits

@@ -20,7 +20,7 @@ from aitbc_agent_sdk.errors import MessagingError
 from aitbc_agent_sdk.messaging import BusMessage, SignedChannel, topics
 from aitbc_agent_sdk.messaging.mqtt import MqttBus
 from aitbc_agent_sdk.messaging.settings import connect_bus
-from aitbc_agent_sdk.models import Hardware, Offer
+from aitbc_agent_sdk.records import Hardware, Offer
 
 JOBS = 30
 

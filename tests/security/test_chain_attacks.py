@@ -34,7 +34,7 @@ from aitbc_agent_sdk.coordinator.verification import result_signer
 from aitbc_agent_sdk.errors import ChainError, ContractRevertError
 from aitbc_agent_sdk.market import WeightedScore, rank_workers
 from aitbc_agent_sdk.market.scoring import rate_worker, reputation_unit
-from aitbc_agent_sdk.models import Hardware, Offer
+from aitbc_agent_sdk.records import Hardware, Offer
 
 ETH = 10**18
 SECP256K1_N = 2 * HALF_ORDER + 1

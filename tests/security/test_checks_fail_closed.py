@@ -21,7 +21,7 @@ from aitbc_agent_sdk.coordinator import spot_check
 from aitbc_agent_sdk.coordinator.round_work import ended_check
 from aitbc_agent_sdk.coordinator.spot_check import SpotCheck
 from aitbc_agent_sdk.coordinator.work_checks import PASS
-from aitbc_agent_sdk.models import FaultPolicy
+from aitbc_agent_sdk.records import FaultPolicy
 from aitbc_agent_sdk.provider import ProviderAgent
 from aitbc_agent_sdk.stack import EMBEDDED_STAKE
 from scripts.chaos.lazy import LazyProvider

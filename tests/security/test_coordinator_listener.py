@@ -13,10 +13,10 @@ from contextlib import AsyncExitStack
 from eth_account import Account
 
 from aitbc_agent_sdk.coordinator.listener import TrainingListener
-from aitbc_agent_sdk.coordinator.store import TrainingStore
+from aitbc_agent_sdk.coordinator.training_db import TrainingStore
 from aitbc_agent_sdk.messaging import SignedChannel, topics
 from aitbc_agent_sdk.messaging.mqtt import MqttBus
-from aitbc_agent_sdk.models import CheckpointRef, JobAssignment, JobConfig, JobResult, ModelSpec, new_id
+from aitbc_agent_sdk.records import CheckpointRef, JobAssignment, JobConfig, JobResult, ModelSpec, new_id
 
 TID = "training_listener0test"
 CID = "bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy"

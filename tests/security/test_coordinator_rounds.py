@@ -12,7 +12,7 @@ from aitbc_agent_sdk.audit import read_log
 from aitbc_agent_sdk.coordinator.service import audit_path
 from aitbc_agent_sdk.errors import TrainingError
 from aitbc_agent_sdk.limits import TEXT_MAX_LENGTH
-from aitbc_agent_sdk.models import FaultPolicy
+from aitbc_agent_sdk.records import FaultPolicy
 from aitbc_agent_sdk.provider import ProviderAgent
 from aitbc_agent_sdk.stack import join_embedded_market
 

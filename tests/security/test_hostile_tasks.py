@@ -22,7 +22,7 @@ from typing import Any
 
 from aitbc_agent_sdk.chain.escrow import training_salt
 from aitbc_agent_sdk.messaging import topics
-from aitbc_agent_sdk.models import ContractProposal, ContractReply, ModelSpec, TaskPolicy, TaskRef, new_id
+from aitbc_agent_sdk.records import ContractProposal, ContractReply, ModelSpec, TaskPolicy, TaskRef, new_id
 from aitbc_agent_sdk.profile import PASSWORD_FILE
 from aitbc_agent_sdk.provider.process import MAX_LOG_BYTES, WORKER_LOG
 from aitbc_agent_sdk.provider.sandbox import ENTRY_BYTES, TrainingSandbox, disk_problem, disk_usage

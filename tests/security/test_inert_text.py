@@ -32,9 +32,9 @@ from aitbc_agent_sdk.assistant.mcp_server import call_result
 from aitbc_agent_sdk.assistant.reply import answer, plan_lines
 from aitbc_agent_sdk.assistant.session import Assistant
 from aitbc_agent_sdk.audit import AuditLog
-from aitbc_agent_sdk.coordinator.store import TrainingStore
-from aitbc_agent_sdk.models import Payment, Progress, TrainingPhase, TrainingRecord, TrainingSpec, WorkerContract
-from aitbc_agent_sdk.models.inert import html_text, terminal_markup, visible, visible_values
+from aitbc_agent_sdk.coordinator.training_db import TrainingStore
+from aitbc_agent_sdk.records import Payment, Progress, TrainingPhase, TrainingRecord, TrainingSpec, WorkerContract
+from aitbc_agent_sdk.records.inert import html_text, terminal_markup, visible, visible_values
 from aitbc_agent_sdk.profile import training_dir
 from aitbc_cli.app import main
 from tests.test_assistant_openai import FakeOpenAI, call, final

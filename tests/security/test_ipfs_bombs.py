@@ -23,7 +23,7 @@ import pytest
 
 from aitbc_agent_sdk.errors import IntegrityError
 from aitbc_agent_sdk.messaging import topics
-from aitbc_agent_sdk.models import JobAssignment, JobConfig, new_id
+from aitbc_agent_sdk.records import JobAssignment, JobConfig, new_id
 from aitbc_agent_sdk.storage import DAG_PB, LocalContentStore, cid_from_str, cid_to_str, iter_blocks
 from aitbc_agent_sdk.storage.kubo import KuboClient, KuboContentStore
 from aitbc_agent_sdk.storage.unixfs import cid_bytes, encode_file_node

@@ -33,7 +33,7 @@ from aitbc_agent_sdk.coordinator.reassign import hire, new_replacement
 from aitbc_agent_sdk.coordinator.service import Coordinator
 from aitbc_agent_sdk.coordinator.settings import CoordinatorSettings
 from aitbc_agent_sdk.coordinator.settlement import EscrowAccount
-from aitbc_agent_sdk.coordinator.store import TrainingStore
+from aitbc_agent_sdk.coordinator.training_db import TrainingStore
 from aitbc_agent_sdk.devnet.network import DevnetOptions
 from aitbc_agent_sdk.errors import NotEnoughWorkersError
 from aitbc_agent_sdk.market import WeightedScore
@@ -42,7 +42,7 @@ from aitbc_agent_sdk.market.discovery import (
 )
 from aitbc_agent_sdk.messaging import SignedChannel
 from aitbc_agent_sdk.messaging.mqtt import MqttBus
-from aitbc_agent_sdk.models import Hardware, Offer, TrainingSpec, Worker, new_id
+from aitbc_agent_sdk.records import Hardware, Offer, TrainingSpec, Worker, new_id
 from aitbc_agent_sdk.provider.node import ProviderAgent, ProviderConfig
 from aitbc_agent_sdk.provider.onchain import ProviderChain
 from aitbc_agent_sdk.stack import EMBEDDED_STAKE

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from aitbc_agent_sdk.chain.escrow import training_salt
 from aitbc_agent_sdk.messaging import topics
-from aitbc_agent_sdk.models import ContractReply, new_id
+from aitbc_agent_sdk.records import ContractReply, new_id
 
 from tests.security.provider_rig import PRICE, WAIT_S, Rig, provider_rig, servers  # noqa: F401 (servers: a fixture)
 

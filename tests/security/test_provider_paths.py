@@ -12,7 +12,7 @@ import pytest
 
 from aitbc_agent_sdk.errors import UnsafeNameError
 from aitbc_agent_sdk.messaging import topics
-from aitbc_agent_sdk.models import id_path
+from aitbc_agent_sdk.records import id_path
 
 from tests.security.provider_rig import provider_rig, servers  # noqa: F401 (servers: a fixture)
 

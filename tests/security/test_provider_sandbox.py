@@ -25,7 +25,7 @@ from aitbc_agent_sdk.errors import TrainingError
 from aitbc_agent_sdk.host.errors import SandboxError
 from aitbc_agent_sdk.host.sandbox import available_backends
 from aitbc_agent_sdk.messaging import topics
-from aitbc_agent_sdk.models import JobConfig
+from aitbc_agent_sdk.records import JobConfig
 from aitbc_agent_sdk.profile import PASSWORD_FILE
 from aitbc_agent_sdk.flow.provider_daemon import build_parser, provider_dir
 from aitbc_agent_sdk.provider.process import TrainingProcess

@@ -28,9 +28,9 @@ from aitbc_agent_sdk.chain.registry import EvidenceDomain
 from aitbc_agent_sdk.coordinator.logbook import AuditLogs
 from aitbc_agent_sdk.coordinator.receipts import ReceiptIssuer, receipt_terms
 from aitbc_agent_sdk.coordinator.settlement import EscrowAccount, plan_payouts
-from aitbc_agent_sdk.coordinator.store import TrainingStore
+from aitbc_agent_sdk.coordinator.training_db import TrainingStore
 from aitbc_agent_sdk.messaging import Verified, topics
-from aitbc_agent_sdk.models import CheckpointRef, JobAssignment, PaymentReceipt, WorkerContract
+from aitbc_agent_sdk.records import CheckpointRef, JobAssignment, PaymentReceipt, WorkerContract
 from aitbc_agent_sdk.flow.provider_daemon import build_parser
 from aitbc_agent_sdk.provider.onchain import GRACE_PERIOD_S, ProviderChain, SlotView
 from aitbc_agent_sdk.provider.receipts import (

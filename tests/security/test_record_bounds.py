@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from aitbc_agent_sdk import limits
 from aitbc_agent_sdk.errors import DatasetError
 from aitbc_agent_sdk.messaging import topics
-from aitbc_agent_sdk.models import ContractReply, JobCancel, ModelSpec, Progress, ShardManifest, new_id
+from aitbc_agent_sdk.records import ContractReply, JobCancel, ModelSpec, Progress, ShardManifest, new_id
 from aitbc_agent_sdk.provider import node as provider_agent
 from aitbc_agent_sdk.provider.book import BookLimits, contract_key
 from aitbc_agent_sdk.training import build_model, load_dataset

@@ -18,7 +18,7 @@ from eth_account import Account
 from aitbc_agent_sdk.messaging import SignedChannel, Verified
 from aitbc_agent_sdk.messaging.envelope import EnvelopeSigner
 from aitbc_agent_sdk.messaging.settings import BusSettings, connect_bus
-from aitbc_agent_sdk.models import Heartbeat
+from aitbc_agent_sdk.records import Heartbeat
 
 
 def beat(account, busy: int = 0) -> Heartbeat:

@@ -23,7 +23,7 @@ from aitbc_agent_sdk.coordinator.run import RunRequest, run_training
 from aitbc_agent_sdk.coordinator.service import audit_path
 from aitbc_agent_sdk.market import WeightedScore
 from aitbc_agent_sdk.messaging import InMemoryBus, SignedChannel
-from aitbc_agent_sdk.models import FaultPolicy, Hardware, JobConfig, TrainingPhase, TrainingSpec
+from aitbc_agent_sdk.records import FaultPolicy, Hardware, JobConfig, TrainingPhase, TrainingSpec
 from aitbc_agent_sdk.provider.node import ProviderAgent, ProviderConfig
 from aitbc_agent_sdk.provider.onchain import ProviderChain
 from aitbc_agent_sdk.stack import register_provider

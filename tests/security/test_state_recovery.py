@@ -43,7 +43,7 @@ def coordinator_on(tmp_path: Path, w3: AsyncWeb3, account: LocalAccount, escrow_
 
 def contract_for(worker: LocalAccount, tid: str, coordinator, role: str, shard: int | None):
     from aitbc_agent_sdk.chain import sign_consent
-    from aitbc_agent_sdk.models import WorkerContract, new_id
+    from aitbc_agent_sdk.records import WorkerContract, new_id
 
     consent = sign_consent(worker, 31337, coordinator.escrow.escrow.address, coordinator.escrow.key(tid))
     return WorkerContract(contract_id=new_id("contract"), training_id=tid, worker_id=worker.address,
@@ -52,7 +52,7 @@ def contract_for(worker: LocalAccount, tid: str, coordinator, role: str, shard: 
 
 
 async def accept(db, tid: str, worker: str, round_: int) -> None:
-    from aitbc_agent_sdk.models import CheckpointRef, new_id
+    from aitbc_agent_sdk.records import CheckpointRef, new_id
 
     job = new_id("job")
     await db.save_checkpoint(CheckpointRef(checkpoint_id=job, cid=CID, job_id=job, worker_id=worker, training_id=tid,
@@ -67,7 +67,7 @@ async def test_a_crash_after_replace_worker_is_reconciled_on_resume_and_release_
         tmp_path: Path, node: AsyncWeb3, monkeypatch: pytest.MonkeyPatch) -> None:
     from aitbc_agent_sdk.chain import deploy, load_artifact
     from aitbc_agent_sdk.coordinator import TrainingStore, reassign
-    from aitbc_agent_sdk.models import new_id
+    from aitbc_agent_sdk.records import new_id
 
     account = dev_accounts(3)[2]
     address = await deploy(TransactionSender(node, account), load_artifact("TrainingEscrow"))

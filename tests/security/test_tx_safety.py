@@ -125,7 +125,7 @@ async def funded_training(tmp_path: Path, w3: AsyncWeb3, workers: list[LocalAcco
     from aitbc_agent_sdk.coordinator import Coordinator, CoordinatorSettings, EscrowAccount, TrainingStore
     from aitbc_agent_sdk.market import WeightedScore
     from aitbc_agent_sdk.messaging import InMemoryBus, SignedChannel
-    from aitbc_agent_sdk.models import WorkerContract, new_id
+    from aitbc_agent_sdk.records import WorkerContract, new_id
     from aitbc_agent_sdk.storage import LocalContentStore
 
     coordinator_account: LocalAccount = dev_accounts(3)[2]
@@ -148,7 +148,7 @@ async def funded_training(tmp_path: Path, w3: AsyncWeb3, workers: list[LocalAcco
 
 
 async def accept(coordinator, tid: str, worker: str, round_: int) -> None:
-    from aitbc_agent_sdk.models import CheckpointRef, new_id
+    from aitbc_agent_sdk.records import CheckpointRef, new_id
 
     job = new_id("job")
     await coordinator.db.save_checkpoint(CheckpointRef(checkpoint_id=job, cid=CID, job_id=job, worker_id=worker,

@@ -13,5 +13,5 @@ from .training import TrainingPhase, ModelSpec, JobConfig, Partition, Aggregatio
 from .jobs import WorkerContract, MAX_SHARD_BYTES, MAX_WEIGHTS_BYTES, declared_parameters, weights_limit, JobAssignment, WeightsDelta, JobStatus, Progress, JobResult, JobCancel, ResendRequest, Ping, Pong, CheckpointRef, ContractProposal, ContractReply, Heartbeat  # noqa: F401
 from .reports import AggregateResult, RoundMetrics, Payment, EscrowSummary, TrainingStatus, Settlement, WorkerReport, RoundReport, TrainingReport, ChainIntent, reported_accuracy  # noqa: F401
 from .receipts import PaymentReceipt  # noqa: F401
-from .sampling import MAX_PROMPT_BYTES, MAX_SAMPLE_TOKENS, SampleResult  # noqa: F401
+from .generation import MAX_PROMPT_BYTES, MAX_SAMPLE_TOKENS, SampleResult  # noqa: F401
 from .verification import MAX_SEGMENTS, MAX_CHECKED_SEGMENTS, MAX_COMMITMENT_BYTES, COMMITMENT_KEY, MAX_HARDWARE_PRODUCT, MAX_HARDWARE_FLOPS, TrajectoryCommitment, TrajectoryChallenge, BoundaryState, TrajectoryOpening, HardwareChallenge, HardwareAnswer  # noqa: F401

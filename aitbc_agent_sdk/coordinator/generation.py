@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import ConfigError, TrainingError
-from ..models import MAX_PROMPT_BYTES, MAX_SAMPLE_TOKENS, SampleResult, TrainingRecord, weights_limit
-from ..models.datasets import MAX_TOKENIZER_BYTES, DatasetManifest, TokenLayout
+from ..records import MAX_PROMPT_BYTES, MAX_SAMPLE_TOKENS, SampleResult, TrainingRecord, weights_limit
+from ..records.datasets import MAX_TOKENIZER_BYTES, DatasetManifest, TokenLayout
 from ..storage import ContentStore
 from ..training.checkpoint import decode_state
 from ..training.bpe import TextCodec, load_tokenizer

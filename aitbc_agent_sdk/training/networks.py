@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from torch import nn
 
 from aitbc_agent_sdk.errors import ConfigError, UnknownModelError
-from aitbc_agent_sdk.models import ModelSpec
+from aitbc_agent_sdk.records import ModelSpec
 from aitbc_agent_sdk.training.datasets import LabeledData
 
 MODEL_NAMES: tuple[str, ...] = ("mlp", "cnn", "transformer")

@@ -16,7 +16,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel
 
 from ..errors import NotFoundError
-from ..models import (
+from ..records import (
     ChainIntent, CheckpointRef, EscrowSummary, JobAssignment, Payment, Progress, RoundMetrics, Shard,
     TrainingPhase, TrainingRecord, WorkerContract,
 )

@@ -16,7 +16,7 @@ from ..profile import profile_path
 from .steps import load_training
 
 if TYPE_CHECKING:
-    from ..models import SampleResult, TrainingRecord
+    from ..records import SampleResult, TrainingRecord
     from ..storage import ContentStore
 
 
@@ -38,7 +38,7 @@ async def sample_training(home: Path, training_id: str, prompt: str, *, tokens: 
                           temperature: float = 0.8, top_k: int | None = 40, seed: int = 0) -> SampleResult:
     """Text from the training's current model (see :meth:`Agent.sample_text`); the request is checked first."""
     from ..coordinator.datasets import DatasetStore
-    from ..coordinator.sampling import SampleRequest, sample_text
+    from ..coordinator.generation import SampleRequest, sample_text
     from ..coordinator.tasks import TaskCache
 
     request = SampleRequest(prompt, tokens, temperature, top_k, seed)
