@@ -1,7 +1,7 @@
 """aitbc-agent-sdk: federated training on rented GPUs, paid through an on-chain escrow.
 
 Public names are imported on first use (PEP 562), so a worker process that only
-needs ``aitbc_agent_sdk.training`` does not pay for web3 and the coordinator.
+needs ``aitbc_agent_sdk.tasks`` does not pay for web3 and the coordinator.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ _EXPORTS = {
         "TrainingRecord", "TrainingReport", "TrainingSpec", "TrainingStatus", "Worker", "WorkerContract",
         "TaskPolicy", "TaskRef",
     ),
-    "training.task": ("Batch", "DataInfo", "TaskParams", "TrainingTask"),
+    "tasks.task": ("Batch", "DataInfo", "TaskParams", "TrainingTask"),
 }
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS, globals())
 __all__ = [*__all__, "__version__"]

@@ -33,7 +33,7 @@ from .records import (
     TrainingStatus, Worker, WorkerContract,
 )
 from .stack import Stack, build_stack
-from .training import FedAvg
+from .aggregate.aggregation import FedAvg
 
 __all__ = ["Agent", "AgentConfig", "default_home"]
 

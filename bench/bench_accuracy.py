@@ -23,18 +23,12 @@ import time
 import torch
 
 from aitbc_agent_sdk.records import JobConfig
-from aitbc_agent_sdk.training import (
-    FedAvg,
-    LabeledData,
-    build_model,
-    evaluate,
-    fit_normalization,
-    iid_partition,
-    load_dataset,
-    model_spec_for,
-    train_local,
-    train_test_split,
-)
+from aitbc_agent_sdk.aggregate.aggregation import FedAvg
+from aitbc_agent_sdk.data.datasets import LabeledData, load_dataset, train_test_split
+from aitbc_agent_sdk.tasks.networks import build_model, fit_normalization, model_spec_for
+from aitbc_agent_sdk.tasks.evaluation import evaluate
+from aitbc_agent_sdk.data.sharding import iid_partition
+from aitbc_agent_sdk.tasks.local import train_local
 
 from quick import parse_args
 

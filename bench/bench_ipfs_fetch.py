@@ -39,7 +39,7 @@ from aitbc_agent_sdk.devnet.service import free_port, stop
 from aitbc_agent_sdk.records import TrainingRecord, TrainingSpec
 from aitbc_agent_sdk.storage.kubo import KuboClient, KuboContentStore
 from aitbc_agent_sdk.storage.local import LocalContentStore
-from aitbc_agent_sdk.training.file_sharding import plan_split
+from aitbc_agent_sdk.data.file_sharding import plan_split
 
 from bench_datasets import make_corpus
 

@@ -145,7 +145,7 @@ def stdlib_tokens(count: int, skip: int = 0) -> np.ndarray:
 
 
 def make_recorder_class() -> type:
-    from aitbc_agent_sdk.training.trajectory import TrajectoryRecorder
+    from aitbc_agent_sdk.proof.trajectory import TrajectoryRecorder
 
     class TimedRecorder(TrajectoryRecorder):
         """The SDK's recorder, with the time of each of its calls from the training loop summed; boundary
@@ -201,7 +201,7 @@ def plain_loop(model: torch.nn.Module, windows: torch.Tensor, batch: int, lr: fl
 def trajectory_extrapolated(boundaries: list[tuple[float, bool]], segments: int) -> float:
     """The recorder's boundary time in a ROUND_STEPS-step job: its kept boundaries at the measured kept cost,
     the others at the measured cost of one not written (the kept cost when none was measured: an upper bound)."""
-    from aitbc_agent_sdk.training.trajectory import kept_boundaries, segment_steps
+    from aitbc_agent_sdk.proof.trajectory import kept_boundaries, segment_steps
 
     n = math.ceil(ROUND_STEPS / segment_steps(ROUND_STEPS, segments)) + 1
     kept = len(kept_boundaries(n))
@@ -218,12 +218,12 @@ def child(rung: str, args: argparse.Namespace) -> dict[str, Any]:
     from aitbc_agent_sdk.provider.worker_process import write_checkpoint
     from aitbc_agent_sdk.storage import LocalContentStore
     from aitbc_agent_sdk.storage.unixfs import compute_cid
-    from aitbc_agent_sdk.training import decode_state
-    from aitbc_agent_sdk.training.bound_task import bind_task
-    from aitbc_agent_sdk.training.gpt_task import draw_windows
-    from aitbc_agent_sdk.training.shard_files import TokenData
-    from aitbc_agent_sdk.training.task_loop import train_task
-    from aitbc_agent_sdk.training.task_state import encode_task_state, restore_task_state
+    from aitbc_agent_sdk.wire.checkpoint import decode_state
+    from aitbc_agent_sdk.tasks.bound_task import bind_task
+    from aitbc_agent_sdk.tasks.gpt_task import draw_windows
+    from aitbc_agent_sdk.data.shard_files import TokenData
+    from aitbc_agent_sdk.tasks.task_loop import train_task
+    from aitbc_agent_sdk.wire.task_state import encode_task_state, restore_task_state
 
     torch.set_num_threads(args.threads)
     shape = RUNGS[rung]
@@ -343,10 +343,11 @@ def coordinator_round(loop: asyncio.AbstractEventLoop, store: Any, bound: Any, s
     # Long because: one round's coordinator path from results to the stored new model, phase by phase.
     from aitbc_agent_sdk.coordinator.verification import checkpoint_problem, update_norm, validation_loss
     from aitbc_agent_sdk.coordinator.work_checks import sketch_positions, state_norm, update_sketch
-    from aitbc_agent_sdk.training import FedAvg, encode_state
-    from aitbc_agent_sdk.training.outer import outer_for
-    from aitbc_agent_sdk.training.trajectory import read_commitment, tensor_digest
-    from aitbc_agent_sdk.training.update_codec import decode_residual, decode_update, encode_residual, encode_update
+    from aitbc_agent_sdk.aggregate.aggregation import FedAvg
+    from aitbc_agent_sdk.wire.checkpoint import encode_state
+    from aitbc_agent_sdk.aggregate.outer import outer_for
+    from aitbc_agent_sdk.proof.trajectory import read_commitment, tensor_digest
+    from aitbc_agent_sdk.wire.update_codec import decode_residual, decode_update, encode_residual, encode_update
 
     model_bytes = 4 * sum(t.numel() for t in reference.values())
     with torch_threads(1):

@@ -51,11 +51,12 @@ from aitbc_agent_sdk.provider.process import TASK_FILE, WEIGHTS_FILE, TrainingPr
 from aitbc_agent_sdk.provider.sandbox import TrainingSandbox, require_bwrap
 from aitbc_agent_sdk.storage import LocalContentStore
 from aitbc_agent_sdk.storage.unixfs import compute_cid
-from aitbc_agent_sdk.training import LabeledData, decode_state
-from aitbc_agent_sdk.training.bound_task import BoundTask, bind_task
-from aitbc_agent_sdk.training.gpt_task import GptParams
-from aitbc_agent_sdk.training.task_package import encode_package, load_task, pack_task
-from aitbc_agent_sdk.training.shard_files import SHARD_INFO, TokenData, part_name, write_shard
+from aitbc_agent_sdk.data.datasets import LabeledData
+from aitbc_agent_sdk.wire.checkpoint import decode_state
+from aitbc_agent_sdk.tasks.bound_task import BoundTask, bind_task
+from aitbc_agent_sdk.tasks.gpt_task import GptParams
+from aitbc_agent_sdk.tasks.task_package import encode_package, load_task, pack_task
+from aitbc_agent_sdk.data.shard_files import SHARD_INFO, TokenData, part_name, write_shard
 
 from quick import parse_args
 

@@ -26,12 +26,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from aitbc_agent_sdk.records import FaultPolicy, JobConfig, TaskRef  # noqa: E402
-from aitbc_agent_sdk.training import decode_state, load_dataset  # noqa: E402
-from aitbc_agent_sdk.training.bound_task import bind_task  # noqa: E402
-from aitbc_agent_sdk.training.shard_files import TokenData  # noqa: E402
-from aitbc_agent_sdk.training.task_loop import train_task  # noqa: E402
-from aitbc_agent_sdk.training.trajectory import TrajectoryRecorder, boundary_name  # noqa: E402
-from aitbc_agent_sdk.training.trajectory_replay import reexecute_segment, relative_distance  # noqa: E402
+from aitbc_agent_sdk.wire.checkpoint import decode_state  # noqa: E402
+from aitbc_agent_sdk.data.datasets import load_dataset
+from aitbc_agent_sdk.tasks.bound_task import bind_task  # noqa: E402
+from aitbc_agent_sdk.data.shard_files import TokenData  # noqa: E402
+from aitbc_agent_sdk.tasks.task_loop import train_task  # noqa: E402
+from aitbc_agent_sdk.proof.trajectory import TrajectoryRecorder, boundary_name  # noqa: E402
+from aitbc_agent_sdk.tasks.trajectory_replay import reexecute_segment, relative_distance  # noqa: E402
 
 
 class Skipping:

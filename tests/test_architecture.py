@@ -17,7 +17,8 @@ package has to be placed here on purpose.
                                                     own settings that AgentConfig nests
       host       .host                              what provider and cluster share about the machine
     2 ports      .market, .storage, .messaging,     ports, their adapters and pure strategies;
-                 .chain, .training, .audit          audit is the append-only log file
+                 .chain, .audit, .tasks, .data,     audit is the append-only log file; the
+                 .wire, .aggregate, .proof          torch side: tasks, datasets, codecs, rules, proofs
     1 base       .records, .errors, .limits, ._lazy records, the error root, bounds, lazy re-exports
 
 How imports are read (AST, nothing is imported):
@@ -79,7 +80,11 @@ LAYERS: dict[str, tuple[int, str]] = {
     "aitbc_agent_sdk.storage": (2, "ports"),
     "aitbc_agent_sdk.messaging": (2, "ports"),
     "aitbc_agent_sdk.chain": (2, "ports"),
-    "aitbc_agent_sdk.training": (2, "ports"),
+    "aitbc_agent_sdk.tasks": (2, "ports"),
+    "aitbc_agent_sdk.data": (2, "ports"),
+    "aitbc_agent_sdk.wire": (2, "ports"),
+    "aitbc_agent_sdk.aggregate": (2, "ports"),
+    "aitbc_agent_sdk.proof": (2, "ports"),
     "aitbc_agent_sdk.audit": (2, "ports"),
     "aitbc_agent_sdk.records": (1, "base"),
     "aitbc_agent_sdk.errors": (1, "base"),

@@ -19,7 +19,7 @@ from aitbc_agent_sdk.assistant.session import Assistant
 from aitbc_agent_sdk.coordinator.training_db import TrainingStore
 from aitbc_agent_sdk.errors import DatasetError
 from aitbc_agent_sdk.records import TaskRef, TrainingRecord, TrainingSpec
-from aitbc_agent_sdk.training.builtin_tasks import BUILTIN_TASKS
+from aitbc_agent_sdk.tasks.builtin_tasks import BUILTIN_TASKS
 
 MARKET_TRAIN = ["training_init", "upload_data", "discover_workers", "distribute"]
 SIZED = ("train a 2-layer GPT with 2 heads, width 64 and context 32 on my text corpus ./wiki "

@@ -12,9 +12,9 @@ from aitbc_agent_sdk.flow.provider_daemon import serve_provider
 from aitbc_agent_sdk.provider.process import CHECKPOINT_FILE, WEIGHTS_FILE
 from aitbc_agent_sdk.provider.worker_process import run_job
 from aitbc_agent_sdk.storage import compute_cid
-from aitbc_agent_sdk.training import decode_state, encode_state
-from aitbc_agent_sdk.training.shard_files import write_shard
-from aitbc_agent_sdk.training.update_codec import decode_update
+from aitbc_agent_sdk.wire.checkpoint import decode_state, encode_state
+from aitbc_agent_sdk.data.shard_files import write_shard
+from aitbc_agent_sdk.wire.update_codec import decode_update
 from aitbc_agent_sdk.coordinator.verification import checkpoint_problem
 from aitbc_agent_sdk.records.datasets import ShardData
 from scripts.chaos.byzantine import (

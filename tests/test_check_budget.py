@@ -9,9 +9,9 @@ import numpy as np
 import torch
 
 from aitbc_agent_sdk.records import FaultPolicy, TaskRef
-from aitbc_agent_sdk.training import load_dataset
-from aitbc_agent_sdk.training.bound_task import bind_task
-from aitbc_agent_sdk.training.shard_files import TokenData, drawn_samples
+from aitbc_agent_sdk.data.datasets import load_dataset
+from aitbc_agent_sdk.tasks.bound_task import bind_task
+from aitbc_agent_sdk.data.shard_files import TokenData, drawn_samples
 from aitbc_agent_sdk.coordinator.inputs import round_checker
 
 

@@ -28,11 +28,12 @@ from aitbc_agent_sdk.records import (
 from aitbc_agent_sdk.records.datasets import TokenLayout
 from aitbc_agent_sdk.records.inert import visible
 from aitbc_agent_sdk.storage import LocalContentStore
-from aitbc_agent_sdk.training import LabeledData, encode_state
-from aitbc_agent_sdk.training.corpus import decode_bytes
-from aitbc_agent_sdk.training.gpt import GPT, generate
-from aitbc_agent_sdk.training.gpt_task import GptTask
-from aitbc_agent_sdk.training.task import DataInfo
+from aitbc_agent_sdk.data.datasets import LabeledData
+from aitbc_agent_sdk.wire.checkpoint import encode_state
+from aitbc_agent_sdk.data.corpus import decode_bytes
+from aitbc_agent_sdk.tasks.gpt import GPT, generate
+from aitbc_agent_sdk.tasks.gpt_task import GptTask
+from aitbc_agent_sdk.tasks.task import DataInfo
 from aitbc_cli.app import main
 from aitbc_cli.plot import plot_report
 from aitbc_cli.render import round_detail

@@ -13,9 +13,9 @@ from aitbc_agent_sdk.coordinator.sharding import publish_shards
 from aitbc_agent_sdk.errors import ConfigError, DatasetError
 from aitbc_agent_sdk.records import TrainingRecord, TrainingSpec
 from aitbc_agent_sdk.storage import LocalContentStore
-from aitbc_agent_sdk.training import load_dataset
-from aitbc_agent_sdk.training.corpus import decode_bytes
-from aitbc_agent_sdk.training.shard_files import TokenData
+from aitbc_agent_sdk.data.datasets import load_dataset
+from aitbc_agent_sdk.data.corpus import decode_bytes
+from aitbc_agent_sdk.data.shard_files import TokenData
 
 
 def record(cid: str, **spec) -> TrainingRecord:

@@ -14,7 +14,7 @@ from aitbc_agent_sdk.coordinator.elastic import (
 from aitbc_agent_sdk.coordinator.service import audit_path
 from aitbc_agent_sdk.records import ElasticPolicy, SampleRange
 from aitbc_agent_sdk.stack import join_embedded_market
-from aitbc_agent_sdk.training import decode_state
+from aitbc_agent_sdk.wire.checkpoint import decode_state
 from scripts.chaos.byzantine import QuarterSpeedProvider
 
 POLICY = ElasticPolicy(target_samples_per_s=100.0, min_workers=2, max_workers=4, window_rounds=2)

@@ -10,7 +10,7 @@ from aitbc_agent_sdk import flow
 from aitbc_agent_sdk.audit import AuditLog
 from aitbc_agent_sdk.coordinator.training_db import TrainingStore
 from aitbc_agent_sdk.records import JobConfig, TrainingPhase, TrainingRecord, TrainingSpec
-from aitbc_agent_sdk.training import MODEL_NAMES
+from aitbc_agent_sdk.tasks.networks import MODEL_NAMES
 
 COORD = "0x" + "ab" * 20
 

@@ -29,7 +29,7 @@ from aitbc_agent_sdk.records import GpuInfo, Hardware, HardwareAnswer, HardwareC
 from aitbc_agent_sdk.provider.hardware_answer import HardwareAnswers, challenge_refusal
 from aitbc_agent_sdk.provider.node import ProviderAgent, ProviderConfig
 from aitbc_agent_sdk.storage import LocalContentStore
-from aitbc_agent_sdk.training import encode_state
+from aitbc_agent_sdk.wire.checkpoint import encode_state
 
 H100 = GpuInfo(name="NVIDIA H100 80GB HBM3", memory_total_bytes=80 << 30)
 CPU_HOST = Hardware(cpu_model="test cpu", cpu_cores=2, ram_bytes=1 << 30)

@@ -2,11 +2,11 @@ import pytest
 import torch
 
 from aitbc_agent_sdk.records import JobConfig
-from aitbc_agent_sdk.training.datasets import load_dataset, train_test_split
-from aitbc_agent_sdk.training.evaluation import evaluate
-from aitbc_agent_sdk.training.local import EpochStats, train_local
-from aitbc_agent_sdk.training.networks import build_model, fit_normalization, model_spec_for
-from aitbc_agent_sdk.training.sharding import iid_partition
+from aitbc_agent_sdk.data.datasets import load_dataset, train_test_split
+from aitbc_agent_sdk.tasks.evaluation import evaluate
+from aitbc_agent_sdk.tasks.local import EpochStats, train_local
+from aitbc_agent_sdk.tasks.networks import build_model, fit_normalization, model_spec_for
+from aitbc_agent_sdk.data.sharding import iid_partition
 
 
 @pytest.fixture(scope="module")

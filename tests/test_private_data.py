@@ -11,7 +11,7 @@ from aitbc_agent_sdk.chain.keywrap import data_key_info, unwrap_key
 from aitbc_agent_sdk.errors import DecryptionError
 from aitbc_agent_sdk.records import ShardManifest
 from aitbc_agent_sdk.records.datasets import ShardData
-from aitbc_agent_sdk.training import load_dataset
+from aitbc_agent_sdk.data.datasets import load_dataset
 
 
 async def test_a_sealed_dataset_trains_and_the_store_holds_only_ciphertext(aitbc_home):

@@ -33,7 +33,9 @@ from aitbc_agent_sdk.records import (
 from aitbc_agent_sdk.provider.node import ProviderAgent, ProviderConfig
 from aitbc_agent_sdk.provider.onchain import ProviderChain
 from aitbc_agent_sdk.storage import LocalContentStore
-from aitbc_agent_sdk.training import LabeledData, build_model, encode_state, load_dataset, model_spec_for
+from aitbc_agent_sdk.data.datasets import LabeledData, load_dataset
+from aitbc_agent_sdk.tasks.networks import build_model, model_spec_for
+from aitbc_agent_sdk.wire.checkpoint import encode_state
 from aitbc_agent_sdk.coordinator.datasets import store_shard
 
 TRAINING = "training-under-test"

@@ -12,8 +12,10 @@ from aitbc_agent_sdk.records import JobConfig
 from aitbc_agent_sdk.provider.hardware import detect_hardware
 from aitbc_agent_sdk.provider.process import TrainingProcess
 from aitbc_agent_sdk.provider.worker_process import CHECKPOINT_FILE, WEIGHTS_FILE
-from aitbc_agent_sdk.training import build_model, decode_state, encode_state, load_dataset, model_spec_for
-from aitbc_agent_sdk.training.shard_files import write_shard
+from aitbc_agent_sdk.tasks.networks import build_model, model_spec_for
+from aitbc_agent_sdk.wire.checkpoint import decode_state, encode_state
+from aitbc_agent_sdk.data.datasets import load_dataset
+from aitbc_agent_sdk.data.shard_files import write_shard
 
 
 def test_scrubbed_env_keeps_only_the_allow_list(tmp_path):

@@ -15,9 +15,10 @@ from aitbc_agent_sdk.records import (
 from aitbc_agent_sdk.provider.cache import ContentCache
 from aitbc_agent_sdk.provider.weights_delta import rebuilt_weights
 from aitbc_agent_sdk.storage import LocalContentStore
-from aitbc_agent_sdk.training import FedAvg, decode_state, encode_state
-from aitbc_agent_sdk.training.outer import NesterovOuter
-from aitbc_agent_sdk.training.update_codec import encode_update
+from aitbc_agent_sdk.aggregate.aggregation import FedAvg
+from aitbc_agent_sdk.wire.checkpoint import decode_state, encode_state
+from aitbc_agent_sdk.aggregate.outer import NesterovOuter
+from aitbc_agent_sdk.wire.update_codec import encode_update
 
 COORDINATOR = "0x" + "11" * 20
 WORKER = "0x" + "22" * 20

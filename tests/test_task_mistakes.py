@@ -22,10 +22,11 @@ from aitbc_agent_sdk.provider.process import TASK_FILE, WEIGHTS_FILE
 from aitbc_agent_sdk.provider.worker_process import run_job
 from aitbc_agent_sdk.storage.local import LocalContentStore
 from aitbc_agent_sdk.storage.unixfs import compute_cid
-from aitbc_agent_sdk.training import encode_state, load_dataset
-from aitbc_agent_sdk.training.bound_task import bind_task
-from aitbc_agent_sdk.training.shard_files import write_shard
-from aitbc_agent_sdk.training.task_package import encode_package, load_task, pack_task
+from aitbc_agent_sdk.wire.checkpoint import encode_state
+from aitbc_agent_sdk.data.datasets import load_dataset
+from aitbc_agent_sdk.tasks.bound_task import bind_task
+from aitbc_agent_sdk.data.shard_files import write_shard
+from aitbc_agent_sdk.tasks.task_package import encode_package, load_task, pack_task
 from aitbc_cli.app import main
 
 HEADER = """\

@@ -23,15 +23,15 @@ from aitbc_agent_sdk.provider.kept import MAX_RECOMPUTES, KeptJob, KeptResults
 from aitbc_agent_sdk.provider.owners import TrainingOwner
 from aitbc_agent_sdk.provider.process import TRAJECTORY_DIR
 from aitbc_agent_sdk.storage.local import LocalContentStore
-from aitbc_agent_sdk.training.bound_task import bind_task
-from aitbc_agent_sdk.training.checkpoint import decode_state
-from aitbc_agent_sdk.training.datasets import LabeledData
-from aitbc_agent_sdk.training.task_loop import train_task
-from aitbc_agent_sdk.training.trajectory import (
+from aitbc_agent_sdk.tasks.bound_task import bind_task
+from aitbc_agent_sdk.wire.checkpoint import decode_state
+from aitbc_agent_sdk.data.datasets import LabeledData
+from aitbc_agent_sdk.tasks.task_loop import train_task
+from aitbc_agent_sdk.proof.trajectory import (
     KEPT_STATES, TrajectoryRecorder, boundary_hashes, boundary_name, kept_boundaries, recompute_plan,
     recompute_segments,
 )
-from aitbc_agent_sdk.training.trajectory_replay import open_boundaries
+from aitbc_agent_sdk.tasks.trajectory_replay import open_boundaries
 
 WORKER = "0x" + "ab" * 20
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -9,8 +9,8 @@ import torch
 
 from aitbc_agent_sdk.coordinator.verification import checkpoint_problem
 from aitbc_agent_sdk.errors import TrainingError
-from aitbc_agent_sdk.training.checkpoint import decode_state, encode_state
-from aitbc_agent_sdk.training.update_codec import (
+from aitbc_agent_sdk.wire.checkpoint import decode_state, encode_state
+from aitbc_agent_sdk.wire.update_codec import (
     DELTA,
     INT8_BLOCK,
     SCALES,

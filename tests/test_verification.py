@@ -12,7 +12,9 @@ from aitbc_agent_sdk.coordinator.verification import (
     validation_loss,
 )
 from aitbc_agent_sdk.records import FaultPolicy, JobConfig
-from aitbc_agent_sdk.training import build_model, load_dataset, model_spec_for, train_local, train_test_split
+from aitbc_agent_sdk.tasks.networks import build_model, model_spec_for
+from aitbc_agent_sdk.data.datasets import load_dataset, train_test_split
+from aitbc_agent_sdk.tasks.local import train_local
 
 TID = "training-verify"
 DOMAIN = EvidenceDomain(31337, "0x" + "5" * 40)

@@ -108,8 +108,8 @@ def describe_training(a: InitArgs, data_path: str | None = None) -> str:
 
 def check_text_corpus(data_path: str) -> Path:
     """The directory of .txt files a gpt trains on, or a DatasetError saying what ``data_path`` is instead."""
-    from ..training.corpus import TEXT_SUFFIXES
-    from ..training.dataset_dirs import dataset_kind, visible_files
+    from ..data.corpus import TEXT_SUFFIXES
+    from ..data.dataset_dirs import dataset_kind, visible_files
 
     need = "a GPT trains on a text corpus, a directory of .txt files"
     if data_path == "digits":

@@ -27,11 +27,11 @@ from ..records.datasets import (
 )
 from ..storage import ContentStore
 from ..storage.port import DirectoryStore
-from ..training import LabeledData
+from ..data.datasets import LabeledData
 from ..records import TrainingSpec
-from ..training.dataset_dirs import PreparedDataset, build_manifest, prepare_dataset
-from ..training.file_sharding import plan_split, shard_data, spread_sample
-from ..training.shard_files import SHARD_INFO, ShardContent, data_layout, load_shard, part_name, target_bytes
+from ..data.dataset_dirs import PreparedDataset, build_manifest, prepare_dataset
+from ..data.file_sharding import plan_split, shard_data, spread_sample
+from ..data.shard_files import SHARD_INFO, ShardContent, data_layout, load_shard, part_name, target_bytes
 from .sealing import SEALED_LAYOUT, KeyRing, read_sealed_slice, seal_tree
 
 MANIFEST_MAX_BYTES = 64 << 20  # a manifest of MAX_DATASET_FILES entries, with room

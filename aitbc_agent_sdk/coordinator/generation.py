@@ -19,11 +19,11 @@ from ..errors import ConfigError, TrainingError
 from ..records import MAX_PROMPT_BYTES, MAX_SAMPLE_TOKENS, SampleResult, TrainingRecord, weights_limit
 from ..records.datasets import MAX_TOKENIZER_BYTES, DatasetManifest, TokenLayout
 from ..storage import ContentStore
-from ..training.checkpoint import decode_state
-from ..training.bpe import TextCodec, load_tokenizer
-from ..training.corpus import ByteCodec
-from ..training.dataset_dirs import manifest_shape
-from ..training.gpt import GPT, generate
+from ..wire.checkpoint import decode_state
+from ..data.bpe import TextCodec, load_tokenizer
+from ..data.corpus import ByteCodec
+from ..data.dataset_dirs import manifest_shape
+from ..tasks.gpt import GPT, generate
 from .datasets import DatasetStore
 from .tasks import TaskCache
 

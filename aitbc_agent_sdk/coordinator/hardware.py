@@ -18,7 +18,7 @@ from ..market.hardware_check import PRODUCT_KEY, HardwareVerdict, challenge_dead
 from ..messaging import SignedChannel, topics
 from ..records import HardwareAnswer, HardwareChallenge, Offer, Worker, new_id
 from ..storage import ContentStore
-from ..training import decode_state
+from ..wire.checkpoint import decode_state
 from .settings import CoordinatorSettings
 
 log = logging.getLogger(__name__)

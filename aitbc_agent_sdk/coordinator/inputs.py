@@ -19,10 +19,11 @@ from ..records import (
     WeightsDelta, WorkerContract, new_id,
 )
 from ..storage import ContentStore
-from ..training import LabeledData, decode_state
-from ..training.bound_task import BoundTask
-from ..training.networks import MODEL_NAMES
-from ..training.shard_files import drawn_samples
+from ..data.datasets import LabeledData
+from ..wire.checkpoint import decode_state
+from ..tasks.bound_task import BoundTask
+from ..tasks.networks import MODEL_NAMES
+from ..data.shard_files import drawn_samples
 from .datasets import DatasetStore
 from .tasks import TaskCache
 from .training_db import TrainingStore

@@ -12,7 +12,7 @@ import logging
 
 from ..errors import InsufficientFundsError, MessagingError, NotEnoughWorkersError
 from ..records import ElasticPolicy, SampleRange, Shard, ShardManifest, WorkerContract
-from ..training.file_sharding import merge_shards, shard_label_counts, sub_shard
+from ..data.file_sharding import merge_shards, shard_label_counts, sub_shard
 from .elastic import count, needs_rebalance, plan_shares, reassign, scaling_decision
 from .service import Coordinator
 from .stats import RoundStats

@@ -15,7 +15,8 @@ from typing import Any
 from ..errors import ConfigError, NotFoundError, TrainingError
 from ..records import AggregateResult, CheckpointRef
 from ..storage import DEFAULT_MAX_BYTES, ContentStore
-from ..training import AggregationStrategy, decode_state, encode_state, sample_weights
+from ..aggregate.aggregation import AggregationStrategy, sample_weights
+from ..wire.checkpoint import decode_state, encode_state
 from .inputs import CHECKPOINT_HEADER_SLACK
 from .logbook import AuditLogs
 from .receipts import ReceiptIssuer

@@ -23,9 +23,10 @@ import torch
 
 from ..records import TrainingRecord, UpdateEncoding
 from ..storage import ContentStore
-from ..training import AggregationStrategy, decode_state, encode_state
-from ..training.outer import outer_for
-from ..training.update_codec import decode_residual, decode_update, encode_residual, encode_update
+from ..aggregate.aggregation import AggregationStrategy
+from ..wire.checkpoint import decode_state, encode_state
+from ..aggregate.outer import outer_for
+from ..wire.update_codec import decode_residual, decode_update, encode_residual, encode_update
 
 State = dict[str, torch.Tensor]
 MAX_STATE_SLACK = 1 << 20  # a float32 copy of the model (momentum, residual) plus its header

@@ -14,8 +14,8 @@ import torch
 
 from ..errors import TrainingError
 from ..records import JobAssignment, Shard, TrajectoryCommitment
-from ..training.shard_files import drawn_samples
-from ..training.trajectory import read_commitment, tensor_digest
+from ..data.shard_files import drawn_samples
+from ..proof.trajectory import read_commitment, tensor_digest
 from .inputs import RoundInputs
 from .logbook import AuditSink
 from .service import Coordinator

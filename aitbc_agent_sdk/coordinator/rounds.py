@@ -16,7 +16,7 @@ import time
 
 from ..errors import InsufficientFundsError, NotEnoughWorkersError, TrainingError
 from ..records import CheckpointRef, JobAssignment, Progress, TrainingPhase, WorkerContract
-from ..training import strategy_for_round
+from ..aggregate.strategies import strategy_for_round
 from .arrival import Arrival, arrival_checks, check_arrival
 from .deadlines import job_deadline, job_work
 from .health import confirmed_stragglers

@@ -19,10 +19,10 @@ from ..records import (
     WorkerReport, fit_problem, largest_machine, reported_accuracy,
 )
 from ..records.footprint import describe
-from ..training.bound_task import rehearsal_size
-from ..training.file_sharding import partition_problem
-from ..training.task import TrainingTask
-from ..training.dataset_dirs import manifest_shape
+from ..tasks.bound_task import rehearsal_size
+from ..data.file_sharding import partition_problem
+from ..tasks.task import TrainingTask
+from ..data.dataset_dirs import manifest_shape
 from .deadlines import job_work, round_timeout
 from .inputs import RoundInputs
 from .stopping import wind_down

@@ -22,7 +22,7 @@ from ..records.datasets import FileSlice, SealedLayout, ShardData
 from ..storage import ContentStore
 from ..storage.sealed import DEFAULT_CHUNK_SIZE, seal_file, sealed_size
 from ..storage.sealed_slices import HEADER_SIZE, open_slice, slice_span
-from ..training.dataset_dirs import visible_files
+from ..data.dataset_dirs import visible_files
 
 if TYPE_CHECKING:
     from .settlement import EscrowAccount

@@ -29,11 +29,13 @@ from ..records import (
     TrainingStatus, Worker, WorkerContract, fit_problem, new_id, reported_accuracy,
 )
 from ..storage import ContentStore
-from ..training import AggregationStrategy, FedAvg, LabeledData, decode_state
+from ..aggregate.aggregation import AggregationStrategy, FedAvg
+from ..data.datasets import LabeledData
+from ..wire.checkpoint import decode_state
 from ..records.datasets import DatasetManifest, TargetKind
-from ..training.bound_task import rehearsal_size
-from ..training.dataset_dirs import manifest_shape
-from ..training.file_sharding import partition_problem
+from ..tasks.bound_task import rehearsal_size
+from ..data.dataset_dirs import manifest_shape
+from ..data.file_sharding import partition_problem
 from .datasets import DatasetStore
 from .hardware import check_hardware
 from .sealing import JobKeys

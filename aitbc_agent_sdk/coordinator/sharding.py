@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from ..errors import ConfigError
 from ..records import Shard, ShardManifest, TrainingRecord
 from ..records.datasets import DatasetManifest, ShardData
-from ..training.dataset_dirs import manifest_shape
-from ..training.file_sharding import merge_shards, plan_split, shard_data, spread_sample
+from ..data.dataset_dirs import manifest_shape
+from ..data.file_sharding import merge_shards, plan_split, shard_data, spread_sample
 from .datasets import DatasetStore
 
 PREPARE_BYTES = 256 << 20  # of the training split, read on the coordinator for the task's prepare()

@@ -10,12 +10,12 @@ the segment's own change when it trained on a GPU (whose kernels are not bit-rep
 A mismatch, or a batch order that is not the job's, contradicts the trajectory the worker signed
 (inside the checkpoint's CID): slashable. A worker that does not open its trajectory in time is
 unpaid for the round, but not slashed: it may just be gone. In time follows the work: a worker keeps
-only a few boundary states (:func:`~aitbc_agent_sdk.training.trajectory.kept_boundaries`) and trains
+only a few boundary states (:func:`~aitbc_agent_sdk.proof.trajectory.kept_boundaries`) and trains
 segments again to open the others, so its deadline grows with those steps at its measured speed
 (:func:`opening_deadline_s`).
 
 A check that cannot decide fails closed. Every opened state must be one the task's own model,
-optimizer and scheduler could be in (:mod:`~aitbc_agent_sdk.training.opened_state`) before anything
+optimizer and scheduler could be in (:mod:`~aitbc_agent_sdk.proof.opened_state`) before anything
 is replayed; one that is not, and any error while checking (a hostile state that slipped through, or
 the coordinator's own failure), makes the result unverifiable: unpaid, not slashed, and the audit
 log says why.
@@ -37,9 +37,9 @@ import torch
 from ..errors import AitbcError
 from ..messaging import topics
 from ..records import JobAssignment, Shard, TrajectoryChallenge, TrajectoryCommitment, TrajectoryOpening
-from ..training import decode_state
-from ..training.trajectory import boundary_hashes, recompute_segments
-from ..training.trajectory_replay import Reexecution, reexecute_segments, relative_distance, unfit_states
+from ..wire.checkpoint import decode_state
+from ..proof.trajectory import boundary_hashes, recompute_segments
+from ..tasks.trajectory_replay import Reexecution, reexecute_segments, relative_distance, unfit_states
 from .deadlines import job_deadline, job_work
 from .inputs import RoundInputs
 from .logbook import AuditSink

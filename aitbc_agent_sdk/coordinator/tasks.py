@@ -12,10 +12,10 @@ from pathlib import Path
 
 from ..records import MAX_TASK_BYTES, TaskRef, TrainingSpec, id_path
 from ..storage import ContentStore
-from ..training.bound_task import BoundTask, bind_task, task_ref_of
-from ..training.task import TrainingTask
-from ..training.task_checks import TaskOrigin
-from ..training.task_package import decode_package, encode_package, load_task, pack_task
+from ..tasks.bound_task import BoundTask, bind_task, task_ref_of
+from ..tasks.task import TrainingTask
+from ..tasks.task_checks import TaskOrigin
+from ..tasks.task_package import decode_package, encode_package, load_task, pack_task
 
 
 LANGUAGE_MODEL = "gpt"  # what the seed's --model-type transformer trains on a text corpus

@@ -26,8 +26,8 @@ import torch
 
 from ..chain.registry import EvidenceDomain, result_digest, signature_signer
 from ..records import FaultPolicy, ModelSpec
-from ..training import LabeledData
-from ..training.bound_task import BoundTask, bind_task, job_task_ref
+from ..data.datasets import LabeledData
+from ..tasks.bound_task import BoundTask, bind_task, job_task_ref
 
 State = Mapping[str, torch.Tensor]
 

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from ..records import FaultPolicy, JobConfig, TrajectoryCommitment
-from ..training.bound_task import BoundTask
-from ..training.trajectory import segment_steps
+from ..tasks.bound_task import BoundTask
+from ..proof.trajectory import segment_steps
 
 State = Mapping[str, torch.Tensor]
 SKETCH_SIZE = 4096  # coordinates of an update compared between workers of one round

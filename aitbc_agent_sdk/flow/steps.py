@@ -91,8 +91,8 @@ def check_dataset(source: str | Path, label_column: str | None = None, target: T
     """What can be checked without reading the data, before anything connects: its kind, a CSV's label column,
     a vocabulary size (text corpora only). The rows themselves are checked as they stream into the store (a bad
     one stops the import, exit 2)."""
-    from ..training.bpe import check_vocab_size
-    from ..training.dataset_dirs import dataset_kind
+    from ..data.bpe import check_vocab_size
+    from ..data.dataset_dirs import dataset_kind
 
     check_vocab_size(vocab_size)
     if source == "digits":

@@ -11,8 +11,8 @@ from pydantic import ValidationError
 
 from ..errors import ConfigError
 from ..records import TaskRef, TrainingSpec
-from ..training.builtin_tasks import BUILTIN_TASKS
-from ..training.task_package import pack_task
+from ..tasks.builtin_tasks import BUILTIN_TASKS
+from ..tasks.task_package import pack_task
 
 if TYPE_CHECKING:
     from ..agent import Agent

@@ -21,7 +21,7 @@ from ..market.hardware_check import PRODUCT_KEY, compute_product
 from ..messaging import SignedChannel, Verified, topics
 from ..records import MAX_HARDWARE_FLOPS, MAX_HARDWARE_PRODUCT, Hardware, HardwareAnswer, HardwareChallenge
 from ..storage import ContentStore
-from ..training import encode_state
+from ..wire.checkpoint import encode_state
 
 log = logging.getLogger(__name__)
 CLOCK_SKEW_S = 30.0  # a challenge counts as stale only this long past its deadline: clocks differ

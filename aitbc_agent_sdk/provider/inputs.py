@@ -25,7 +25,7 @@ from ..records import MAX_SHARD_BYTES, JobAssignment
 from ..records.datasets import ShardData
 from ..storage import ContentStore, fetch_timeout_s
 from ..storage.sealed_slices import HEADER_SIZE, open_slice, slice_span
-from ..training.shard_files import part_name
+from ..data.shard_files import part_name
 from .cache import CacheLease, ContentCache
 from .process import SHARD_FILE, WEIGHTS_FILE
 from .owners import TrainingOwner

@@ -35,8 +35,8 @@ from typing import Any, BinaryIO
 from ..errors import AitbcError, TrainingError
 from ..host.sandbox_plan import scrubbed_env
 from ..records import MAX_SEGMENTS, JobConfig, ModelSpec, TaskRef, TrajectoryCommitment
-from ..training.shard_files import SHARD_INFO
-from ..training.trajectory import boundary_name, kept_boundaries, recompute_plan
+from ..data.shard_files import SHARD_INFO
+from ..proof.trajectory import boundary_name, kept_boundaries, recompute_plan
 from .sandbox import (
     MAX_JOBS_PER_PROCESS, SANDBOX_DIR, TrainingSandbox, clear_output, clear_output_dir, gpu_env, require_bwrap,
     sandbox_spec, stage_inputs, take_output, take_trajectory, within_disk_limits, worker_command,

@@ -1,6 +1,6 @@
 """A spot check's boundary states that a job did not keep, recomputed in the provider's training process.
 
-A job keeps only :func:`~aitbc_agent_sdk.training.trajectory.kept_boundaries` of its trajectory. To
+A job keeps only :func:`~aitbc_agent_sdk.proof.trajectory.kept_boundaries` of its trajectory. To
 open another, the provider puts the job's inputs in a directory again (through the cache: as a rule
 nothing to download), links the kept states the recomputation starts from beside them, and has a
 training process (sandboxed as for training, and serving only this training) train those segments
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..errors import TrainingError
 from ..records import TrajectoryCommitment
-from ..training.trajectory import (
+from ..proof.trajectory import (
     boundary_hashes, boundary_name, kept_boundaries, read_commitment_file, recompute_plan,
 )
 from .inputs import JobInputs

@@ -19,7 +19,7 @@ from pathlib import Path
 from ..errors import AitbcError
 from ..records import MAX_TASK_BYTES, JobAssignment, TaskPackage, TaskPolicy, TaskRef, id_path
 from ..storage import ContentStore, fetch_timeout_s
-from ..training.task_package import decode_package, missing_requirements
+from ..tasks.task_package import decode_package, missing_requirements
 from .jobs import write_file
 from .owners import TrainingOwner
 from .process import KEPT_FILES, TASK_FILE

@@ -17,8 +17,8 @@ from ..errors import AitbcError, NotFoundError
 from ..records import JobAssignment, weights_limit
 from ..storage import ContentStore, fetch_timeout_s
 from ..storage.unixfs import compute_cid
-from ..training import decode_state, encode_state
-from ..training.update_codec import decode_update
+from ..wire.checkpoint import decode_state, encode_state
+from ..wire.update_codec import decode_update
 from .cache import ContentCache
 
 log = logging.getLogger(__name__)

@@ -21,17 +21,19 @@ from typing import Any
 import torch
 
 from ..records import COMMITMENT_KEY, JobConfig, ModelSpec, TaskRef, TrajectoryCommitment
-from ..training import EpochStats, LabeledData, decode_state, encode_state
+from ..tasks.local import EpochStats
+from ..data.datasets import LabeledData
+from ..wire.checkpoint import decode_state, encode_state
 from ..errors import AitbcError, TrainingError
-from ..training.bound_task import BoundTask, bind_task, job_task_ref
-from ..training.shard_files import load_shard
-from ..training.task import TrainingTask
-from ..training.task_loop import train_task, training_device
-from ..training.task_checks import TaskOrigin, describe_task_error
-from ..training.task_package import decode_package, load_task
-from ..training.trajectory import TrajectoryRecorder, boundary_name
-from ..training.trajectory_replay import recompute_boundaries
-from ..training.update_codec import decode_residual, encode_residual, encode_update
+from ..tasks.bound_task import BoundTask, bind_task, job_task_ref
+from ..data.shard_files import load_shard
+from ..tasks.task import TrainingTask
+from ..tasks.task_loop import train_task, training_device
+from ..tasks.task_checks import TaskOrigin, describe_task_error
+from ..tasks.task_package import decode_package, load_task
+from ..proof.trajectory import TrajectoryRecorder, boundary_name
+from ..tasks.trajectory_replay import recompute_boundaries
+from ..wire.update_codec import decode_residual, encode_residual, encode_update
 
 from .process import CHECKPOINT_FILE, RESIDUAL_FILE, SHARD_FILE, STATE_FILE, TASK_FILE, TRAJECTORY_DIR, WEIGHTS_FILE
 

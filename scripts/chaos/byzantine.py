@@ -19,9 +19,9 @@ from aitbc_agent_sdk.records import ContractProposal, GpuInfo, Hardware, JobAssi
 from aitbc_agent_sdk.provider.node import EpochReporter, ProviderAgent, TrainOutcome
 from aitbc_agent_sdk.provider.process import CHECKPOINT_FILE, WEIGHTS_FILE
 from aitbc_agent_sdk.storage import compute_cid
-from aitbc_agent_sdk.training import decode_state, encode_state
-from aitbc_agent_sdk.training.shard_files import load_shard
-from aitbc_agent_sdk.training.update_codec import decode_update, encode_update
+from aitbc_agent_sdk.wire.checkpoint import decode_state, encode_state
+from aitbc_agent_sdk.data.shard_files import load_shard
+from aitbc_agent_sdk.wire.update_codec import decode_update, encode_update
 from scripts.chaos.lazy import LAZY
 
 State = dict[str, torch.Tensor]

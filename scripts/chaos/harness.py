@@ -403,7 +403,7 @@ class ScenarioRun:
     async def start_training(self) -> None:
         import numpy as np
 
-        from aitbc_agent_sdk.training import load_dataset
+        from aitbc_agent_sdk.data.datasets import load_dataset
 
         c = self.config
         data = await asyncio.to_thread(load_dataset, "digits")

@@ -31,7 +31,9 @@ from aitbc_agent_sdk.provider.node import ProviderAgent, ProviderConfig
 from aitbc_agent_sdk.flow.provider_daemon import provider_dir
 from aitbc_agent_sdk.provider.onchain import ProviderChain
 from aitbc_agent_sdk.storage.kubo import KuboClient, KuboContentStore
-from aitbc_agent_sdk.training import build_model, encode_state, load_dataset, model_spec_for
+from aitbc_agent_sdk.tasks.networks import build_model, model_spec_for
+from aitbc_agent_sdk.wire.checkpoint import encode_state
+from aitbc_agent_sdk.data.datasets import load_dataset
 from aitbc_agent_sdk.coordinator.datasets import store_shard
 
 PRICE = 10**15

@@ -30,7 +30,8 @@ from aitbc_agent_sdk.profile import PASSWORD_FILE
 from aitbc_agent_sdk.flow.provider_daemon import build_parser, provider_dir
 from aitbc_agent_sdk.provider.process import TrainingProcess
 from aitbc_agent_sdk.provider.sandbox import TrainingSandbox
-from aitbc_agent_sdk.training import load_dataset, model_spec_for
+from aitbc_agent_sdk.data.datasets import load_dataset
+from aitbc_agent_sdk.tasks.networks import model_spec_for
 
 from tests.security.provider_rig import provider_rig, servers  # noqa: F401 (servers: a fixture)
 

@@ -16,7 +16,8 @@ from aitbc_agent_sdk.messaging import topics
 from aitbc_agent_sdk.records import ContractReply, JobCancel, ModelSpec, Progress, ShardManifest, new_id
 from aitbc_agent_sdk.provider import node as provider_agent
 from aitbc_agent_sdk.provider.book import BookLimits, contract_key
-from aitbc_agent_sdk.training import build_model, load_dataset
+from aitbc_agent_sdk.tasks.networks import build_model
+from aitbc_agent_sdk.data.datasets import load_dataset
 
 from tests.security.provider_rig import WAIT_S, provider_rig, servers  # noqa: F401 (servers: a fixture)
 

@@ -16,7 +16,7 @@ from torch import nn
 
 from aitbc_agent_sdk.errors import ConfigError, UnknownModelError
 from aitbc_agent_sdk.records import ModelSpec
-from aitbc_agent_sdk.training.datasets import LabeledData
+from aitbc_agent_sdk.data.datasets import LabeledData
 
 MODEL_NAMES: tuple[str, ...] = ("mlp", "cnn", "transformer")
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from aitbc_agent_sdk.errors import DatasetError
 from aitbc_agent_sdk.records.datasets import TokenLayout
-from aitbc_agent_sdk.training.bpe import TOKENIZER_FILE, check_vocab_size, encode_pieces, layout_of, train_bpe
+from aitbc_agent_sdk.data.bpe import TOKENIZER_FILE, check_vocab_size, encode_pieces, layout_of, train_bpe
 
 TEXT_SUFFIXES = (".txt",)
 BYTE_VOCAB = 257

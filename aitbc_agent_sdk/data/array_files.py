@@ -20,7 +20,7 @@ import torch
 
 from aitbc_agent_sdk.errors import DatasetError
 from aitbc_agent_sdk.records.datasets import ArrayLayout, TargetKind
-from aitbc_agent_sdk.training.datasets import (
+from aitbc_agent_sdk.data.datasets import (
     class_indices, numeric_text, pick_arrays, target_kind, target_values)
 
 ARRAY_SUFFIXES = (".npz", ".pt", ".csv")

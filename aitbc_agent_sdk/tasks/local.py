@@ -13,7 +13,7 @@ from torch.nn import functional as F
 
 from aitbc_agent_sdk.errors import TrainingError
 from aitbc_agent_sdk.records import JobConfig
-from aitbc_agent_sdk.training.datasets import LabeledData
+from aitbc_agent_sdk.data.datasets import LabeledData
 
 
 @dataclass(frozen=True)

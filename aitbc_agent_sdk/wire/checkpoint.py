@@ -13,7 +13,7 @@ from safetensors.torch import load, save
 
 from aitbc_agent_sdk.errors import TrainingError
 from aitbc_agent_sdk.limits import MAX_CLASSES
-from aitbc_agent_sdk.training.datasets import LabeledData
+from aitbc_agent_sdk.data.datasets import LabeledData
 
 # safetensors header is an 8-byte little-endian length followed by JSON.
 _HEADER_LEN = struct.Struct("<Q")

@@ -24,10 +24,10 @@ import torch
 
 from aitbc_agent_sdk.errors import TrainingError
 from aitbc_agent_sdk.records import JobConfig, ModelSpec, TrajectoryCommitment
-from aitbc_agent_sdk.training.bound_task import BoundTask
-from aitbc_agent_sdk.training.task import Batch
-from aitbc_agent_sdk.training.task_loop import train_step
-from aitbc_agent_sdk.training.trajectory import (
+from aitbc_agent_sdk.tasks.bound_task import BoundTask
+from aitbc_agent_sdk.tasks.task import Batch
+from aitbc_agent_sdk.tasks.task_loop import train_step
+from aitbc_agent_sdk.proof.trajectory import (
     boundary_hashes, boundary_name, encode_boundary, encode_hashed_boundary, hash_batch, isolated_rng,
     kept_boundaries, load_boundary, opened_state_problem, recompute_plan, seed_segment, segment_steps,
 )

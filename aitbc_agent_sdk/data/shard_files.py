@@ -18,7 +18,7 @@ import torch
 
 from aitbc_agent_sdk.errors import DatasetError
 from aitbc_agent_sdk.records.datasets import ArrayLayout, ShardData
-from aitbc_agent_sdk.training.datasets import LabeledData
+from aitbc_agent_sdk.data.datasets import LabeledData
 
 SHARD_INFO = "shard.json"
 MAX_IMAGE_PIXELS = 1 << 26  # 64 Mpx: a header that claims more is refused before decoding

@@ -25,8 +25,8 @@ from pydantic import ValidationError
 
 from aitbc_agent_sdk.errors import ConfigError, TrainingError
 from aitbc_agent_sdk.records import TaskManifest, TaskPackage
-from aitbc_agent_sdk.training.task import TrainingTask
-from aitbc_agent_sdk.training.task_checks import TaskOrigin, check_task_class, task_frame
+from aitbc_agent_sdk.tasks.task import TrainingTask
+from aitbc_agent_sdk.tasks.task_checks import TaskOrigin, check_task_class, task_frame
 
 MANIFEST_FILE = "aitbc-task.json"
 MAX_SOURCE_FILES = 64

@@ -6,7 +6,7 @@ names the loss (``loss``, Lightning's ``training_step``) and the optimizer
 (``build_model``) and data loading is the task's (``batches``); like Flower's ``ClientApp``
 evaluation returns named metrics (``evaluate``). The loop itself (epochs, device, bf16
 autocast, gradient clipping, scheduler steps, progress) belongs to the SDK
-(:func:`~aitbc_agent_sdk.training.task_loop.train_task`), so a task never sees a socket, a
+(:func:`~aitbc_agent_sdk.tasks.task_loop.train_task`), so a task never sees a socket, a
 key or a path outside its shard.
 
 A task runs in three places: on the coordinator (``build_model`` + ``prepare`` make the round-0
@@ -38,7 +38,7 @@ from torch.nn import functional as F
 
 from aitbc_agent_sdk.records import JobConfig
 from aitbc_agent_sdk.records.datasets import TargetKind
-from aitbc_agent_sdk.training.datasets import LabeledData
+from aitbc_agent_sdk.data.datasets import LabeledData
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets), on the training device
 Scheduler = torch.optim.lr_scheduler.LRScheduler

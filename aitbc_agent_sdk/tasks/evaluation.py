@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from aitbc_agent_sdk.training.datasets import LabeledData
+from aitbc_agent_sdk.data.datasets import LabeledData
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from aitbc_agent_sdk.errors import TrainingError
 from aitbc_agent_sdk.records import UpdateEncoding
-from aitbc_agent_sdk.training.checkpoint import decode_metadata, decode_state, encode_state
+from aitbc_agent_sdk.wire.checkpoint import decode_metadata, decode_state, encode_state
 
 INT8_BLOCK = 256
 ENCODING_KEY = "update_encoding"

@@ -36,7 +36,7 @@ from collections.abc import Iterator, Mapping
 
 import torch
 
-from aitbc_agent_sdk.training.aggregation import (
+from aitbc_agent_sdk.aggregate.aggregation import (
     AggregationStrategy,
     Spec,
     _acc_dtype,

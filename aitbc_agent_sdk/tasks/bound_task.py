@@ -18,14 +18,14 @@ from torch import nn
 from aitbc_agent_sdk.errors import ConfigError, TrainingError, UnknownModelError
 from aitbc_agent_sdk.records import JobConfig, ModelFootprint, ModelSpec, TaskRef, TrainingSpec
 from aitbc_agent_sdk.records.training import TASK_MODEL
-from aitbc_agent_sdk.training.builtin_tasks import BUILTIN_TASKS, ClassifierParams, RegistryClassifier
-from aitbc_agent_sdk.training.checkpoint import decode_state, encode_state
-from aitbc_agent_sdk.training.datasets import LabeledData
-from aitbc_agent_sdk.training.footprint import measure_footprint
-from aitbc_agent_sdk.training.networks import model_spec_for
-from aitbc_agent_sdk.training.task import DataInfo, TaskParams, TrainingTask
-from aitbc_agent_sdk.training.task_checks import TaskOrigin, check_metric, describe_task_error
-from aitbc_agent_sdk.training.task_loop import evaluate_task, task_loss, task_metrics, train_task
+from aitbc_agent_sdk.tasks.builtin_tasks import BUILTIN_TASKS, ClassifierParams, RegistryClassifier
+from aitbc_agent_sdk.wire.checkpoint import decode_state, encode_state
+from aitbc_agent_sdk.data.datasets import LabeledData
+from aitbc_agent_sdk.tasks.footprint import measure_footprint
+from aitbc_agent_sdk.tasks.networks import model_spec_for
+from aitbc_agent_sdk.tasks.task import DataInfo, TaskParams, TrainingTask
+from aitbc_agent_sdk.tasks.task_checks import TaskOrigin, check_metric, describe_task_error
+from aitbc_agent_sdk.tasks.task_loop import evaluate_task, task_loss, task_metrics, train_task
 
 REHEARSAL_SAMPLES = 64  # what the dry run before funding trains and evaluates on
 REHEARSAL_TOKENS = 1 << 16  # a token stream's rehearsal: enough for a few windows of context

@@ -29,9 +29,9 @@ from aitbc_agent_sdk.records.datasets import (
     TargetKind,
     TokenLayout,
 )
-from aitbc_agent_sdk.training.array_files import ARRAY_SUFFIXES, write_class_sorted, write_labeled
-from aitbc_agent_sdk.training.corpus import TEXT_SUFFIXES, tokenize_corpus
-from aitbc_agent_sdk.training.datasets import DATASET_NAMES, LabeledData, load_dataset
+from aitbc_agent_sdk.data.array_files import ARRAY_SUFFIXES, write_class_sorted, write_labeled
+from aitbc_agent_sdk.data.corpus import TEXT_SUFFIXES, tokenize_corpus
+from aitbc_agent_sdk.data.datasets import DATASET_NAMES, LabeledData, load_dataset
 
 
 class PreparedDataset(BaseModel):

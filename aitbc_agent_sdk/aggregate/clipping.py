@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 import torch
 
-from aitbc_agent_sdk.training.aggregation import (
+from aitbc_agent_sdk.aggregate.aggregation import (
     AggregationStrategy,
     FedAvg,
     _acc_dtype,
@@ -20,7 +20,7 @@ from aitbc_agent_sdk.training.aggregation import (
     _check_weight,
     _spec,
 )
-from aitbc_agent_sdk.training.robust import _Layout, median_rows
+from aitbc_agent_sdk.aggregate.robust import _Layout, median_rows
 
 __all__ = ["NormClipping"]
 

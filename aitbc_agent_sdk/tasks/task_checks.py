@@ -18,7 +18,7 @@ from pathlib import Path
 
 from aitbc_agent_sdk import limits
 from aitbc_agent_sdk.errors import ConfigError
-from aitbc_agent_sdk.training.task import TrainingTask
+from aitbc_agent_sdk.tasks.task import TrainingTask
 
 # difflib's ratio: 'los'/'loss' 0.86, 'evalute'/'evaluate' 0.93, 'metrics'/'metric' 0.92; helpers such as
 # 'batch' (0.83 to 'batches'), 'losses' (0.80), 'optimizer' (0.64) or 'build' (0.62) stay below it.

@@ -1,5 +1,5 @@
 """The built-in tasks: the registry's classifiers (``mlp``, ``cnn``, ``transformer``) on the task interface,
-and the ``gpt`` language model (:mod:`~aitbc_agent_sdk.training.gpt_task`) for token datasets.
+and the ``gpt`` language model (:mod:`~aitbc_agent_sdk.tasks.gpt_task`) for token datasets.
 
 The classifiers train exactly as before the interface existed: Adam at the job's learning rate,
 cross-entropy on integer labels, the seeded shuffle, input normalisation fitted to the training
@@ -14,10 +14,10 @@ from torch import nn
 
 from aitbc_agent_sdk import limits
 from aitbc_agent_sdk.records import ModelSpec
-from aitbc_agent_sdk.training.datasets import LabeledData
-from aitbc_agent_sdk.training.gpt_task import GptTask
-from aitbc_agent_sdk.training.networks import MODEL_NAMES, build_model, fit_normalization
-from aitbc_agent_sdk.training.task import DataInfo, TaskParams, TrainingTask
+from aitbc_agent_sdk.data.datasets import LabeledData
+from aitbc_agent_sdk.tasks.gpt_task import GptTask
+from aitbc_agent_sdk.tasks.networks import MODEL_NAMES, build_model, fit_normalization
+from aitbc_agent_sdk.tasks.task import DataInfo, TaskParams, TrainingTask
 
 
 class ClassifierParams(TaskParams):
@@ -25,7 +25,7 @@ class ClassifierParams(TaskParams):
 
 
 class RegistryClassifier(TrainingTask):
-    """One of :mod:`aitbc_agent_sdk.training.networks`' classifiers, by name."""
+    """One of :mod:`aitbc_agent_sdk.tasks.networks`' classifiers, by name."""
 
     Params = ClassifierParams
 

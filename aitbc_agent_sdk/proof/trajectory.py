@@ -34,11 +34,11 @@ from torch import nn
 
 from aitbc_agent_sdk.errors import TrainingError
 from aitbc_agent_sdk.records import COMMITMENT_KEY, MAX_COMMITMENT_BYTES, MAX_SEGMENTS, TrajectoryCommitment
-from aitbc_agent_sdk.training.checkpoint import decode_metadata, decode_state, encode_state
-from aitbc_agent_sdk.training.opened_state import (
+from aitbc_agent_sdk.wire.checkpoint import decode_metadata, decode_state, encode_state
+from aitbc_agent_sdk.proof.opened_state import (
     model_problem, optimizer_state_problem, param_groups_problem, scheduler_problem,
 )
-from aitbc_agent_sdk.training.task_state import split_optimizer_state
+from aitbc_agent_sdk.wire.task_state import split_optimizer_state
 
 Scheduler = torch.optim.lr_scheduler.LRScheduler
 Batch = tuple[torch.Tensor, torch.Tensor]

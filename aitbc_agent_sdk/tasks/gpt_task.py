@@ -1,4 +1,4 @@
-"""The built-in ``gpt`` task: a language model (:mod:`~aitbc_agent_sdk.training.gpt`) on a token dataset.
+"""The built-in ``gpt`` task: a language model (:mod:`~aitbc_agent_sdk.tasks.gpt`) on a token dataset.
 
 Data: each epoch draws ``windows_per_epoch`` windows of ``context + 1`` tokens at random places of
 the shard's memory-mapped parts (with the job's seeded generator; only those tokens are read), and
@@ -26,9 +26,9 @@ from torch.nn import functional as F
 
 from aitbc_agent_sdk.errors import ConfigError, DatasetError
 from aitbc_agent_sdk.records import JobConfig
-from aitbc_agent_sdk.training.gpt import GPT, GptConfig
-from aitbc_agent_sdk.training.shard_files import TokenData
-from aitbc_agent_sdk.training.task import Batch, DataInfo, Scheduler, TaskParams, TrainingTask
+from aitbc_agent_sdk.tasks.gpt import GPT, GptConfig
+from aitbc_agent_sdk.data.shard_files import TokenData
+from aitbc_agent_sdk.tasks.task import Batch, DataInfo, Scheduler, TaskParams, TrainingTask
 
 EVAL_SEED = 0  # every evaluation of a training reads the same test windows: scores compare across rounds
 EVAL_BATCH = 64  # test windows per forward pass

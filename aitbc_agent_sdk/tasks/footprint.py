@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from aitbc_agent_sdk.records import JobConfig, ModelFootprint
-from aitbc_agent_sdk.training.task import Batch, TaskParams, TrainingTask
+from aitbc_agent_sdk.tasks.task import Batch, TaskParams, TrainingTask
 
 
 class SavedBytes:

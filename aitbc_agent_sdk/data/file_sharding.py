@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from aitbc_agent_sdk.records.datasets import DataSlices, DatasetManifest, FileSlice, ShardData
-from aitbc_agent_sdk.training.sharding import dirichlet_partition
+from aitbc_agent_sdk.data.sharding import dirichlet_partition
 
 RowRange = tuple[int, int]  # [start, stop) of one class
 

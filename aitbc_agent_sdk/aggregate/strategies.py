@@ -7,9 +7,9 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from aitbc_agent_sdk.training.aggregation import AggregationStrategy, FedAvg
-from aitbc_agent_sdk.training.clipping import NormClipping
-from aitbc_agent_sdk.training.robust import CoordinateMedian, Krum, MultiKrum, TrimmedMean
+from aitbc_agent_sdk.aggregate.aggregation import AggregationStrategy, FedAvg
+from aitbc_agent_sdk.aggregate.clipping import NormClipping
+from aitbc_agent_sdk.aggregate.robust import CoordinateMedian, Krum, MultiKrum, TrimmedMean
 
 __all__ = ["STRATEGIES", "make_strategy", "strategy_for_round"]
 

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from aitbc_agent_sdk.errors import TrainingError
 from aitbc_agent_sdk.records import OuterName
-from aitbc_agent_sdk.training.checkpoint import decode_state, encode_state
+from aitbc_agent_sdk.wire.checkpoint import decode_state, encode_state
 
 
 class OuterOptimizer(Protocol):

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from aitbc_agent_sdk.errors import TrainingError
-from aitbc_agent_sdk.training.checkpoint import decode_metadata, decode_state, encode_state
+from aitbc_agent_sdk.wire.checkpoint import decode_metadata, decode_state, encode_state
 
 Scheduler = torch.optim.lr_scheduler.LRScheduler
 

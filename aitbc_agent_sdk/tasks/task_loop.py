@@ -17,11 +17,11 @@ from torch import nn
 
 from aitbc_agent_sdk.errors import TrainingError
 from aitbc_agent_sdk.records import JobConfig
-from aitbc_agent_sdk.training.datasets import LabeledData
-from aitbc_agent_sdk.training.local import EpochStats, LocalTrainResult
-from aitbc_agent_sdk.training.task import Batch, Scheduler, TaskParams, TrainingTask
-from aitbc_agent_sdk.training.task_state import encode_task_state, restore_task_state
-from aitbc_agent_sdk.training.trajectory import TrajectoryRecorder, isolated_rng
+from aitbc_agent_sdk.data.datasets import LabeledData
+from aitbc_agent_sdk.tasks.local import EpochStats, LocalTrainResult
+from aitbc_agent_sdk.tasks.task import Batch, Scheduler, TaskParams, TrainingTask
+from aitbc_agent_sdk.wire.task_state import encode_task_state, restore_task_state
+from aitbc_agent_sdk.proof.trajectory import TrajectoryRecorder, isolated_rng
 
 
 def training_device(prefer: str = "auto") -> torch.device:
