@@ -19,10 +19,10 @@ from .coordinator import (
     Coordinator, EscrowAccount, RunRequest, TrainingStore, is_terminal, resume_training,
     run_training,
 )
-from .coordinator.liveness import ping
+from .coordinator.round.liveness import ping
 from .coordinator.lock import training_lock
-from .coordinator.run import Prepared
-from .coordinator.generation import SampleRequest, sample_text
+from .coordinator.round.run import Prepared
+from .coordinator.data.generation import SampleRequest, sample_text
 from .errors import AitbcError, ConfigError, NotEnoughWorkersError
 from .records.datasets import TargetKind
 from .market import ScoringStrategy, WeightedScore

@@ -75,8 +75,8 @@ def peak_mib() -> float:
 
 
 async def coordinator_child(source: Path, work: Path) -> dict:
-    from aitbc_agent_sdk.coordinator.datasets import DatasetStore
-    from aitbc_agent_sdk.coordinator.sharding import publish_shards
+    from aitbc_agent_sdk.coordinator.data.datasets import DatasetStore
+    from aitbc_agent_sdk.coordinator.data.sharding import publish_shards
     from aitbc_agent_sdk.records import TrainingRecord, TrainingSpec
     from aitbc_agent_sdk.storage import LocalContentStore
 

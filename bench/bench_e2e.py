@@ -66,7 +66,10 @@ def timed(owner, name, label):
     setattr(owner, name, functools.wraps(inner)(outer))
 from aitbc_cli import app
 from aitbc_agent_sdk import agent
-from aitbc_agent_sdk.coordinator import datasets, money, run, service
+from aitbc_agent_sdk.coordinator import service
+from aitbc_agent_sdk.coordinator.data import datasets
+from aitbc_agent_sdk.coordinator.money import money
+from aitbc_agent_sdk.coordinator.round import run
 from aitbc_agent_sdk.training import bound_task
 marks["imported"] = (time.time(), time.time())
 timed(agent.Agent, "start", "stack")

@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from aitbc_agent_sdk.coordinator.datasets import DatasetStore
+from aitbc_agent_sdk.coordinator.data.datasets import DatasetStore
 from aitbc_agent_sdk.devnet.ipfs import start_ipfs_daemon
 from aitbc_agent_sdk.devnet.service import free_port, stop
 from aitbc_agent_sdk.records import TrainingRecord, TrainingSpec

@@ -341,8 +341,8 @@ def coordinator_round(loop: asyncio.AbstractEventLoop, store: Any, bound: Any, s
                       reference: dict[str, torch.Tensor], cids: list[str], outer_cid: str | None,
                       residual_cid: str | None, phases: Phases, threads: int) -> dict[str, Any]:
     # Long because: one round's coordinator path from results to the stored new model, phase by phase.
-    from aitbc_agent_sdk.coordinator.verification import checkpoint_problem, update_norm, validation_loss
-    from aitbc_agent_sdk.coordinator.work_checks import sketch_positions, state_norm, update_sketch
+    from aitbc_agent_sdk.coordinator.checks.verification import checkpoint_problem, update_norm, validation_loss
+    from aitbc_agent_sdk.coordinator.checks.work_checks import sketch_positions, state_norm, update_sketch
     from aitbc_agent_sdk.aggregate.aggregation import FedAvg
     from aitbc_agent_sdk.wire.checkpoint import encode_state
     from aitbc_agent_sdk.aggregate.outer import outer_for

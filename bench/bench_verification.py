@@ -43,7 +43,7 @@ from quick import parse_args
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from aitbc_agent_sdk.coordinator.work_checks import pick_segments  # noqa: E402
+from aitbc_agent_sdk.coordinator.checks.work_checks import pick_segments  # noqa: E402
 from aitbc_agent_sdk.records import FaultPolicy, JobConfig, TaskRef  # noqa: E402
 from aitbc_agent_sdk.data.datasets import LabeledData, load_dataset  # noqa: E402
 from aitbc_agent_sdk.tasks.bound_task import bind_task  # noqa: E402

@@ -269,7 +269,7 @@ def _has_reason(lines: list[str], first: int, last: int) -> bool:
 
 def folder(module: str) -> str:
     """The SDK folder (or top-level module) a module belongs to: ``coordinator`` for
-    ``aitbc_agent_sdk.coordinator.rounds``; the CLI is one folder."""
+    ``aitbc_agent_sdk.coordinator.round.rounds``; the CLI is one folder."""
     parts = module.split(".")
     if parts[0] != "aitbc_agent_sdk":
         return parts[0]
@@ -382,7 +382,7 @@ def test_the_checks_see_what_they_check(tmp_path: Path) -> None:
     assert any(i.type_only for i in everything)
     lazy = [i for i in everything if not i.type_only and not _top_level_line(i)]
     assert lazy, "no import inside a function found: the walker misses them"
-    assert layer("aitbc_agent_sdk.coordinator.rounds") == (4, "services")
+    assert layer("aitbc_agent_sdk.coordinator.round.rounds") == (4, "services")
     assert layer("aitbc_agent_sdk.brand_new") is None
     assert len(modules()) > 50
 

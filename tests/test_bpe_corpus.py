@@ -19,11 +19,11 @@ import torch
 from pydantic import ValidationError
 
 from aitbc_agent_sdk import Agent, AgentConfig
-from aitbc_agent_sdk.coordinator.datasets import DatasetStore
-from aitbc_agent_sdk.coordinator.generation import SampleRequest, load_codec, prompt_tokens, sample_text
-from aitbc_agent_sdk.coordinator.sharding import publish_shards
+from aitbc_agent_sdk.coordinator.data.datasets import DatasetStore
+from aitbc_agent_sdk.coordinator.data.generation import SampleRequest, load_codec, prompt_tokens, sample_text
+from aitbc_agent_sdk.coordinator.data.sharding import publish_shards
 from aitbc_agent_sdk.coordinator.training_db import TrainingStore
-from aitbc_agent_sdk.coordinator.tasks import TaskCache
+from aitbc_agent_sdk.coordinator.data.tasks import TaskCache
 from aitbc_agent_sdk.errors import DatasetError
 from aitbc_agent_sdk.flow import check_dataset
 from aitbc_agent_sdk.records import TaskRef, TrainingPhase, TrainingRecord, TrainingSpec

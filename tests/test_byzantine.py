@@ -15,7 +15,7 @@ from aitbc_agent_sdk.storage import compute_cid
 from aitbc_agent_sdk.wire.checkpoint import decode_state, encode_state
 from aitbc_agent_sdk.data.shard_files import write_shard
 from aitbc_agent_sdk.wire.update_codec import decode_update
-from aitbc_agent_sdk.coordinator.verification import checkpoint_problem
+from aitbc_agent_sdk.coordinator.checks.verification import checkpoint_problem
 from aitbc_agent_sdk.records.datasets import ShardData
 from scripts.chaos.byzantine import (
     BEHAVIOURS, SCALE, CidMismatchProvider, ForgedProvider, NanProvider, RandomProvider, ScaledProvider,

@@ -16,11 +16,11 @@ import torch
 from rich.console import Console
 
 from aitbc_agent_sdk import Agent, AgentConfig
-from aitbc_agent_sdk.coordinator.datasets import DatasetStore
+from aitbc_agent_sdk.coordinator.data.datasets import DatasetStore
 from aitbc_agent_sdk.coordinator.monitor import Snapshot
-from aitbc_agent_sdk.coordinator.generation import NotSampleableError, SampleRequest, prompt_tokens, sample_text
+from aitbc_agent_sdk.coordinator.data.generation import NotSampleableError, SampleRequest, prompt_tokens, sample_text
 from aitbc_agent_sdk.coordinator.training_db import TrainingStore
-from aitbc_agent_sdk.coordinator.tasks import TaskCache
+from aitbc_agent_sdk.coordinator.data.tasks import TaskCache
 from aitbc_agent_sdk.errors import ConfigError
 from aitbc_agent_sdk.records import (
     EscrowSummary, RoundMetrics, RoundReport, TaskRef, TrainingPhase, TrainingRecord, TrainingReport, TrainingSpec,

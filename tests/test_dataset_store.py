@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from aitbc_agent_sdk.coordinator.datasets import DatasetStore
-from aitbc_agent_sdk.coordinator.sharding import publish_shards
+from aitbc_agent_sdk.coordinator.data.datasets import DatasetStore
+from aitbc_agent_sdk.coordinator.data.sharding import publish_shards
 from aitbc_agent_sdk.errors import ConfigError, DatasetError
 from aitbc_agent_sdk.records import TrainingRecord, TrainingSpec
 from aitbc_agent_sdk.storage import LocalContentStore

@@ -8,7 +8,7 @@ import torch
 from aitbc_agent_sdk import Agent, AgentConfig, JobConfig, TrainingPhase, TrainingSpec
 from aitbc_agent_sdk.chain import training_key
 from aitbc_agent_sdk.audit import read_log
-from aitbc_agent_sdk.coordinator.elastic import (
+from aitbc_agent_sdk.coordinator.round.elastic import (
     count, needs_rebalance, plan_shares, reassign, scaling_decision, take_tail,
 )
 from aitbc_agent_sdk.coordinator.service import audit_path

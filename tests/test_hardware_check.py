@@ -16,7 +16,7 @@ from eth_account import Account
 
 from aitbc_agent_sdk.coordinator.service import Coordinator
 from aitbc_agent_sdk.coordinator.settings import CoordinatorSettings
-from aitbc_agent_sdk.coordinator.settlement import EscrowAccount
+from aitbc_agent_sdk.coordinator.money.settlement import EscrowAccount
 from aitbc_agent_sdk.coordinator.training_db import TrainingStore
 from aitbc_agent_sdk.market import WeightedScore, rank_workers
 from aitbc_agent_sdk.market import hardware_check as hc

@@ -18,7 +18,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from aitbc_agent_sdk.coordinator.datasets import DatasetStore
+from aitbc_agent_sdk.coordinator.data.datasets import DatasetStore
 from aitbc_agent_sdk.records import ShardManifest
 from aitbc_agent_sdk.profile import load_profile
 from aitbc_agent_sdk.storage.kubo import KuboClient, KuboContentStore

@@ -36,7 +36,7 @@ from aitbc_agent_sdk.storage import LocalContentStore
 from aitbc_agent_sdk.data.datasets import LabeledData, load_dataset
 from aitbc_agent_sdk.tasks.networks import build_model, model_spec_for
 from aitbc_agent_sdk.wire.checkpoint import encode_state
-from aitbc_agent_sdk.coordinator.datasets import store_shard
+from aitbc_agent_sdk.coordinator.data.datasets import store_shard
 
 TRAINING = "training-under-test"
 PRICE = 10**15

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from aitbc_agent_sdk.coordinator.inputs import job_task, new_job
-from aitbc_agent_sdk.coordinator.round_model import outer_step
-from aitbc_agent_sdk.coordinator.tasks import spec_for_dataset
+from aitbc_agent_sdk.coordinator.data.inputs import job_task, new_job
+from aitbc_agent_sdk.coordinator.round.round_model import outer_step
+from aitbc_agent_sdk.coordinator.data.tasks import spec_for_dataset
 from aitbc_agent_sdk.records import (
     JobConfig, ModelSpec, Shard, TaskRef, TrainingRecord, TrainingSpec, WeightsDelta, WorkerContract,
 )

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from aitbc_agent_sdk.coordinator.datasets import DatasetStore
-from aitbc_agent_sdk.coordinator.tasks import TaskCache
+from aitbc_agent_sdk.coordinator.data.datasets import DatasetStore
+from aitbc_agent_sdk.coordinator.data.tasks import TaskCache
 from aitbc_agent_sdk.errors import ConfigError, TrainingError
 from aitbc_agent_sdk.flow.tasks import check_task_source
 from aitbc_agent_sdk.limits import TEXT_MAX_LENGTH

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from aitbc_agent_sdk.coordinator.spot_check import measured_step_s, opening_deadline_s
+from aitbc_agent_sdk.coordinator.checks.spot_check import measured_step_s, opening_deadline_s
 from aitbc_agent_sdk.errors import TrainingError
 from aitbc_agent_sdk.records import JobAssignment, JobConfig, TaskRef, TrajectoryChallenge
 from aitbc_agent_sdk.provider.jobs import TrainOutcome

@@ -7,7 +7,7 @@ import torch
 from eth_account import Account
 
 from aitbc_agent_sdk.chain import EvidenceDomain, sign_result, training_key
-from aitbc_agent_sdk.coordinator.verification import (
+from aitbc_agent_sdk.coordinator.checks.verification import (
     Inspection, inspect_result, judge_norms, loss_limit, norm_problem, result_signer, round_median, update_norm,
     validation_loss,
 )

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from aitbc_agent_sdk.coordinator.work_checks import (
+from aitbc_agent_sdk.coordinator.checks.work_checks import (
     commitment_verdict, missing_work, near_copies, pick_segments, reexecution_verdict, sketch_positions,
     state_norm, update_sketch,
 )

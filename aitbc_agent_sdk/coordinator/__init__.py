@@ -6,17 +6,17 @@ from .._lazy import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "phases": ("TRANSITIONS", "can_transition", "check_transition", "is_terminal"),
-    "run": ("RunRequest", "drive_training", "fail_training", "prepare", "resume_training", "run_training"),
+    "round.run": ("RunRequest", "drive_training", "fail_training", "prepare", "resume_training", "run_training"),
     "service": ("Coordinator",),
     "settings": ("CoordinatorSettings",),
-    "settlement": ("EscrowAccount", "Payout", "earned_wei", "plan_payouts"),
+    "money.settlement": ("EscrowAccount", "Payout", "earned_wei", "plan_payouts"),
     "training_db": ("TrainingStore",),
 }, globals())
 
 if TYPE_CHECKING:
     from .phases import TRANSITIONS, can_transition, check_transition, is_terminal
-    from .run import RunRequest, drive_training, fail_training, prepare, resume_training, run_training
+    from .round.run import RunRequest, drive_training, fail_training, prepare, resume_training, run_training
     from .service import Coordinator
     from .settings import CoordinatorSettings
-    from .settlement import EscrowAccount, Payout, earned_wei, plan_payouts
+    from .money.settlement import EscrowAccount, Payout, earned_wei, plan_payouts
     from .training_db import TrainingStore

@@ -36,21 +36,21 @@ from ..records.datasets import DatasetManifest, TargetKind
 from ..tasks.bound_task import rehearsal_size
 from ..data.dataset_dirs import manifest_shape
 from ..data.file_sharding import partition_problem
-from .datasets import DatasetStore
-from .hardware import check_hardware
-from .sealing import JobKeys
-from .inputs import RoundInputs, load_round_inputs, new_job
+from .data.datasets import DatasetStore
+from .checks.hardware import check_hardware
+from .data.sealing import JobKeys
+from .data.inputs import RoundInputs, load_round_inputs, new_job
 from .listener import Observer, TrainingListener
 from .logbook import AuditLogs, audit_path
-from .money import EscrowSteps
+from .money.money import EscrowSteps
 from .phases import check_transition
-from .receipts import ReceiptIssuer
-from .results import SeedResults
+from .money.receipts import ReceiptIssuer
+from .round.results import SeedResults
 from .settings import CoordinatorSettings
-from .settlement import EscrowAccount
-from .sharding import publish_shards
-from .tasks import TaskCache, spec_for_dataset
-from .stats import RoundStats
+from .money.settlement import EscrowAccount
+from .data.sharding import publish_shards
+from .data.tasks import TaskCache, spec_for_dataset
+from .round.stats import RoundStats
 from .training_db import TrainingStore
 
 __all__ = ["Coordinator", "CoordinatorSettings", "audit_path"]  # audit_path: where tests and tools read a log

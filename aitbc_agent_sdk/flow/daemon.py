@@ -28,7 +28,7 @@ log = logging.getLogger("aitbc.coordinator")
 async def serve_training(home: Path, account: LocalAccount, training_id: str, *,
                          resume: bool = False) -> Settlement | None:
     from ..agent import Agent
-    from ..coordinator.run import drive_training, resume_training
+    from ..coordinator.round.run import drive_training, resume_training
 
     # One stable client id per training: a restarted daemon resumes the same broker session.
     config = AgentConfig(name="coordinator", network="devnet", home=home, client_id=f"coord-{training_id}")

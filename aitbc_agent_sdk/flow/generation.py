@@ -37,9 +37,9 @@ async def home_store(home: Path, record: TrainingRecord, exits: AsyncExitStack) 
 async def sample_training(home: Path, training_id: str, prompt: str, *, tokens: int = 200,
                           temperature: float = 0.8, top_k: int | None = 40, seed: int = 0) -> SampleResult:
     """Text from the training's current model (see :meth:`Agent.sample_text`); the request is checked first."""
-    from ..coordinator.datasets import DatasetStore
-    from ..coordinator.generation import SampleRequest, sample_text
-    from ..coordinator.tasks import TaskCache
+    from ..coordinator.data.datasets import DatasetStore
+    from ..coordinator.data.generation import SampleRequest, sample_text
+    from ..coordinator.data.tasks import TaskCache
 
     request = SampleRequest(prompt, tokens, temperature, top_k, seed)
     request.check()  # a bad option costs no store connection

@@ -158,7 +158,7 @@ class HiredWorker:
 async def hire_workers(agent: Agent, training_id: str, required: int | None = None, *, min_gpu: str | None = None,
                        max_price_wei: int | None = None) -> list[HiredWorker]:
     """Step 3: discover offers, score them, sign contracts with the best (plus the training's spares)."""
-    from ..coordinator.reassign import hire
+    from ..coordinator.round.reassign import hire
 
     record = await agent.coordinator.db.training(training_id)
     wanted = required or record.spec.target_workers

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from aitbc_agent_sdk.coordinator.work_checks import expected_steps
+from aitbc_agent_sdk.coordinator.checks.work_checks import expected_steps
 from aitbc_agent_sdk.messaging import topics
 from aitbc_agent_sdk.records import COMMITMENT_KEY, JobAssignment, JobResult, TrajectoryCommitment
 from aitbc_agent_sdk.provider.node import EpochReporter, ProviderAgent, TrainOutcome

@@ -34,7 +34,7 @@ from aitbc_agent_sdk.storage.kubo import KuboClient, KuboContentStore
 from aitbc_agent_sdk.tasks.networks import build_model, model_spec_for
 from aitbc_agent_sdk.wire.checkpoint import encode_state
 from aitbc_agent_sdk.data.datasets import load_dataset
-from aitbc_agent_sdk.coordinator.datasets import store_shard
+from aitbc_agent_sdk.coordinator.data.datasets import store_shard
 
 PRICE = 10**15
 HARDWARE = Hardware(cpu_model="test cpu", cpu_cores=1, ram_bytes=1 << 30)

@@ -30,7 +30,7 @@ from aitbc_agent_sdk.chain import (
 )
 from aitbc_agent_sdk.chain.deployment import fund_accounts
 from aitbc_agent_sdk.chain.registry import HALF_ORDER, result_digest
-from aitbc_agent_sdk.coordinator.verification import result_signer
+from aitbc_agent_sdk.coordinator.checks.verification import result_signer
 from aitbc_agent_sdk.errors import ChainError, ContractRevertError
 from aitbc_agent_sdk.market import WeightedScore, rank_workers
 from aitbc_agent_sdk.market.scoring import rate_worker, reputation_unit

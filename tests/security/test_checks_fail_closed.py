@@ -17,10 +17,10 @@ import torch
 
 from aitbc_agent_sdk import Agent, AgentConfig, JobConfig, TrainingPhase, TrainingSpec
 from aitbc_agent_sdk.chain import training_key
-from aitbc_agent_sdk.coordinator import spot_check
-from aitbc_agent_sdk.coordinator.round_work import ended_check
-from aitbc_agent_sdk.coordinator.spot_check import SpotCheck
-from aitbc_agent_sdk.coordinator.work_checks import PASS
+from aitbc_agent_sdk.coordinator.checks import spot_check
+from aitbc_agent_sdk.coordinator.round.round_work import ended_check
+from aitbc_agent_sdk.coordinator.checks.spot_check import SpotCheck
+from aitbc_agent_sdk.coordinator.checks.work_checks import PASS
 from aitbc_agent_sdk.records import FaultPolicy
 from aitbc_agent_sdk.provider import ProviderAgent
 from aitbc_agent_sdk.stack import EMBEDDED_STAKE

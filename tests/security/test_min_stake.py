@@ -29,10 +29,10 @@ from aitbc_agent_sdk.chain import EscrowClient, TransactionSender
 from aitbc_agent_sdk.chain.deployment import deploy_contracts, fund_accounts
 from aitbc_agent_sdk.chain.registry import RegistryClient
 from aitbc_agent_sdk.config import AgentConfig
-from aitbc_agent_sdk.coordinator.reassign import hire, new_replacement
+from aitbc_agent_sdk.coordinator.round.reassign import hire, new_replacement
 from aitbc_agent_sdk.coordinator.service import Coordinator
 from aitbc_agent_sdk.coordinator.settings import CoordinatorSettings
-from aitbc_agent_sdk.coordinator.settlement import EscrowAccount
+from aitbc_agent_sdk.coordinator.money.settlement import EscrowAccount
 from aitbc_agent_sdk.coordinator.training_db import TrainingStore
 from aitbc_agent_sdk.devnet.network import DevnetOptions
 from aitbc_agent_sdk.errors import NotEnoughWorkersError

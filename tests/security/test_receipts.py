@@ -26,8 +26,8 @@ from aitbc_agent_sdk.chain.escrow import (EscrowClient, EscrowState, HeldFunds, 
                                           training_key)
 from aitbc_agent_sdk.chain.registry import EvidenceDomain
 from aitbc_agent_sdk.coordinator.logbook import AuditLogs
-from aitbc_agent_sdk.coordinator.receipts import ReceiptIssuer, receipt_terms
-from aitbc_agent_sdk.coordinator.settlement import EscrowAccount, plan_payouts
+from aitbc_agent_sdk.coordinator.money.receipts import ReceiptIssuer, receipt_terms
+from aitbc_agent_sdk.coordinator.money.settlement import EscrowAccount, plan_payouts
 from aitbc_agent_sdk.coordinator.training_db import TrainingStore
 from aitbc_agent_sdk.messaging import Verified, topics
 from aitbc_agent_sdk.records import CheckpointRef, JobAssignment, PaymentReceipt, WorkerContract

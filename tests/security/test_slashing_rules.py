@@ -19,7 +19,7 @@ from aitbc_agent_sdk.chain import EscrowClient, RegistryClient, TransactionSende
 from aitbc_agent_sdk.chain.deployment import deploy_contracts, fund_accounts
 from aitbc_agent_sdk.audit import read_log
 from aitbc_agent_sdk.coordinator import Coordinator, CoordinatorSettings, EscrowAccount, TrainingStore
-from aitbc_agent_sdk.coordinator.run import RunRequest, run_training
+from aitbc_agent_sdk.coordinator.round.run import RunRequest, run_training
 from aitbc_agent_sdk.coordinator.service import audit_path
 from aitbc_agent_sdk.market import WeightedScore
 from aitbc_agent_sdk.messaging import InMemoryBus, SignedChannel

@@ -66,7 +66,8 @@ class SimulatedCrash(BaseException):
 async def test_a_crash_after_replace_worker_is_reconciled_on_resume_and_release_pays(
         tmp_path: Path, node: AsyncWeb3, monkeypatch: pytest.MonkeyPatch) -> None:
     from aitbc_agent_sdk.chain import deploy, load_artifact
-    from aitbc_agent_sdk.coordinator import TrainingStore, reassign
+    from aitbc_agent_sdk.coordinator import TrainingStore
+    from aitbc_agent_sdk.coordinator.round import reassign
     from aitbc_agent_sdk.records import new_id
 
     account = dev_accounts(3)[2]
