@@ -70,7 +70,7 @@ from aitbc_agent_sdk.coordinator import service
 from aitbc_agent_sdk.coordinator.data import datasets
 from aitbc_agent_sdk.coordinator.money import money
 from aitbc_agent_sdk.coordinator.round import run
-from aitbc_agent_sdk.training import bound_task
+from aitbc_agent_sdk.tasks import bound_task
 marks["imported"] = (time.time(), time.time())
 timed(agent.Agent, "start", "stack")
 timed(agent.Agent, "stop", "stop")
@@ -90,8 +90,10 @@ finally:
 CENTRAL = """
 import json, torch
 from aitbc_agent_sdk.records import JobConfig
-from aitbc_agent_sdk.training import (build_model, evaluate, fit_normalization, load_dataset, model_spec_for,
-                                      train_local, train_test_split)
+from aitbc_agent_sdk.data.datasets import load_dataset, train_test_split
+from aitbc_agent_sdk.tasks.evaluation import evaluate
+from aitbc_agent_sdk.tasks.local import train_local
+from aitbc_agent_sdk.tasks.networks import build_model, fit_normalization, model_spec_for
 torch.set_num_threads(1)
 data = load_dataset("digits")
 train, test = train_test_split(data, 0.2, {seed})

@@ -6,7 +6,6 @@ import base64
 import hashlib
 import os
 import random
-import time
 
 import base58
 import pytest
@@ -220,11 +219,10 @@ def test_edge_sizes(chunks: int, extra: int, depth: int, root_links: int, option
     assert len(decode_dagpb(blocks[root]).links if parse_cid(root)[1] == DAG_PB else []) == root_links
 
 
-def test_175_real_chunks_two_levels_fast() -> None:
+def test_175_real_chunks_two_levels() -> None:
+    """How fast is for bench/bench_cid.py; here only the shape of a real 44 MiB file's DAG."""
     data = os.urandom(175 * 262144)
-    start = time.perf_counter()
     _, depths, _ = check_dag(data, AddOptions())
-    assert time.perf_counter() - start < 3
     assert depths == [2] * 175
 
 
