@@ -159,7 +159,7 @@ async def _cost(agent: Agent, spec: TrainingSpec, source: str | Path, label_colu
 
 async def _plan(config: AgentConfig, spec: TrainingSpec, task: flow.TaskChoice, source: str | Path,
                 label_column: str | None, min_gpu: str | None, console: Console) -> dict[str, Any]:
-    from aitbc_agent_sdk.coordinator.tasks import spec_for_dataset  # torch: only when a plan is made
+    from aitbc_agent_sdk.coordinator.data.tasks import spec_for_dataset  # torch: only when a plan is made
     from aitbc_agent_sdk.tasks.bound_task import task_ref_of
 
     agent = await _start(config, console)
