@@ -21,6 +21,7 @@ DDP kept them in step. It runs on CPUs over gloo, so it works on any host.
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import sys
@@ -52,8 +53,17 @@ def main() -> None:
 
     # Setup: torchrun sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT for every process.
     dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    final = train(args, dist.get_rank(), dist.get_world_size())
+    emit("FINAL " + json.dumps(final))
+    # Teardown. The DDP model died with train(): a reducer that outlives the group holds gloo work whose
+    # tensors are freed during interpreter shutdown, which aborts the process (exit -6). Then every rank
+    # passes its last all-reduce before any closes its gloo pairs under another rank's pending work.
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()
 
+
+def train(args: argparse.Namespace, rank: int, world: int) -> dict:
     # Data: every rank takes every world-th sample, so the shards are disjoint and cover the set.
     data = torch.load(args.data)
     x, y = data["x"][rank::world], data["y"][rank::world]
@@ -71,12 +81,7 @@ def main() -> None:
         optimizer.step()
         emit(json.dumps({"rank": rank, "step": step, "loss": loss.item()}))
 
-    final = {"rank": rank, "world": world, "digest": weights_digest(model.module)}
-    emit("FINAL " + json.dumps(final))
-    # Every rank past its last all-reduce before any tears gloo down: a peer's pair closing under a rank's
-    # pending work aborts it at exit ("terminate called without an active exception", exit -6).
-    dist.barrier()
-    dist.destroy_process_group()
+    return {"rank": rank, "world": world, "digest": weights_digest(model.module)}
 
 
 def emit(line: str) -> None:
