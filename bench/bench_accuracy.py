@@ -22,13 +22,14 @@ import time
 
 import torch
 
-from aitbc_agent_sdk.records import JobConfig
+from aitbc_agent_sdk.records import JobConfig, TaskRef
 from aitbc_agent_sdk.aggregate.aggregation import FedAvg
 from aitbc_agent_sdk.data.datasets import LabeledData, load_dataset, train_test_split
 from aitbc_agent_sdk.tasks.networks import build_model, fit_normalization, model_spec_for
 from aitbc_agent_sdk.tasks.evaluation import evaluate
 from aitbc_agent_sdk.data.sharding import iid_partition
-from aitbc_agent_sdk.tasks.local import train_local
+from aitbc_agent_sdk.tasks.bound_task import bind_task
+from aitbc_agent_sdk.tasks.task_loop import LocalTrainResult, train_task
 
 from quick import parse_args
 
@@ -41,6 +42,12 @@ LOCAL_EPOCHS = 2
 TEST_FRACTION = 0.2
 TARGET_ACCURACY = 0.955
 MAX_GAP = 0.015
+
+
+def train_mlp(model, data: LabeledData, config: JobConfig, seed: int) -> LocalTrainResult:
+    """The workers' own loop with the built-in mlp task."""
+    mlp = bind_task(TaskRef(name="mlp", params={"hidden": 128}))
+    return train_task(mlp.task, model, data, mlp.params, config, seed=seed)
 
 
 def federated(train: LabeledData, test: LabeledData, batch_size: int, lr: float, seed: int) -> list[float]:
@@ -57,7 +64,7 @@ def federated(train: LabeledData, test: LabeledData, batch_size: int, lr: float,
         strategy.begin()
         for k, shard in enumerate(shards):
             local.load_state_dict(global_model.state_dict())
-            result = train_local(local, shard, config, seed=seed * 10_000 + rnd * 100 + k)
+            result = train_mlp(local, shard, config, seed=seed * 10_000 + rnd * 100 + k)
             strategy.accumulate(local.state_dict(), result.samples)
         global_model.load_state_dict(strategy.result())
         history.append(evaluate(global_model, test).accuracy)
@@ -68,7 +75,7 @@ def central(train: LabeledData, test: LabeledData, batch_size: int, lr: float, s
     model = build_model(model_spec_for("mlp", train, hidden=128), seed=seed)
     fit_normalization(model, train)
     config = JobConfig(batch_size=batch_size, learning_rate=lr, epochs=ROUNDS * LOCAL_EPOCHS)
-    train_local(model, train, config, seed=seed)
+    train_mlp(model, train, config, seed=seed)
     return evaluate(model, test).accuracy
 
 

@@ -89,17 +89,19 @@ finally:
 
 CENTRAL = """
 import json, torch
-from aitbc_agent_sdk.records import JobConfig
+from aitbc_agent_sdk.records import JobConfig, TaskRef
 from aitbc_agent_sdk.data.datasets import load_dataset, train_test_split
+from aitbc_agent_sdk.tasks.bound_task import bind_task
 from aitbc_agent_sdk.tasks.evaluation import evaluate
-from aitbc_agent_sdk.tasks.local import train_local
+from aitbc_agent_sdk.tasks.task_loop import train_task
 from aitbc_agent_sdk.tasks.networks import build_model, fit_normalization, model_spec_for
 torch.set_num_threads(1)
 data = load_dataset("digits")
 train, test = train_test_split(data, 0.2, {seed})
 model = build_model(model_spec_for("mlp", train), seed={seed})
 fit_normalization(model, train)
-train_local(model, train, JobConfig(batch_size={batch}, learning_rate={lr}, epochs={epochs}), seed={seed})
+mlp = bind_task(TaskRef(name="mlp"))
+train_task(mlp.task, model, train, mlp.params, JobConfig(batch_size={batch}, learning_rate={lr}, epochs={epochs}), seed={seed})
 print(json.dumps({{"accuracy": evaluate(model, test).accuracy}}))
 """
 

@@ -1,12 +1,19 @@
 import pytest
 import torch
 
-from aitbc_agent_sdk.records import JobConfig
+from aitbc_agent_sdk.records import JobConfig, TaskRef
 from aitbc_agent_sdk.data.datasets import load_dataset, train_test_split
 from aitbc_agent_sdk.tasks.evaluation import evaluate
-from aitbc_agent_sdk.tasks.local import EpochStats, train_local
+from aitbc_agent_sdk.tasks.bound_task import bind_task
+from aitbc_agent_sdk.tasks.task_loop import EpochStats, LocalTrainResult, train_task
 from aitbc_agent_sdk.tasks.networks import build_model, fit_normalization, model_spec_for
 from aitbc_agent_sdk.data.sharding import iid_partition
+
+
+def train_builtin(name, model, data, config, *, seed, on_epoch=None, **params) -> LocalTrainResult:
+    """The production loop with a built-in task, as a worker runs it."""
+    bound = bind_task(TaskRef(name=name, params=params))
+    return train_task(bound.task, model, data, bound.params, config, seed=seed, on_epoch=on_epoch)
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +28,7 @@ def test_loss_decreases_on_a_digits_shard(split) -> None:
     fit_normalization(model, train)
     before = evaluate(model, test)
     seen: list[EpochStats] = []
-    result = train_local(model, shard, JobConfig(batch_size=32, learning_rate=1e-2, epochs=3), seed=0, on_epoch=seen.append)
+    result = train_builtin("mlp", model, shard, JobConfig(batch_size=32, learning_rate=1e-2, epochs=3), seed=0, on_epoch=seen.append)
     after = evaluate(model, test)
 
     assert [s.epoch for s in seen] == [1, 2, 3] and all(s.epochs == 3 for s in seen)
@@ -38,7 +45,7 @@ def test_training_is_deterministic_for_a_seed(split) -> None:
     states = []
     for _ in range(2):
         model = build_model(model_spec_for("mlp", train), seed=0)
-        train_local(model, shard, JobConfig(batch_size=16, learning_rate=1e-3, epochs=1), seed=4)
+        train_builtin("mlp", model, shard, JobConfig(batch_size=16, learning_rate=1e-3, epochs=1), seed=4)
         states.append(model.state_dict())
     for key in states[0]:
         assert torch.equal(states[0][key], states[1][key]), key
@@ -51,7 +58,8 @@ def test_other_models_train(split, name: str) -> None:
     model = build_model(model_spec_for(name, train, hidden=32), seed=0)
     fit_normalization(model, train)
     seen: list[EpochStats] = []
-    train_local(model, shard, JobConfig(batch_size=32, learning_rate=3e-3, epochs=3), seed=0, on_epoch=seen.append)
+    train_builtin(name, model, shard, JobConfig(batch_size=32, learning_rate=3e-3, epochs=3), seed=0,
+                  on_epoch=seen.append, hidden=32)
     assert seen[-1].loss < seen[0].loss
 
 

@@ -11,10 +11,11 @@ from aitbc_agent_sdk.coordinator.checks.verification import (
     Inspection, inspect_result, judge_norms, loss_limit, norm_problem, result_signer, round_median, update_norm,
     validation_loss,
 )
-from aitbc_agent_sdk.records import FaultPolicy, JobConfig
+from aitbc_agent_sdk.records import FaultPolicy, JobConfig, TaskRef
 from aitbc_agent_sdk.tasks.networks import build_model, model_spec_for
 from aitbc_agent_sdk.data.datasets import load_dataset, train_test_split
-from aitbc_agent_sdk.tasks.local import train_local
+from aitbc_agent_sdk.tasks.bound_task import bind_task
+from aitbc_agent_sdk.tasks.task_loop import train_task
 
 TID = "training-verify"
 DOMAIN = EvidenceDomain(31337, "0x" + "5" * 40)
@@ -32,7 +33,9 @@ def setting():
     reference = {k: v.detach().clone() for k, v in start.state_dict().items()}
     trained = build_model(spec)
     trained.load_state_dict(reference)
-    train_local(trained, train.subset(torch.arange(300).numpy()), JobConfig(learning_rate=1e-2, epochs=1), seed=1)
+    mlp = bind_task(TaskRef(name="mlp"))
+    train_task(mlp.task, trained, train.subset(torch.arange(300).numpy()), mlp.params,
+               JobConfig(learning_rate=1e-2, epochs=1), seed=1)
     honest = {k: v.detach().clone() for k, v in trained.state_dict().items()}
     validation = test.subset(torch.arange(200).numpy())
     return spec, reference, honest, validation, validation_loss(spec, reference, validation)

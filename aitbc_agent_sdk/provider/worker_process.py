@@ -21,14 +21,13 @@ from typing import Any
 import torch
 
 from ..records import COMMITMENT_KEY, JobConfig, ModelSpec, TaskRef, TrajectoryCommitment
-from ..tasks.local import EpochStats
 from ..data.datasets import LabeledData
 from ..wire.checkpoint import decode_state, encode_state
 from ..errors import AitbcError, TrainingError
 from ..tasks.bound_task import BoundTask, bind_task, job_task_ref
 from ..data.shard_files import load_shard
 from ..tasks.task import TrainingTask
-from ..tasks.task_loop import train_task, training_device
+from ..tasks.task_loop import EpochStats, train_task, training_device
 from ..tasks.task_checks import TaskOrigin, describe_task_error
 from ..tasks.task_package import decode_package, load_task
 from ..proof.trajectory import TrajectoryRecorder, boundary_name

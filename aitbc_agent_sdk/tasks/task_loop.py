@@ -11,6 +11,7 @@ import contextlib
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -18,10 +19,26 @@ from torch import nn
 from aitbc_agent_sdk.errors import TrainingError
 from aitbc_agent_sdk.records import JobConfig
 from aitbc_agent_sdk.data.datasets import LabeledData
-from aitbc_agent_sdk.tasks.local import EpochStats, LocalTrainResult
 from aitbc_agent_sdk.tasks.task import Batch, Scheduler, TaskParams, TrainingTask
 from aitbc_agent_sdk.wire.task_state import encode_task_state, restore_task_state
 from aitbc_agent_sdk.proof.trajectory import TrajectoryRecorder, isolated_rng
+
+
+@dataclass(frozen=True)
+class EpochStats:
+    epoch: int  # 1-based
+    epochs: int
+    loss: float  # mean per-sample loss over this epoch
+    samples_per_s: float
+
+
+@dataclass(frozen=True)
+class LocalTrainResult:
+    samples: int  # samples in the shard: the FedAvg weight
+    loss: float  # mean loss of the last epoch
+    seconds: float
+    task_state: bytes | None = None  # a keep_state task's optimizer and scheduler after the job
+    resumed: bool = False  # the job started from the state kept after the last round
 
 
 def training_device(prefer: str = "auto") -> torch.device:
