@@ -25,7 +25,8 @@ from pathlib import Path
 
 from eth_account.signers.local import LocalAccount
 
-from ..chain import WalletStore
+from ..chain import EscrowClient, TransactionSender, WalletStore, connect_rpc
+from ..chain.registry import RegistryClient
 from ..config import AgentConfig, default_home
 from ..records import TaskPolicy, parse_size
 from ..profile import Profile, load_profile
@@ -34,7 +35,7 @@ from ..provider.hardware import detect_hardware
 from ..provider.node import ProviderAgent, ProviderConfig
 from ..provider.onchain import ProviderChain
 from ..provider.sandbox import TrainingSandbox
-from ..stack import open_bus, open_store
+from ..stack import open_bus, open_store, register_provider
 
 STATUS_FILE = "status.json"
 
@@ -48,10 +49,6 @@ def provider_dir(home: Path, address: str) -> Path:
 
 async def ensure_registered(profile: Profile, account: LocalAccount, provider: ProviderAgent, stake_wei: int) -> None:
     """Bond the provider in the registry unless it already is (a restart keeps its bond)."""
-    from ..chain import EscrowClient, TransactionSender, connect_rpc
-    from ..chain.registry import RegistryClient
-    from ..stack import register_provider
-
     w3 = await connect_rpc(profile.chain.rpc_url)
     registry = RegistryClient(w3, await EscrowClient(w3, profile.chain.escrow).registry())
     if not (await registry.provider(account.address)).registered:
@@ -62,8 +59,6 @@ async def ensure_registered(profile: Profile, account: LocalAccount, provider: P
 
 async def open_provider_chain(profile: Profile, exits: AsyncExitStack) -> ProviderChain:
     """The escrow every contract is checked against before the provider works for it."""
-    from ..chain import connect_rpc
-
     w3 = await connect_rpc(profile.chain.rpc_url)
     exits.push_async_callback(w3.provider.disconnect)
     return await ProviderChain.connect(w3, profile.chain.escrow, confirmations=profile.chain.confirmations)
