@@ -108,7 +108,7 @@ async def test_a_resumed_coordinator_keeps_the_round_times_of_before_the_restart
             await run_training(first, RunRequest(spec=SPEC, round_timeout_s=300))
         await first.close()  # the dead process's subscriptions go with it
         [record] = await agent.coordinator.db.trainings()
-        before = {w: list(t) for w, t in first.round_times[record.training_id].items()}
+        before = {w: list(t) for w, t in first.round_times.of_training(record.training_id).items()}
         assert record.round == 1 and sorted(before) == sorted(
             c.worker_id for c in await agent.coordinator.db.contracts(record.training_id, "worker"))
 
@@ -123,7 +123,7 @@ async def test_a_resumed_coordinator_keeps_the_round_times_of_before_the_restart
     assert (await agent_db_phase(aitbc_home, record.training_id)) == TrainingPhase.COMPLETE
     for worker, times in before.items():
         # Round 1's time as the first coordinator measured it, then round 2's.
-        after = resumed.round_times_of(record.training_id, worker)
+        after = resumed.round_times.of(record.training_id, worker)
         assert after[:1] == times and len(after) == 2, (worker, times, after)
 
 

@@ -46,6 +46,7 @@ from .money.money import EscrowSteps
 from .phases import check_transition
 from .money.receipts import ReceiptIssuer
 from .round.results import SeedResults
+from .round.round_times import RoundTimes
 from .settings import CoordinatorSettings
 from .money.settlement import EscrowAccount
 from .data.sharding import publish_shards
@@ -55,7 +56,6 @@ from .training_db import TrainingStore
 
 __all__ = ["Coordinator", "CoordinatorSettings", "audit_path"]  # audit_path: where tests and tools read a log
 log = logging.getLogger(__name__)
-ROUND_TIMES_KEPT = 256  # per provider, loaded on start: its adaptive deadline needs recent rounds only
 
 
 @dataclass
@@ -69,8 +69,6 @@ class Coordinator:
     settings: CoordinatorSettings = field(default_factory=CoordinatorSettings)
     observer: Observer | None = None
     registry: RegistryClient | None = None  # provider bonds and on-chain reputation, when deployed
-    # training -> provider -> seconds per delivered round
-    round_times: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     _listeners: dict[str, TrainingListener] = field(default_factory=dict)
     # provider -> why the latest discovery flagged its offer (the hardware challenge); hiring logs them
     hardware_flags: dict[str, str] = field(default_factory=dict)
@@ -80,6 +78,7 @@ class Coordinator:
     fit_skipped: list[Hardware] = field(default_factory=list)
     # Spot checks take turns holding their opened states (coordinator/spot_check.py).
     spot_check_turn: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))
+    round_times: RoundTimes = field(init=False)  # seconds per delivered round, per training and provider
     logs: AuditLogs = field(init=False)  # one audit log per training, under settings.audit_dir
     data: DatasetStore = field(init=False)  # datasets by manifest, and the splits this coordinator reads
     tasks: TaskCache = field(init=False)  # the trainings' tasks, built-in or user code by CID
@@ -90,6 +89,7 @@ class Coordinator:
 
     def __post_init__(self) -> None:
         self.logs = AuditLogs(self.settings.audit_dir)
+        self.round_times = RoundTimes(self.db)
         self.data = DatasetStore(self.store, self.settings.data_dir)
         self.tasks = TaskCache(self.store, self.settings.task_dir)
         self.job_keys = JobKeys(self.db, self.data, self.escrow)
@@ -105,17 +105,6 @@ class Coordinator:
 
     async def round_inputs(self, training_id: str) -> RoundInputs:
         return await load_round_inputs(self.db, self.store, self.data, self.tasks, training_id)
-
-    async def load_round_times(self, training_id: str) -> None:
-        """The training's delivered round times as stored: a resumed coordinator keeps their history."""
-        self.round_times[training_id] = await self.db.round_times(training_id, ROUND_TIMES_KEPT)
-
-    def round_times_of(self, training_id: str, worker_id: str) -> list[float]:
-        return self.round_times.get(training_id, {}).get(worker_id, [])
-
-    async def record_round_time(self, training_id: str, worker_id: str, seconds: float) -> None:
-        self.round_times.setdefault(training_id, {}).setdefault(worker_id, []).append(seconds)
-        await self.db.save_round_time(training_id, worker_id, seconds)
 
     async def close(self) -> None:
         for listener in self._listeners.values():

@@ -35,15 +35,19 @@ from typing import Any
 import torch
 
 from ...errors import AitbcError
-from ...messaging import topics
+from ...messaging import SignedChannel, topics
 from ...records import JobAssignment, Shard, TrajectoryChallenge, TrajectoryCommitment, TrajectoryOpening
 from ...wire.checkpoint import decode_state
 from ...proof.trajectory import boundary_hashes, recompute_segments
 from ...tasks.trajectory_replay import Reexecution, reexecute_segments, relative_distance, unfit_states
 from ..round.deadlines import job_deadline, job_work
+from ...storage import ContentStore
+from ..data.datasets import DatasetStore
 from ..data.inputs import RoundInputs
+from ..listener import TrainingListener
 from ..logbook import AuditSink
-from ..service import Coordinator
+from ..round.round_times import RoundTimes
+from ..training_db import TrainingStore
 from .work_checks import (
     PASS, WorkVerdict, bounded, check_crashed, pick_segments, reexecution_verdict, unverifiable,
 )
@@ -95,9 +99,13 @@ def reexecute_with_threads(threads: int, *args: Any) -> dict[int, Reexecution]:
 class SpotChecker:
     """Spot checks for one round; the shards it re-executes on are loaded once and kept for the round."""
 
-    def __init__(self, coordinator: Coordinator, inputs: RoundInputs, audit: AuditSink,
-                 rng: random.Random | None = None) -> None:
-        self.c = coordinator
+    def __init__(self, inputs: RoundInputs, audit: AuditSink, *, db: TrainingStore, store: ContentStore,
+                 data: DatasetStore, channel: SignedChannel, listener: TrainingListener, round_times: RoundTimes,
+                 turn: asyncio.Semaphore, rng: random.Random | None = None) -> None:
+        self.db, self.store, self.data, self.channel = db, store, data, channel
+        self.listener = listener  # the round's own: challenges' openings arrive on it
+        self.round_times = round_times
+        self.turn = turn  # shared by every round of the coordinator, so checks take turns across trainings
         self.inputs = inputs
         self.audit = audit
         self.rng = rng or random.SystemRandom()
@@ -119,7 +127,7 @@ class SpotChecker:
                 cids = {str(b): cid for b, cid in opened.items()}
                 # One check at a time holds its opened states (each up to four models): the coordinator's
                 # memory follows the model, not the number of workers checked at once.
-                async with self.c.spot_check_turn:
+                async with self.turn:
                     fetched = await self._fetch(opened)
                     verdict = fetched if isinstance(fetched, WorkVerdict) else \
                         await self._reexecute(job, shard, commitment, segments, fetched)
@@ -139,19 +147,19 @@ class SpotChecker:
         """The opening's deadline: the policy's floor, plus the worker's recomputation at its measured speed."""
         wanted = {b for s in segments for b in (s, s + 1)}
         steps = recompute_segments(len(commitment.state_hashes), wanted) * commitment.segment_steps
-        found = await self.c.db.checkpoint(job.job_id)
+        found = await self.db.checkpoint(job.job_id)
         limit = job_deadline(job_work(shard.samples, job.config.epochs),
-                             self.c.round_times_of(job.training_id, job.worker_id), self.policy)
+                             self.round_times.of(job.training_id, job.worker_id), self.policy)
         step_s = measured_step_s(found[0].train_seconds if found is not None else 0.0, commitment.steps, limit)
         return opening_deadline_s(self.policy.opening_timeout_s, step_s, steps)
 
     async def _open(self, job: JobAssignment, segments: tuple[int, ...], timeout: float
                     ) -> dict[int, str] | WorkVerdict:
         """The CIDs of the boundary states around ``segments``, as the worker opened them."""
-        listener = await self.c.listener(job.training_id)
+        listener = self.listener
         waiting = listener.expect_opening(job.job_id)
         try:
-            await self.c.channel.publish(topics.challenge(job.worker_id), TrajectoryChallenge(
+            await self.channel.publish(topics.challenge(job.worker_id), TrajectoryChallenge(
                 job_id=job.job_id, training_id=job.training_id, round=job.round, segments=segments,
                 deadline_s=timeout))
             opening: TrajectoryOpening = await asyncio.wait_for(waiting, timeout)
@@ -172,7 +180,7 @@ class SpotChecker:
         try:
             async with asyncio.timeout(self.policy.fetch_timeout_s * len(cids)):
                 for boundary, cid in cids.items():
-                    blobs[boundary] = await self.c.store.cat(cid, max_bytes=self.max_bytes)
+                    blobs[boundary] = await self.store.cat(cid, max_bytes=self.max_bytes)
         except Exception as exc:  # missing, too big, corrupt or slow: the worker did not open it
             return WorkVerdict(f"missing work: opened boundary states could not be fetched ({exc})")
         return blobs
@@ -186,7 +194,7 @@ class SpotChecker:
                 return WorkVerdict(f"missing work: opened boundary {boundary} is malformed ({exc})")
             if state_hash != commitment.state_hashes[boundary]:
                 return WorkVerdict(f"missing work: opened boundary {boundary} does not match the commitment")
-        data = await self.c.data.load(shard.cid)
+        data = await self.data.load(shard.cid)
         # Every opened state, start or end, must be one the task could be in before anything is replayed.
         unfit = await asyncio.to_thread(unfit_states, self.inputs.task, job.model, data, job.config, blobs)
         if unfit:

@@ -17,8 +17,7 @@ from ...records import JobAssignment, Shard, TrajectoryCommitment
 from ...data.shard_files import drawn_samples
 from ...proof.trajectory import read_commitment, tensor_digest
 from ..data.inputs import RoundInputs
-from ..logbook import AuditSink
-from ..service import Coordinator
+from ..data.datasets import DatasetStore
 from ..checks.spot_check import SpotCheck, SpotChecker
 from ..checks.verification import validation_loss
 from ..checks.work_checks import (
@@ -40,11 +39,11 @@ class Work:
 
 
 class RoundWork:
-    def __init__(self, coordinator: Coordinator, inputs: RoundInputs, audit: AuditSink) -> None:
-        self.c = coordinator
+    def __init__(self, inputs: RoundInputs, *, data: DatasetStore, checker: SpotChecker) -> None:
+        self.data = data
         self.inputs = inputs
         self.policy = inputs.policy
-        self.checker = SpotChecker(coordinator, inputs, audit)
+        self.checker = checker
         self.found: dict[str, Work] = {}  # job id -> its work
         self.checks: dict[int, asyncio.Task[SpotCheck]] = {}  # shard index -> its winner's spot check
         self.median_per_step: float | None = None
@@ -60,7 +59,7 @@ class RoundWork:
         global validation loss of an honest result can rise, its loss on its own data cannot."""
         if shard.cid not in self._own:
             base = self.inputs.baseline
-            sample = drawn_samples(await self.c.data.load(shard.cid), self.policy.val_samples, base.seed)
+            sample = drawn_samples(await self.data.load(shard.cid), self.policy.val_samples, base.seed)
             start = await asyncio.to_thread(validation_loss, self.inputs.model, base.reference, sample, base.checker)
             self._own[shard.cid] = (sample, start)
         return self._own[shard.cid]

@@ -13,23 +13,34 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass
 
 from ...errors import InsufficientFundsError, NotEnoughWorkersError, TrainingError
-from ...records import CheckpointRef, JobAssignment, Progress, TrainingPhase, WorkerContract
+from ...messaging import SignedChannel
+from ...records import CheckpointRef, JobAssignment, Progress, TrainingPhase, TrainingRecord, WorkerContract
+from ...storage import ContentStore
 from ...aggregate.strategies import strategy_for_round
 from ..checks.arrival import Arrival, arrival_checks, check_arrival
+from ..checks.spot_check import SpotChecker
+from ..data.datasets import DatasetStore
+from ..listener import TrainingListener
+from ..money.money import EscrowSteps
+from ..money.receipts import ReceiptIssuer
+from ..money.settlement import EscrowAccount
+from ..training_db import TrainingStore
 from .deadlines import job_deadline, job_work
 from .health import confirmed_stragglers
 from ..data.inputs import RoundInputs, new_job
 from .liveness import LivenessWatch
 from ..logbook import AuditSink
-from .reassign import Reassigner, new_replacement
+from .reassign import Reassigner
 from .round_model import decoded, outer_step
 from .resends import ResendRequests
 from .results import fold
 from .round_slots import ShardSlot, SlotPhase
 from .round_work import RoundWork
-from ..service import Coordinator
+from .round_times import RoundTimes
 from .stats import RoundStats
 from ..checks.verification import Inspection, judge_norms, round_median
 
@@ -38,15 +49,34 @@ P = TrainingPhase
 TICK_S = 0.25
 
 
+@dataclass(frozen=True)
+class RoundPorts:
+    """What a round reads and writes, and nothing more: the training's records, the content store, the bus
+    (its jobs out, its listener in), the escrow and the payments made from it. The market comes in as one
+    call that hires a spare; the coordinator itself never does."""
+
+    db: TrainingStore
+    store: ContentStore
+    data: DatasetStore
+    channel: SignedChannel
+    listener: TrainingListener
+    escrow: EscrowAccount
+    money: EscrowSteps
+    receipts: ReceiptIssuer
+    round_times: RoundTimes
+    spot_check_turn: asyncio.Semaphore
+    publish_job: Callable[[JobAssignment], Awaitable[None]]  # saved, its dataset key attached, then sent
+    update_phase: Callable[[str, TrainingPhase], Awaitable[TrainingRecord]]
+    hire_spare: Callable[[Collection[str]], Awaitable[WorkerContract]]  # a provider not among those given
+
+
 class RoundRunner:
-    """One round, from its inputs (read once by the caller) to its aggregated model and stats.
+    """One round, from its inputs (read once by the caller) to its aggregated model and stats, over the
+    ports it is handed; reassignment and the audit log are handed in too."""
 
-    Reassignment and the audit log are handed in; the coordinator serves the store, the
-    database, the listener and the market."""
-
-    def __init__(self, coordinator: Coordinator, inputs: RoundInputs, liveness: LivenessWatch, unusable: set[str],
+    def __init__(self, ports: RoundPorts, inputs: RoundInputs, liveness: LivenessWatch, unusable: set[str],
                  *, audit: AuditSink, reassign: Reassigner) -> None:
-        self.c = coordinator
+        self.ports = ports
         self.inputs = inputs
         self.tid = inputs.training_id
         self.round = inputs.round
@@ -59,7 +89,7 @@ class RoundRunner:
         self.unusable = unusable  # spares that failed or cheated, shared across the training's rounds
         self.median_norm: float | None = None
         self.resends = ResendRequests(training_id=self.tid, round=self.round, timeout_s=self.policy.resend_timeout_s,
-                                      channel=coordinator.channel, db=coordinator.db, audit=audit)
+                                      channel=ports.channel, db=ports.db, audit=audit)
         self.decode = decoded(inputs.record.spec.upload_encoding, inputs.baseline.reference)
         self.bytes_sent = self.bytes_received = 0  # the model out to jobs, results in from workers
         self.first_published: dict[str, str] = {}  # checkpoint CID -> the job whose result named it first
@@ -69,13 +99,16 @@ class RoundRunner:
         for contract in self.inputs.contracts:
             assert contract.shard_index is not None
             self.slots[contract.shard_index] = ShardSlot(self.inputs.shards[contract.shard_index], contract)
-        self.listener = await self.c.listener(self.tid)
-        self.work = await asyncio.to_thread(RoundWork, self.c, self.inputs, self.audit)
-        self.checks = arrival_checks(self.c.escrow, self.inputs, self.work, self.first_published)
+        self.listener = self.ports.listener
+        checker = SpotChecker(self.inputs, self.audit, db=self.ports.db, store=self.ports.store, data=self.ports.data,
+                              channel=self.ports.channel, listener=self.listener, round_times=self.ports.round_times,
+                              turn=self.ports.spot_check_turn)
+        self.work = await asyncio.to_thread(RoundWork, self.inputs, data=self.ports.data, checker=checker)
+        self.checks = arrival_checks(self.ports.escrow, self.inputs, self.work, self.first_published)
         self.started = time.monotonic()
         for slot in self.slots.values():
             await self._dispatch(slot, slot.contract)
-        await self.c.update_phase(self.tid, P.TRAINING)
+        await self.ports.update_phase(self.tid, P.TRAINING)
         try:
             async with asyncio.timeout(timeout):
                 while not all(s.phase is SlotPhase.ACCEPTED for s in self.slots.values()):
@@ -96,7 +129,7 @@ class RoundRunner:
         job = new_job(inputs.record, contract, slot.shard, inputs.model, inputs.record.spec.job,
                       shard_bytes=inputs.sizes[slot.shard.cid], weights_bytes=inputs.sizes[inputs.model_cid],
                       delta_bytes=inputs.sizes.get(delta_cid) if delta_cid else None)
-        await self.c.publish_job(job)
+        await self.ports.publish_job(job)
         # What the worker fetches: the model's change when it holds last round's model, else the model.
         held = job.weights_delta is not None and contract.worker_id in inputs.holders_of_base
         self.bytes_sent += job.weights_delta.delta_bytes if held and job.weights_delta else job.weights_bytes
@@ -141,7 +174,7 @@ class RoundRunner:
             return
         took = time.monotonic() - slot.sent_at[item.job_id]
         slot.receive(inspection, item, took)
-        await self.c.record_round_time(self.tid, item.worker_id, took)
+        await self.ports.round_times.record(self.tid, item.worker_id, took)
         for job in list(slot.jobs.values()):
             if job.job_id != item.job_id:
                 await self._cancel(slot, job, "another copy of this shard's job finished first")
@@ -154,7 +187,7 @@ class RoundRunner:
         """Fetch and decode the result, then run the round's checks on arrival (:mod:`.arrival`)."""
         try:
             async with asyncio.timeout(self.policy.fetch_timeout_s):
-                blob = await self.c.store.cat(ref.cid, max_bytes=self.inputs.checkpoint_limit)
+                blob = await self.ports.store.cat(ref.cid, max_bytes=self.inputs.checkpoint_limit)
         except Exception as exc:  # a timeout, a missing block or a block that fails its hash: same verdict
             why = "not retrievable" if isinstance(exc, TimeoutError) else f"not intact ({exc})"
             return Inspection(ref.job_id, ref.worker_id, ref.cid, f"checkpoint {ref.cid} is {why}", fetched=False)
@@ -168,7 +201,7 @@ class RoundRunner:
 
     async def _reject(self, slot: ShardSlot, ref: CheckpointRef, inspection: Inspection) -> None:
         assert inspection.problem is not None
-        await self.c.db.save_checkpoint(ref, "rejected")
+        await self.ports.db.save_checkpoint(ref, "rejected")
         await self.audit.append("result_rejected", worker=ref.worker_id, job_id=ref.job_id, cid=ref.cid,
                                 round=self.round, reason=inspection.problem, slashable=inspection.slashable)
         if inspection.slashable and ref.signature:
@@ -238,7 +271,7 @@ class RoundRunner:
             if spare is None:
                 continue  # every spare is busy: try again on a later tick
             try:  # a provider works only in a slot funded on chain, so the copy gets one
-                await self.c.money.fund_spare(self.tid, spare.worker_id)
+                await self.ports.money.fund_spare(self.tid, spare.worker_id)
             except InsufficientFundsError as exc:
                 log.warning("no speculative copy for shard %d: %s", index, exc)
                 continue
@@ -249,7 +282,7 @@ class RoundRunner:
     def _deadline(self, slot: ShardSlot) -> float:
         """The holder's deadline: its own past rounds here, or the shard's work at the assumed speed."""
         work = job_work(slot.shard.samples, self.inputs.record.spec.job.epochs)
-        return job_deadline(work, self.c.round_times_of(self.tid, slot.holder), self.policy)
+        return job_deadline(work, self.ports.round_times.of(self.tid, slot.holder), self.policy)
 
     def _progress(self, slot: ShardSlot) -> float:
         if not slot.waiting:
@@ -277,10 +310,10 @@ class RoundRunner:
         await self._dispatch(slot, slot.contract)
 
     async def _replace(self, slot: ShardSlot, replacement: str, reason: str) -> None:
-        replaced = [c for c in await self.c.db.contracts(self.tid, "replaced")]
+        replaced = [c for c in await self.ports.db.contracts(self.tid, "replaced")]
         if len(replaced) >= self.policy.max_replacements:
             raise TrainingError(f"{len(replaced)} workers replaced already; giving up (max_replacements)")
-        contracts = {c.worker_id: c for c in await self.c.db.contracts(self.tid) if c.role != "replaced"}
+        contracts = {c.worker_id: c for c in await self.ports.db.contracts(self.tid) if c.role != "replaced"}
         old = contracts[slot.holder]
         promoted = await self.reassign.take_over_slot(old, contracts[replacement], reason)
         self.unusable.add(slot.holder)
@@ -290,14 +323,14 @@ class RoundRunner:
     async def _free_spare(self) -> WorkerContract | None:
         busy = {j.worker_id for s in self.slots.values() for j in s.jobs.values()}
         busy |= {s.holder for s in self.slots.values()}
-        for contract in await self.c.db.contracts(self.tid, "spare"):
+        for contract in await self.ports.db.contracts(self.tid, "spare"):
             if contract.worker_id not in busy and contract.worker_id not in self.unusable:
                 return contract
         return None
 
     async def _new_spare(self) -> WorkerContract:
-        known = {c.worker_id for c in await self.c.db.contracts(self.tid)}
-        contract = await new_replacement(self.c, self.tid, known, max_price_wei=self.inputs.record.spec.max_price_wei)
+        known = {c.worker_id for c in await self.ports.db.contracts(self.tid)}
+        contract = await self.ports.hire_spare(known)
         await self.audit.append("spare_hired", worker=contract.worker_id, price_wei=contract.price_wei)
         return contract
 
@@ -364,18 +397,18 @@ class RoundRunner:
             await self._dispatch(slot, slot.contract)
 
     async def _aggregate(self) -> RoundStats:
-        await self.c.update_phase(self.tid, P.AGGREGATING)
+        await self.ports.update_phase(self.tid, P.AGGREGATING)
         slots = [self.slots[i] for i in sorted(self.slots)]
         strategy = strategy_for_round(self.inputs.record.spec.aggregation, len(slots), self.baseline.reference)
         strategy.begin()
         for slot in slots:
             ref = slot.mark_folded()
             # Weighted by the samples the coordinator put in the shard, not the worker's own claim.
-            await fold(self.c.store, strategy, ref, float(slot.shard.samples),
+            await fold(self.ports.store, strategy, ref, float(slot.shard.samples),
                        max_bytes=self.inputs.checkpoint_limit, decode=self.decode)
-            await self.c.db.save_checkpoint(ref, "accepted")
-        await self.c.receipts.issue(self.tid, [s.winner_ref.worker_id for s in slots if s.winner_ref])
-        new = await outer_step(self.c.store, self.inputs.record, self.baseline.reference, strategy)
+            await self.ports.db.save_checkpoint(ref, "accepted")
+        await self.ports.receipts.issue(self.tid, [s.winner_ref.worker_id for s in slots if s.winner_ref])
+        new = await outer_step(self.ports.store, self.inputs.record, self.baseline.reference, strategy)
         seconds = time.monotonic() - self.started
         return RoundStats(
             model_cid=new.model_cid, record_update=new.record_update(self.inputs.model_cid), bytes_sent=self.bytes_sent,

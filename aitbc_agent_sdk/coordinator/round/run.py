@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -16,7 +17,7 @@ from typing import NamedTuple
 from ...errors import AitbcError, ConfigError, NotEnoughWorkersError, TrainingError
 from ...records import (
     ModelFootprint, RoundReport, Settlement, TrainingPhase, TrainingRecord, TrainingReport, TrainingSpec, Worker,
-    WorkerReport, fit_problem, largest_machine, reported_accuracy,
+    WorkerContract, WorkerReport, fit_problem, largest_machine, reported_accuracy,
 )
 from ...records.footprint import describe
 from ...tasks.bound_task import rehearsal_size
@@ -29,8 +30,8 @@ from .stopping import wind_down
 from .liveness import LivenessWatch
 from .pool import adapt_pool
 from ..phases import is_terminal
-from .reassign import hire, reassigner_for
-from .rounds import RoundRunner
+from .reassign import hire, new_replacement, reassigner_for
+from .rounds import RoundPorts, RoundRunner
 from ..data.tasks import spec_for_dataset
 from ..service import Coordinator
 
@@ -138,15 +139,16 @@ async def drive_training(coordinator: Coordinator, tid: str, *,
     try:
         record = await coordinator.db.training(tid)
         await _assign_shards(coordinator, tid)
-        await coordinator.load_round_times(tid)
+        await coordinator.round_times.load(tid)
         compute = 0.0
         unusable: set[str] = set()
         audit, reassign = coordinator.logs.of(tid), reassigner_for(coordinator, tid)
+        ports = await round_ports(coordinator, tid)
         async with LivenessWatch(coordinator.channel) as liveness:
             while record.round < record.spec.rounds:
                 await coordinator.update_phase(tid, P.DISTRIBUTING)
                 inputs = await coordinator.round_inputs(tid)
-                runner = RoundRunner(coordinator, inputs, liveness, unusable, audit=audit, reassign=reassign)
+                runner = RoundRunner(ports, inputs, liveness, unusable, audit=audit, reassign=reassign)
                 limit = _round_limit(coordinator, inputs, round_timeout_s)
                 stats = await runner.run(limit)
                 compute += stats.slowest_s
@@ -169,12 +171,25 @@ async def drive_training(coordinator: Coordinator, tid: str, *,
         raise
 
 
+async def round_ports(coordinator: Coordinator, tid: str) -> RoundPorts:
+    """The coordinator's connections a round of ``tid`` uses, the training's listener already subscribed."""
+    async def hire_spare(exclude: Collection[str]) -> WorkerContract:
+        spec = (await coordinator.db.training(tid)).spec
+        return await new_replacement(coordinator, tid, exclude, max_price_wei=spec.max_price_wei)
+
+    c = coordinator
+    return RoundPorts(db=c.db, store=c.store, data=c.data, channel=c.channel, listener=await c.listener(tid),
+                      escrow=c.escrow, money=c.money, receipts=c.receipts, round_times=c.round_times,
+                      spot_check_turn=c.spot_check_turn, publish_job=c.publish_job, update_phase=c.update_phase,
+                      hire_spare=hire_spare)
+
+
 def _round_limit(coordinator: Coordinator, inputs: RoundInputs, override: float | None) -> float:
     """Seconds this round may take: ``override``, or derived from its jobs' work and their providers' history."""
     if override is not None:
         return override
     epochs, tid = inputs.record.spec.job.epochs, inputs.training_id
-    jobs = [(job_work(inputs.shards[c.shard_index].samples, epochs), coordinator.round_times_of(tid, c.worker_id))
+    jobs = [(job_work(inputs.shards[c.shard_index].samples, epochs), coordinator.round_times.of(tid, c.worker_id))
             for c in inputs.contracts if c.shard_index is not None]
     return round_timeout(jobs, inputs.policy)
 
