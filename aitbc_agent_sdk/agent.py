@@ -142,7 +142,7 @@ class Agent:
             tid = record.training_id
             if (is_terminal(record.phase) or record.coordinator != self.address
                     or await self.coordinator.db.escrow(tid) is None
-                    or not (await self.coordinator.escrow.escrow.training(self.coordinator.escrow.key(tid))).exists):
+                    or not (await self.coordinator.escrow.state(tid)).exists):
                 continue
             lock = ExitStack()
             try:  # taken here, before the task starts, so no second driver can slip in between

@@ -67,7 +67,7 @@ class EscrowSteps:
         """Take back the funded slots of spares that never took over a shard: their copies were not
         wanted, which is no failure of theirs."""
         spares = [c.worker_id for c in await self.db.contracts(training_id, "spare")]
-        if not spares or (await self.escrow.escrow.training(self.escrow.key(training_id))).closed:
+        if not spares or (await self.escrow.state(training_id)).closed:
             return
         for worker_id, (amount, paid) in (await self.escrow.slots_on_chain(training_id, spares)).items():
             if amount and not paid:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 
-from ...chain.escrow import sign_receipt
 from ...errors import AitbcError
 from ...messaging import SignedChannel, topics
 from ...records import CheckpointRef, PaymentReceipt, WorkerContract
@@ -60,16 +59,13 @@ class ReceiptIssuer:
             return []
         accepted = await self.db.checkpoints(training_id, "accepted")
         slots = await self.escrow.slots_on_chain(training_id, [c.worker_id for c in contracts])
-        domain = await self.escrow.evidence_domain()
-        key = self.escrow.key(training_id)
         sent = []
         for contract in contracts:
             terms = receipt_terms(contract, accepted, slots[contract.worker_id][0])
             if terms is None:
                 continue
             round, cumulative = terms
-            signature = sign_receipt(self.escrow.sender.account, domain.chain_id, self.escrow.escrow.address, key,
-                                     contract.worker_id, round, cumulative)
+            signature = await self.escrow.sign_receipt(training_id, contract.worker_id, round, cumulative)
             receipt = PaymentReceipt(training_id=training_id, worker_id=contract.worker_id, round=round,
                                      cumulative_wei=cumulative, signature="0x" + signature.hex())
             await self.channel.publish(topics.receipts(contract.worker_id), receipt)

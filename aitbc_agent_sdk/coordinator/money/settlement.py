@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ...chain import (EscrowClient, EvidenceDomain, TransactionSender, consent_digest, consent_signer, result_hash, training_key,
-                     training_salt)
+from ...chain import (EscrowClient, EscrowEvent, EscrowState, EvidenceDomain, TransactionSender, consent_digest,
+                     consent_signer, result_hash, sign_receipt, training_key, training_salt)
 from ...errors import ConfigError
 from ...records import CheckpointRef, EscrowSummary, Payment, WorkerContract
 
@@ -90,6 +90,20 @@ class EscrowAccount:
         domain = await self.evidence_domain()
         signer = consent_signer(domain.chain_id, self.escrow.address, self.key(training_id), worker, raw)
         return signer is not None and signer.lower() == worker.lower()
+
+    async def state(self, training_id: str) -> EscrowState:
+        """The training's escrow as the chain holds it (``exists`` False when it was never opened there)."""
+        return await self.escrow.training(self.key(training_id))
+
+    async def replacements(self, training_id: str) -> list[EscrowEvent]:
+        """Every slot move of the training, oldest first: what the chain says happened to a replacement."""
+        return await self.escrow.events(self.key(training_id), names=("WorkerReplaced",))
+
+    async def sign_receipt(self, training_id: str, worker: str, round: int, cumulative_wei: int) -> bytes:
+        """The coordinator's redeemable promise that ``worker`` earned ``cumulative_wei`` up to ``round``."""
+        domain = await self.evidence_domain()
+        return sign_receipt(self.sender.account, domain.chain_id, self.escrow.address, self.key(training_id), worker,
+                            round, cumulative_wei)
 
     async def summary(self, training_id: str) -> EscrowSummary:
         state = await self.escrow.training(self.key(training_id))

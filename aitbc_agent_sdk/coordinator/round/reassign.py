@@ -119,7 +119,7 @@ class Reassigner:
         if not pending:
             return []
         await self.escrow.sender.wait_settled()
-        events = await self.escrow.escrow.events(self.escrow.key(self.training_id), names=("WorkerReplaced",))
+        events = await self.escrow.replacements(self.training_id)
         moved = {(e.args["oldWorker"].lower(), e.args["newWorker"].lower()): e.tx_hash for e in events}
         settled = []
         for intent in pending:

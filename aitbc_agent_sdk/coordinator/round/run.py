@@ -222,7 +222,7 @@ async def resume_training(coordinator: Coordinator, tid: str, *,
         return None
     if await coordinator.db.escrow(tid) is None:
         raise TrainingError(f"training {tid} was never funded; run distribute instead of resume")
-    state = await coordinator.escrow.escrow.training(coordinator.escrow.key(tid))
+    state = await coordinator.escrow.state(tid)
     if not state.exists:
         raise TrainingError(f"the escrow of training {tid} is not on this chain "
                             "(an embedded chain does not outlive its process)")

@@ -27,7 +27,7 @@ async def wind_down(coordinator: Coordinator, training_id: str) -> tuple[int, in
         for job in await coordinator.db.jobs(training_id, record.round + 1):
             if await coordinator.db.checkpoint(job.job_id) is None:
                 await reassign.cancel_job(job.worker_id, job.job_id, STOPPED_REASON)
-        state = await coordinator.escrow.escrow.training(coordinator.escrow.key(training_id))
+        state = await coordinator.escrow.state(training_id)
         if state.exists and not state.closed:
             settlement = await coordinator.money.settle(training_id)
             paid, refunded, tx = settlement.escrow.paid_wei, settlement.refund_wei, settlement.refund_tx
