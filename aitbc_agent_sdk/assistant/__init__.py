@@ -27,6 +27,8 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "executor": ("Executor", "StepOutcome"),
     "session": ("Assistant", "Reply"),
     "llm": ("LlmConfig",),
+    "mcp_server": ("serve_stdio",),
+    "reply": ("plan_lines",),
 }, globals())
 
 if TYPE_CHECKING:
@@ -36,3 +38,5 @@ if TYPE_CHECKING:
     from .planner import Plan, Step, plan_request
     from .session import Assistant, Reply
     from .tools import REGISTRY, Registry
+    from .mcp_server import serve_stdio
+    from .reply import plan_lines

@@ -12,7 +12,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
                "training_key", "training_salt"),
     "registry": ("EvidenceDomain", "ProviderState", "RegistryClient", "SlashEvidence", "is_canonical_signature",
                  "result_digest", "sign_result", "signature_signer"),
-    "tx": ("TransactionSender", "decode_revert_data", "map_chain_error"),
+    "tx": ("TransactionSender", "decode_revert_data", "map_chain_error", "CHAIN_EXCEPTIONS"),
     "wallet": ("Wallet", "WalletStore"),
 }, globals())
 
@@ -26,3 +26,4 @@ if TYPE_CHECKING:
                            result_digest, sign_result, signature_signer)
     from .tx import TransactionSender, decode_revert_data, map_chain_error
     from .wallet import Wallet, WalletStore
+    from .tx import CHAIN_EXCEPTIONS

@@ -29,25 +29,26 @@ from typing import TYPE_CHECKING
 from .._lazy import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
-    "errors": ("BatchPlanError", "ClusterError"),
+    "errors": ("BatchPlanError", "ClusterError", "ClusterConfigError"),
     # Relative to this package: ``..host`` is the SDK's host package, below both cluster and provider.
     ".host.errors": ("SandboxError",),
     "spec": ("ClusterSpec", "HostSpec", "cluster_path", "list_clusters", "load_cluster", "read_cluster_file",
              "save_cluster"),
     "inventory": ("ClusterInventory", "GpuInventory", "HostInventory", "read_gpus", "read_local_inventory"),
     "transport": ("InventoryRequest", "InventoryResponder", "collect_inventory", "inventory_reply_topic",
-                  "inventory_topic", "local_host_name", "local_inventory"),
-    "report": ("inventory_html",),
+                  "inventory_topic", "local_host_name", "local_inventory", "DEFAULT_TIMEOUT_S"),
+    "report": ("inventory_html", "gib", "host_status"),
     "balance": ("BatchPlan", "RankBudget", "budgets_from_inventory", "plan_batches", "shrink_after_oom",
                 "weighted_allreduce_gradients"),
     ".host.sandbox": ("SandboxLimits", "SandboxReport", "SandboxResult", "SandboxSpec", "available_backends",
                       "build_command", "run_sandboxed", "start_sandboxed", "verify_sandbox"),
-    "protocol": ("ControlReply", "HostStatus", "JobEvent", "PreflightReport", "TorchrunSpec", "new_job_id"),
+    "protocol": ("ControlReply", "HostStatus", "JobEvent", "PreflightReport", "TorchrunSpec", "is_torchrun_line",
+                 "new_job_id"),
     "plan": ("HostSlot", "LaunchPlan", "plan_launch", "torchrun_argv", "torchrun_env"),
     "job": ("HostOutcome", "TrainRequest", "TrainResult"),
     "launcher": ("TrainingCoordinator",),
     "host_agent": ("ClusterAgent", "HostAgentConfig"),
-    "monitor": ("ClusterMonitor",),
+    "monitor": ("ClusterMonitor", "MetricRow", "RowSink"),
     "recovery": ("ContinuityReport", "choose_spare", "verify_step_log"),
     "mounts": ("ClusterMountReport", "Manifest", "MountCommand", "MountReport", "MountSettings", "compare_manifests",
                "hash_manifest", "perform_mount", "summarize_mounts"),
@@ -85,3 +86,8 @@ if TYPE_CHECKING:
         InventoryRequest, InventoryResponder, collect_inventory, inventory_reply_topic, inventory_topic,
         local_host_name, local_inventory,
     )
+    from .errors import ClusterConfigError
+    from .monitor import MetricRow, RowSink
+    from .protocol import is_torchrun_line
+    from .report import gib, host_status
+    from .transport import DEFAULT_TIMEOUT_S

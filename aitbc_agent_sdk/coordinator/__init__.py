@@ -11,6 +11,8 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "settings": ("CoordinatorSettings",),
     "money.settlement": ("EscrowAccount", "Payout", "earned_wei", "plan_payouts"),
     "training_db": ("TrainingStore",),
+    "data.tasks": ("spec_for_dataset",),
+    "monitor": ("Snapshot", "snapshot",),
 }, globals())
 
 if TYPE_CHECKING:
@@ -20,3 +22,5 @@ if TYPE_CHECKING:
     from .settings import CoordinatorSettings
     from .money.settlement import EscrowAccount, Payout, earned_wei, plan_payouts
     from .training_db import TrainingStore
+    from .data.tasks import spec_for_dataset
+    from .monitor import Snapshot, snapshot

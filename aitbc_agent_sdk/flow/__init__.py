@@ -19,6 +19,8 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
         "STOPPED_REASON", "Interrupted", "Stopped", "TrainingSummary", "audit_text", "daemon_pid", "end_daemon",
         "is_driven_now", "list_trainings", "log_file", "log_lines", "settle_interrupted", "stop_training", "wind_down",
     ),
+    "generation": ("sample_training",),
+    "provider_daemon": ("STATUS_FILE", "provider_dir", "serve_provider",),
 }, globals())
 
 if TYPE_CHECKING:  # static tools see ordinary imports
@@ -33,3 +35,5 @@ if TYPE_CHECKING:  # static tools see ordinary imports
         STOPPED_REASON, Interrupted, Stopped, TrainingSummary, audit_text, daemon_pid, end_daemon, is_driven_now,
         list_trainings, log_file, log_lines, settle_interrupted, stop_training, wind_down,
     )
+    from .generation import sample_training
+    from .provider_daemon import STATUS_FILE, provider_dir, serve_provider

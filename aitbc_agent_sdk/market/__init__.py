@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from .._lazy import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
-    "discovery": ("collect_offers",),
+    "discovery": ("collect_offers", "DEFAULT_MIN_STAKE_WEI"),
     "scoring": (
         "GPU_PERFORMANCE", "ScoringStrategy", "WeightedScore", "gpu_performance", "meets_min_gpu", "rank_workers",
         "reputation_from_earnings", "reputation_from_history", "reputation_unit", "weighted_scores",
@@ -20,3 +20,4 @@ if TYPE_CHECKING:  # static tools see ordinary imports
         GPU_PERFORMANCE, ScoringStrategy, WeightedScore, gpu_performance, meets_min_gpu, rank_workers,
         reputation_from_earnings, reputation_from_history, reputation_unit, weighted_scores,
     )
+    from .discovery import DEFAULT_MIN_STAKE_WEI

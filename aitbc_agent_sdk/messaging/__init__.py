@@ -12,6 +12,8 @@ __getattr__, __dir__, _names = lazy_exports(__name__, {
     "envelope": ("Envelope", "EnvelopeSigner", "EnvelopeVerifier", "Verified"),
     "memory": ("InMemoryBus",),
     "port": ("Bus", "BusMessage", "topic_matches"),
+    "mqtt": ("MqttBus",),
+    "settings": ("connect_bus",),
 }, globals())
 __all__ = [*_names, "topics"]
 
@@ -20,3 +22,5 @@ if TYPE_CHECKING:  # static tools see ordinary imports
     from .envelope import Envelope, EnvelopeSigner, EnvelopeVerifier, Verified
     from .memory import InMemoryBus
     from .port import Bus, BusMessage, topic_matches
+    from .mqtt import MqttBus
+    from .settings import connect_bus

@@ -15,8 +15,10 @@ from .._lazy import lazy_exports
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "node": ("ProviderAgent", "ProviderConfig", "TrainOutcome"),
     "process": ("TrainingProcess",),
+    "sandbox": ("TrainingSandbox",),
 }, globals())
 
 if TYPE_CHECKING:
     from .node import ProviderAgent, ProviderConfig, TrainOutcome
     from .process import TrainingProcess
+    from .sandbox import TrainingSandbox

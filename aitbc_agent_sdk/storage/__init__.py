@@ -1,4 +1,8 @@
-"""Storage: the ContentStore port, kubo-compatible UnixFS CIDs (files, directories, HAMTs) and the local blockstore."""
+"""Storage: the ContentStore port, kubo-compatible UnixFS CIDs (files, directories, HAMTs) and the local blockstore.
+
+The Kubo RPC client is imported on first use (PEP 562): httpx is not needed to compute a CID."""
+
+from .._lazy import lazy_exports
 
 from .bounds import (
     MAX_BLOCK_BYTES,
@@ -43,7 +47,12 @@ from .unixfs import (
     parse_cid,
 )
 
-__all__ = [
+__getattr__, __dir__, _lazy_names = lazy_exports(__name__, {
+    "address": ("parse_api_address",),
+    "kubo": ("KuboClient", "KuboContentStore"),
+}, globals())
+
+__all__ = [*_lazy_names,
     "DAG_PB", "DEFAULT_CHUNK_SIZE", "DEFAULT_MAX_BYTES", "DEFAULT_MAX_ENTRIES", "DEFAULT_TIMEOUT_S",
     "HAMT_SHARDING_SIZE", "MAX_BLOCK_BYTES", "MAX_DAG_DEPTH", "MAX_LINKS", "MAX_NODE_LINKS", "RAW", "AddOptions",
     "Block", "ContentStore", "DirEntry", "DirectoryStore", "FileDagBuilder", "FileNode", "InvalidCidError",

@@ -176,7 +176,7 @@ def _report(message: str, code: int, kind: str, as_json: bool, usage: ClickExcep
     else:
         from rich.console import Console
 
-        from aitbc_agent_sdk.records.inert import terminal_markup
+        from aitbc_agent_sdk.records import terminal_markup
 
         # soft_wrap: a path in the message stays whole, whatever the terminal's width
         # An error may quote a stranger's words (a worker's reason, a node's answer).

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from aitbc_agent_sdk.errors import ConfigError
-from aitbc_agent_sdk.records.inert import terminal_markup, visible
+from aitbc_agent_sdk.records import terminal_markup, visible
 from aitbc_agent_sdk.profile import devnet_password
 
 from .common import (
@@ -28,8 +28,8 @@ from .common import (
 from .render import eth
 
 if TYPE_CHECKING:  # the assistant's tools import torch and web3: only when chat runs
-    from aitbc_agent_sdk.assistant.executor import StepOutcome
-    from aitbc_agent_sdk.assistant.session import Assistant, Reply
+    from aitbc_agent_sdk.assistant import StepOutcome
+    from aitbc_agent_sdk.assistant import Assistant, Reply
 
 EXIT_WORDS = {"exit", "quit", "bye", ":q"}
 
@@ -55,8 +55,8 @@ def chat(
 
     Example: aitbc chat --dry-run "train an mlp on digits with 2 workers"
     """
-    from aitbc_agent_sdk.assistant.llm import LlmConfig
-    from aitbc_agent_sdk.assistant.session import Assistant
+    from aitbc_agent_sdk.assistant import LlmConfig
+    from aitbc_agent_sdk.assistant import Assistant
 
     root = resolve_home(home)
     llm = None if offline else LlmConfig.resolve(llm_base_url, llm_model)
@@ -94,7 +94,7 @@ def _repl(assistant: Assistant, out: Console, *, yes: bool, dry_run: bool, as_js
 
 async def _handle(assistant: Assistant, request: str, out: Console, *, yes: bool, dry_run: bool,
                   as_json: bool) -> Reply:
-    from aitbc_agent_sdk.assistant.reply import plan_lines
+    from aitbc_agent_sdk.assistant import plan_lines
 
     quiet = as_json and dry_run
 
@@ -168,12 +168,12 @@ def _password_source(home: Path, source: PasswordSource):  # type: ignore[no-unt
 
 def _render(out: Console, tool: str, data: dict[str, Any]) -> None:
     if tool in ("cluster_inventory",):
-        from aitbc_agent_sdk.cluster.inventory import ClusterInventory
+        from aitbc_agent_sdk.cluster import ClusterInventory
 
         from .cluster_render import render_inventory
         render_inventory(out, ClusterInventory.model_validate(data))
     elif tool == "monitor":
-        from aitbc_agent_sdk.coordinator.monitor import Snapshot
+        from aitbc_agent_sdk.coordinator import Snapshot
 
         from .training_views import render_snapshot
         out.print(render_snapshot(Snapshot.model_validate(data)))

@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 from rich.console import Console
 
-from aitbc_agent_sdk.cluster.errors import ClusterConfigError
-from aitbc_agent_sdk.cluster.report import inventory_html
-from aitbc_agent_sdk.cluster.spec import ClusterSpec, HostSpec, list_clusters, load_cluster, save_cluster
-from aitbc_agent_sdk.cluster.transport import DEFAULT_TIMEOUT_S
+from aitbc_agent_sdk.cluster import ClusterConfigError
+from aitbc_agent_sdk.cluster import inventory_html
+from aitbc_agent_sdk.cluster import ClusterSpec, HostSpec, list_clusters, load_cluster, save_cluster
+from aitbc_agent_sdk.cluster import DEFAULT_TIMEOUT_S
 from aitbc_agent_sdk.records import id_path
-from aitbc_agent_sdk.records.inert import terminal_markup
+from aitbc_agent_sdk.records import terminal_markup
 from aitbc_agent_sdk.profile import BusSettings
 
 from .cluster_options import (
@@ -32,7 +32,7 @@ from .common import (
 from .params import broker_parts, parse_broker
 
 if TYPE_CHECKING:
-    from aitbc_agent_sdk.cluster.monitor import MetricRow
+    from aitbc_agent_sdk.cluster import MetricRow
 
 app = typer.Typer(help="Trusted multi-host clusters: members, hardware inventory, training, shared datasets.",
                   no_args_is_help=True)
@@ -106,7 +106,7 @@ def inventory(
     """
     root = resolve_home(home)
     if cluster is None:
-        from aitbc_agent_sdk.cluster.transport import local_inventory
+        from aitbc_agent_sdk.cluster import local_inventory
 
         result = asyncio.run(local_inventory(timeout=timeout))
     else:
@@ -152,8 +152,8 @@ def serve(
     """
     import tempfile
 
-    from aitbc_agent_sdk.cluster.host_agent import HostAgentConfig
-    from aitbc_agent_sdk.cluster.mounts import MountSettings
+    from aitbc_agent_sdk.cluster import HostAgentConfig
+    from aitbc_agent_sdk.cluster import MountSettings
 
     root = resolve_home(home)
     spec = load_cluster(root, cluster)
@@ -202,8 +202,8 @@ def train(
     Example: aitbc cluster train --cluster lab --wallet coord --hosts 3 --script /srv/train_ddp.py -- data.pt 30
     """
     # Long because: typer declares every option in the signature; the body is some 30 lines.
-    from aitbc_agent_sdk.cluster.job import TrainRequest
-    from aitbc_agent_sdk.cluster.protocol import new_job_id
+    from aitbc_agent_sdk.cluster import TrainRequest
+    from aitbc_agent_sdk.cluster import new_job_id
 
     if min_hosts is not None and min_hosts > hosts:
         raise typer.BadParameter(f"must be between 1 and --hosts ({hosts}), got {min_hosts}", param_hint="--min-hosts")
@@ -263,7 +263,7 @@ def mount(
 
     Example: aitbc cluster mount --cluster lab --wallet coord --ipfs bafy... --mountpoint /mnt/data
     """
-    from aitbc_agent_sdk.cluster.mounts import MountCommand
+    from aitbc_agent_sdk.cluster import MountCommand
 
     chosen = [(k, v) for k, v in (("nfs", nfs), ("s3", s3), ("ipfs", ipfs)) if v is not None]
     if len(chosen) != 1:

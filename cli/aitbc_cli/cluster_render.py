@@ -9,20 +9,20 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
-from aitbc_agent_sdk.cluster.inventory import ClusterInventory
-from aitbc_agent_sdk.cluster.report import gib, host_status
-from aitbc_agent_sdk.records.inert import terminal_markup as literal  # hosts' words, shown as written
+from aitbc_agent_sdk.cluster import ClusterInventory
+from aitbc_agent_sdk.cluster import gib, host_status
+from aitbc_agent_sdk.records import terminal_markup as literal  # hosts' words, shown as written
 
 if TYPE_CHECKING:
-    from aitbc_agent_sdk.cluster.job import TrainResult
-    from aitbc_agent_sdk.cluster.mounts import ClusterMountReport
-    from aitbc_agent_sdk.cluster.protocol import JobEvent
+    from aitbc_agent_sdk.cluster import TrainResult
+    from aitbc_agent_sdk.cluster import ClusterMountReport
+    from aitbc_agent_sdk.cluster import JobEvent
 
 
 def event_printer(out: Console, *, verbose: bool) -> Callable[[JobEvent], None]:
     """What ``cluster train`` prints of each host event: logs (torchrun's INFO lines only when verbose),
     metric lines, and each torchrun's exit."""
-    from aitbc_agent_sdk.cluster.protocol import is_torchrun_line
+    from aitbc_agent_sdk.cluster import is_torchrun_line
 
     def on_event(event: JobEvent) -> None:
         if event.kind == "log":

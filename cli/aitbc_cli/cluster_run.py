@@ -11,26 +11,26 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from aitbc_agent_sdk.cluster.errors import ClusterConfigError
-from aitbc_agent_sdk.records.inert import terminal_markup
+from aitbc_agent_sdk.cluster import ClusterConfigError
+from aitbc_agent_sdk.records import terminal_markup
 
 from .cluster_render import event_printer
 from .common import PasswordSource, unlock
 
 if TYPE_CHECKING:
-    from aitbc_agent_sdk.cluster.host_agent import HostAgentConfig
-    from aitbc_agent_sdk.cluster.inventory import ClusterInventory
-    from aitbc_agent_sdk.cluster.job import TrainRequest, TrainResult
-    from aitbc_agent_sdk.cluster.monitor import ClusterMonitor, RowSink
-    from aitbc_agent_sdk.cluster.mounts import ClusterMountReport, MountCommand
-    from aitbc_agent_sdk.cluster.spec import ClusterSpec, HostSpec
-    from aitbc_agent_sdk.messaging.mqtt import MqttBus
+    from aitbc_agent_sdk.cluster import HostAgentConfig
+    from aitbc_agent_sdk.cluster import ClusterInventory
+    from aitbc_agent_sdk.cluster import TrainRequest, TrainResult
+    from aitbc_agent_sdk.cluster import ClusterMonitor, RowSink
+    from aitbc_agent_sdk.cluster import ClusterMountReport, MountCommand
+    from aitbc_agent_sdk.cluster import ClusterSpec, HostSpec
+    from aitbc_agent_sdk.messaging import MqttBus
 
 
 async def serve_host(root: Path, spec: ClusterSpec, wallet: str, config: HostAgentConfig,
                      password: PasswordSource) -> None:
-    from aitbc_agent_sdk.cluster.host_agent import ClusterAgent
-    from aitbc_agent_sdk.messaging.channel import SignedChannel
+    from aitbc_agent_sdk.cluster import ClusterAgent
+    from aitbc_agent_sdk.messaging import SignedChannel
     from aitbc_agent_sdk.profile import load_profile
 
     broker = spec.bus or load_profile(root).bus
@@ -53,8 +53,8 @@ async def serve_host(root: Path, spec: ClusterSpec, wallet: str, config: HostAge
 async def run_train(root: Path, spec: ClusterSpec, wallet: str, request: TrainRequest, job_dir: Path, out: Console,
                  verbose: bool, host_timeout: float, password: PasswordSource) -> TrainResult:
     from aitbc_agent_sdk.audit import AuditLog
-    from aitbc_agent_sdk.cluster.launcher import TrainingCoordinator
-    from aitbc_agent_sdk.messaging.channel import SignedChannel
+    from aitbc_agent_sdk.cluster import TrainingCoordinator
+    from aitbc_agent_sdk.messaging import SignedChannel
 
     account, _ = await unlock(root, wallet, password)
     if spec.coordinators and account.address.lower() not in {a.lower() for a in spec.coordinators}:
@@ -71,8 +71,8 @@ async def run_train(root: Path, spec: ClusterSpec, wallet: str, request: TrainRe
 async def run_mount(root: Path, spec: ClusterSpec, wallet: str, members: list[HostSpec], command: MountCommand,
                  timeout: float, password: PasswordSource) -> ClusterMountReport:
     from aitbc_agent_sdk.audit import AuditLog
-    from aitbc_agent_sdk.cluster.launcher import TrainingCoordinator
-    from aitbc_agent_sdk.messaging.channel import SignedChannel
+    from aitbc_agent_sdk.cluster import TrainingCoordinator
+    from aitbc_agent_sdk.messaging import SignedChannel
 
     account, _ = await unlock(root, wallet, password)
     async with cluster_bus(root, spec, "aitbc-cluster-mount") as bus:
@@ -86,8 +86,8 @@ async def watch_cluster(root: Path, spec: ClusterSpec, job: str | None, seconds:
     """Listen for SECONDS (None: until Ctrl-C) with a throw-away identity: monitoring only listens."""
     from eth_account import Account
 
-    from aitbc_agent_sdk.cluster.monitor import ClusterMonitor
-    from aitbc_agent_sdk.messaging.channel import SignedChannel
+    from aitbc_agent_sdk.cluster import ClusterMonitor
+    from aitbc_agent_sdk.messaging import SignedChannel
 
     async with cluster_bus(root, spec, "aitbc-cluster-monitor") as bus:
         watcher = ClusterMonitor(SignedChannel(bus, Account.create()), spec, job=job, on_metric=on_metric)
@@ -98,7 +98,7 @@ async def watch_cluster(root: Path, spec: ClusterSpec, job: str | None, seconds:
 
 
 def cluster_bus(root: Path, spec: ClusterSpec, prefix: str, identity: str | None = None) -> MqttBus:
-    from aitbc_agent_sdk.messaging.settings import connect_bus
+    from aitbc_agent_sdk.messaging import connect_bus
     from aitbc_agent_sdk.profile import load_profile
 
     settings = spec.bus or load_profile(root).bus  # its accounts and TLS too, when it is the devnet's
@@ -109,8 +109,8 @@ async def collect(root: Path, spec: ClusterSpec, wallet: str | None, timeout: fl
                   password: PasswordSource) -> ClusterInventory:
     from eth_account import Account
 
-    from aitbc_agent_sdk.cluster.transport import collect_inventory
-    from aitbc_agent_sdk.messaging.channel import SignedChannel
+    from aitbc_agent_sdk.cluster import collect_inventory
+    from aitbc_agent_sdk.messaging import SignedChannel
 
     if wallet is not None:
         account, _ = await unlock(root, wallet, password)

@@ -142,7 +142,7 @@ def eth_amount_option(*names: str, help: str, default_wei: int | None = None) ->
 # -- wallets -------------------------------------------------------------------------------------
 
 def wallet_store(home: Path) -> WalletStore:
-    from aitbc_agent_sdk.devnet.network import wallet_store as devnet_wallets
+    from aitbc_agent_sdk.devnet import wallet_store as devnet_wallets
 
     return devnet_wallets(home)
 

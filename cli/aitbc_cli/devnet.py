@@ -11,13 +11,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from aitbc_agent_sdk.records.inert import terminal_markup
+from aitbc_agent_sdk.records import terminal_markup
 
 from .common import ExitCode, HomeOption, JsonOption, cli_parser, eth_amount_option, print_json, resolve_home
 from .params import parse_ipfs_api
 
 if TYPE_CHECKING:
-    from aitbc_agent_sdk.devnet.network import DevnetOptions
+    from aitbc_agent_sdk.devnet import DevnetOptions
     from aitbc_agent_sdk.profile import Profile
 
 app = typer.Typer(help="Run a local devnet: MQTT broker, anvil with the contracts, IPFS, provider daemons.",
@@ -57,7 +57,7 @@ def up(
 
     Example: aitbc devnet up --providers 3 --ipfs daemon --json
     """
-    from aitbc_agent_sdk.devnet.network import DevnetOptions
+    from aitbc_agent_sdk.devnet import DevnetOptions
 
     options = DevnetOptions(providers=providers, ipfs=ipfs.value, ipfs_api=ipfs_api,
                             provider_price_wei=price, host=host, tls=tls,
@@ -78,7 +78,7 @@ def up(
 
 def start_devnet(home: Path, options: DevnetOptions, *, quiet: bool = False) -> Profile:
     """Start the devnet's servers in HOME and write its profile (``up``, and ``init`` on a fresh machine)."""
-    from aitbc_agent_sdk.devnet.network import devnet_up
+    from aitbc_agent_sdk.devnet import devnet_up
 
     console = Console(stderr=True, quiet=quiet)
     with console.status("starting broker, chain, contracts and providers..."):
@@ -97,7 +97,7 @@ def join(
 
     Example: aitbc devnet join --profile profile.json --wallet alice
     """
-    from aitbc_agent_sdk.devnet.network import devnet_join
+    from aitbc_agent_sdk.devnet import devnet_join
 
     joined, addresses = asyncio.run(devnet_join(resolve_home(home), profile, wallet or ()))
     if as_json:
@@ -125,7 +125,7 @@ def accounts(
 
     Example: aitbc devnet accounts 0xAbC... --export ./accounts
     """
-    from aitbc_agent_sdk.devnet.network import add_broker_accounts
+    from aitbc_agent_sdk.devnet import add_broker_accounts
 
     written = add_broker_accounts(resolve_home(home), username, export)
     if as_json:
@@ -141,7 +141,7 @@ def down(home: HomeOption = None, as_json: JsonOption = False) -> None:
 
     Example: aitbc devnet down
     """
-    from aitbc_agent_sdk.devnet.network import devnet_down
+    from aitbc_agent_sdk.devnet import devnet_down
 
     stopped = devnet_down(resolve_home(home))
     if as_json:
@@ -156,7 +156,7 @@ def status(home: HomeOption = None, as_json: JsonOption = False) -> None:
 
     Example: aitbc devnet status --json
     """
-    from aitbc_agent_sdk.devnet.network import devnet_status
+    from aitbc_agent_sdk.devnet import devnet_status
 
     checks = asyncio.run(devnet_status(resolve_home(home)))
     if as_json:

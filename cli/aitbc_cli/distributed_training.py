@@ -15,8 +15,8 @@ from aitbc_agent_sdk import flow
 from aitbc_agent_sdk.config import AgentConfig
 from aitbc_agent_sdk.errors import ConfigError
 from aitbc_agent_sdk.records import TrainingReport, TrainingSpec
-from aitbc_agent_sdk.records.footprint import describe
-from aitbc_agent_sdk.records.inert import terminal_markup
+from aitbc_agent_sdk.records import describe
+from aitbc_agent_sdk.records import terminal_markup
 
 from . import sample, steps, training_views
 from .common import (
@@ -32,7 +32,7 @@ from .spec_options import TrainingOptions, with_training_options
 from .training_options import MinGpuOption, PlotOption
 
 if TYPE_CHECKING:
-    from aitbc_agent_sdk.agent import Agent
+    from aitbc_agent_sdk import Agent
 
 app = typer.Typer(help="Coordinate federated training across GPU providers: `run` does it all in one process; "
                        "init, upload-data, discover-workers, distribute follow the seed's steps on the devnet; "
@@ -137,7 +137,7 @@ def _write_plot(report: TrainingReport, plot: Path | None) -> Exception | None:
 
 
 async def _start(config: AgentConfig, console: Console, view: LiveTraining | None = None) -> Agent:
-    from aitbc_agent_sdk.agent import Agent  # torch and web3: import only when a run starts
+    from aitbc_agent_sdk import Agent  # torch and web3: import only when a run starts
 
     with console.status("starting the embedded stack (bus, content store, chain, providers)..."):
         return await Agent(config, observer=view.observe if view else None).start()
@@ -159,8 +159,8 @@ async def _cost(agent: Agent, spec: TrainingSpec, source: str | Path, label_colu
 
 async def _plan(config: AgentConfig, spec: TrainingSpec, task: flow.TaskChoice, source: str | Path,
                 label_column: str | None, min_gpu: str | None, console: Console) -> dict[str, Any]:
-    from aitbc_agent_sdk.coordinator.data.tasks import spec_for_dataset  # torch: only when a plan is made
-    from aitbc_agent_sdk.tasks.bound_task import task_ref_of
+    from aitbc_agent_sdk.coordinator import spec_for_dataset  # torch: only when a plan is made
+    from aitbc_agent_sdk.tasks import task_ref_of
 
     agent = await _start(config, console)
     try:

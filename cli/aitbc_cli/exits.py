@@ -68,7 +68,7 @@ EXIT_HELP = {
 def exit_code_for(exc: BaseException) -> ExitCode:
     # A malformed CID on the command line (it is also a StorageError); the storage package is imported
     # here, not for --version.
-    from aitbc_agent_sdk.storage.unixfs import InvalidCidError
+    from aitbc_agent_sdk.storage import InvalidCidError
 
     for kind, code in ((InvalidCidError, ExitCode.USAGE), *EXIT_CODES):
         if isinstance(exc, kind):

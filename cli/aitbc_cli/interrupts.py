@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from aitbc_agent_sdk import flow  # lazy: its names import on first use
 
 if TYPE_CHECKING:
-    from aitbc_agent_sdk.flow.trainings import Interrupted
+    from aitbc_agent_sdk.flow import Interrupted
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 EMBEDDED_RESUME_NOTE = ("cannot resume: the embedded network's chain and market end with this process; "

@@ -28,7 +28,7 @@ from .common import HomeOption, IpfsApiOption, JsonOption, ipfs_api_or_default, 
 from .paths import check_output_file
 
 if TYPE_CHECKING:  # httpx: imported when a daemon is used, not for --help
-    from aitbc_agent_sdk.storage.kubo import KuboContentStore
+    from aitbc_agent_sdk.storage import KuboContentStore
 
     Store = LocalContentStore | KuboContentStore
 
@@ -49,7 +49,7 @@ T = TypeVar("T")
 async def _store(api: str | None, home: Path | None, timeout: float) -> AsyncIterator[Store]:
     api = ipfs_api_or_default(api)  # --api, else $AITBC_IPFS_API, else the config file's ipfs_api
     if api:
-        from aitbc_agent_sdk.storage.kubo import KuboClient, KuboContentStore
+        from aitbc_agent_sdk.storage import KuboClient, KuboContentStore
 
         async with KuboClient(api, timeout=timeout, find_timeout=timeout) as client:
             yield KuboContentStore(client)

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from aitbc_agent_sdk.records.inert import terminal_markup
+from aitbc_agent_sdk.records import terminal_markup
 
 from .common import (
     HomeOption, JsonOption, NetworkOption, PasswordFileOption, PasswordSource, network_or_default, print_json,
@@ -52,7 +52,7 @@ def list_offers(
     name = network_or_default(network, fallback="devnet")  # the market of `aitbc devnet up` unless told
 
     async def discover() -> list[dict]:
-        from aitbc_agent_sdk.agent import Agent
+        from aitbc_agent_sdk import Agent
         from aitbc_agent_sdk.config import AgentConfig
 
         config = AgentConfig(name="aitbc-market", network=name, home=root)  # a bad network fails before the prompt

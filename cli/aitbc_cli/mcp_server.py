@@ -25,7 +25,7 @@ def serve(home: HomeOption = None) -> None:
 
     Example: aitbc mcp serve --home ~/.aitbc
     """
-    from aitbc_agent_sdk.assistant.mcp_server import serve_stdio
+    from aitbc_agent_sdk.assistant import serve_stdio
 
     root = resolve_home(home)
 

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 from aitbc_agent_sdk.errors import ConfigError
 from aitbc_agent_sdk.settings import parse_broker as parse_broker_address
-from aitbc_agent_sdk.storage.address import parse_api_address
+from aitbc_agent_sdk.storage import parse_api_address
 
 WEI_PER_ETH = 10**18
 # Units as Foundry's `cast --to-wei` spells them; a bare number is ETH (what every amount option meant so far).

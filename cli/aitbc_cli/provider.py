@@ -16,9 +16,9 @@ from rich.console import Console
 from rich.table import Table
 
 from aitbc_agent_sdk.errors import ConfigError
-from aitbc_agent_sdk.market.discovery import DEFAULT_MIN_STAKE_WEI
+from aitbc_agent_sdk.market import DEFAULT_MIN_STAKE_WEI
 from aitbc_agent_sdk.records import TaskPolicy, parse_size
-from aitbc_agent_sdk.records.inert import terminal_markup
+from aitbc_agent_sdk.records import terminal_markup
 from aitbc_agent_sdk.profile import load_profile
 
 from .common import (
@@ -99,8 +99,8 @@ def start(
     policy = task_policy(tasks.value, allow_task or [])
 
     async def serve() -> None:
-        from aitbc_agent_sdk.flow.provider_daemon import serve_provider
-        from aitbc_agent_sdk.provider.sandbox import TrainingSandbox
+        from aitbc_agent_sdk.flow import serve_provider
+        from aitbc_agent_sdk.provider import TrainingSandbox
 
         account, _ = await unlock(root, wallet, PasswordSource(password_file, interactive=not as_json))
         stop = asyncio.Event()
@@ -129,7 +129,7 @@ def status(wallet: WalletOption, home: HomeOption = None, as_json: JsonOption = 
 
     Example: aitbc provider status --wallet provider-0 --json
     """
-    from aitbc_agent_sdk.flow.provider_daemon import STATUS_FILE, provider_dir
+    from aitbc_agent_sdk.flow import STATUS_FILE, provider_dir
 
     root = resolve_home(home)
     address = asyncio.run(wallet_store(root).get(wallet)).address
@@ -167,7 +167,7 @@ async def _registry_action(home: Path, wallet: str, action: str, password: Passw
                            amount_wei: int = 0) -> dict:
     """Run one registry transaction signed by the provider's wallet; return its new state."""
     from aitbc_agent_sdk.chain import EscrowClient, TransactionSender, connect_rpc
-    from aitbc_agent_sdk.chain.registry import RegistryClient
+    from aitbc_agent_sdk.chain import RegistryClient
     from eth_utils import keccak
 
     account, _ = await unlock(home, wallet, password)

@@ -9,7 +9,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 
 from aitbc_agent_sdk import Payment, RoundMetrics, TrainingPhase, TrainingSpec
 from aitbc_agent_sdk.records import Progress as JobProgress
-from aitbc_agent_sdk.records.inert import terminal_markup
+from aitbc_agent_sdk.records import terminal_markup
 
 from .report_view import bytes_text, is_classifier, metric_text, task_metric_names
 

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from aitbc_agent_sdk import TrainingReport
 from aitbc_agent_sdk.flow import eth_text
-from aitbc_agent_sdk.records.inert import terminal_markup
+from aitbc_agent_sdk.records import terminal_markup
 
 _VENDOR_WORDS = ("nvidia", "geforce", "amd", "radeon", "intel", "tesla")
 

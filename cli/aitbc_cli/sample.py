@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.text import Text
 
 from aitbc_agent_sdk.records import MAX_SAMPLE_TOKENS, SampleResult
-from aitbc_agent_sdk.records.inert import visible
+from aitbc_agent_sdk.records import visible
 
 from .common import HomeOption, JsonOption, print_json, resolve_home
 from .training_views import LATEST, TrainingRefOption, resolve_training_id
@@ -37,7 +37,7 @@ def sample(
 
     Example: aitbc distributed-training sample --training-id training_... --prompt "def main(" --tokens 120
     """
-    from aitbc_agent_sdk.flow.generation import sample_training
+    from aitbc_agent_sdk.flow import sample_training
 
     root = resolve_home(home)
     result = asyncio.run(sample_training(root, resolve_training_id(root, training_id), prompt, tokens=tokens,

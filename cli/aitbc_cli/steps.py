@@ -17,7 +17,7 @@ from rich.table import Table
 from aitbc_agent_sdk import flow
 from aitbc_agent_sdk.errors import AitbcError, ConfigError
 from aitbc_agent_sdk.records import format_size, parse_size
-from aitbc_agent_sdk.records.inert import terminal_markup
+from aitbc_agent_sdk.records import terminal_markup
 
 from .common import (
     DryRunOption, HomeOption, JsonOption, SpendPreview, YesOption, confirm_spend, eth_amount_option, print_json,
@@ -30,8 +30,8 @@ from .training_views import LATEST, TrainingRefArgument, resolve_training_id
 from .training_options import MinGpuOption, Strategy, TargetOption, TrainingIdOption, VocabSizeOption
 
 if TYPE_CHECKING:
-    from aitbc_agent_sdk.agent import Agent
-    from aitbc_agent_sdk.records.datasets import TargetKind
+    from aitbc_agent_sdk import Agent
+    from aitbc_agent_sdk.records import TargetKind
 
 T = TypeVar("T")
 
@@ -130,7 +130,7 @@ def _ensure_devnet(home: Path, wallet: str, *, providers: int, yes: bool, can_as
                                              f"content store, provider daemons) now?", default=True, err=True):
         raise AitbcError("no devnet started, so there is nowhere to create the training: run 'aitbc devnet up', "
                          "or answer yes")
-    from aitbc_agent_sdk.devnet.network import DevnetOptions
+    from aitbc_agent_sdk.devnet import DevnetOptions
 
     from .devnet import start_devnet
 

@@ -9,9 +9,9 @@ from typing import Annotated, Optional, get_args
 
 import typer
 
-from aitbc_agent_sdk.market.discovery import DEFAULT_MIN_STAKE_WEI
+from aitbc_agent_sdk.market import DEFAULT_MIN_STAKE_WEI
 from aitbc_agent_sdk.records import AggregationName, FaultPolicy, JobConfig, OuterName, Partition, TrainingSpec, UpdateEncoding
-from aitbc_agent_sdk.records.datasets import TargetKind
+from aitbc_agent_sdk.records import TargetKind
 
 from .common import eth_amount_option
 from .params import format_eth

@@ -17,10 +17,10 @@ from rich.console import Console, Group
 from rich.live import Live
 
 from aitbc_agent_sdk import flow
-from aitbc_agent_sdk.coordinator.monitor import Snapshot, snapshot
+from aitbc_agent_sdk.coordinator import Snapshot, snapshot
 from aitbc_agent_sdk.errors import ConfigError
 from aitbc_agent_sdk.records import RoundMetrics
-from aitbc_agent_sdk.records.inert import terminal_markup, visible
+from aitbc_agent_sdk.records import terminal_markup, visible
 from aitbc_agent_sdk.profile import training_dir
 
 from .common import ExitCode, HomeOption, JsonOption, print_json, resolve_home
@@ -229,7 +229,7 @@ def audit(
 
 
 async def _snapshot(home: Path, training_id: str) -> Snapshot:
-    from aitbc_agent_sdk.coordinator.training_db import TrainingStore
+    from aitbc_agent_sdk.coordinator import TrainingStore
 
     await flow.load_training(home, training_id)  # no database yet: say so, do not create one
     async with TrainingStore(flow.db_path(home)) as db:

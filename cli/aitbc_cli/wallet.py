@@ -215,7 +215,7 @@ def _read_key(path: Path) -> str:
 
 async def _balance(url: str, address: str) -> tuple[int, int]:
     from aitbc_agent_sdk.chain import connect_rpc
-    from aitbc_agent_sdk.chain.tx import CHAIN_EXCEPTIONS, map_chain_error
+    from aitbc_agent_sdk.chain import CHAIN_EXCEPTIONS, map_chain_error
 
     w3 = await connect_rpc(url)
     try:
