@@ -97,6 +97,11 @@ CLI_REFERENCE = ROOT / "scripts" / "cli_reference.py"
 SERVICES = ("coordinator", "provider", "cluster", "devnet", "stack")
 SERVICE_WIRING = {("stack", "provider"), ("stack", "devnet")}  # the only service-to-service imports
 CLI_REFERENCE_PAGE = ROOT / "docs" / "reference" / "cli.md"  # the generated page the docs site shows
+FRONT_ENDS = ("aitbc_cli", "aitbc_agent_sdk.assistant")
+# Top-level modules that are themselves a public surface (no package to go through); _lazy is the
+# plumbing every package __init__ uses.
+PUBLIC_MODULES = {"aitbc_agent_sdk.errors", "aitbc_agent_sdk.profile", "aitbc_agent_sdk.settings",
+                  "aitbc_agent_sdk.config", "aitbc_agent_sdk.audit", "aitbc_agent_sdk.limits", "aitbc_agent_sdk._lazy"}
 
 
 @dataclass(frozen=True)
@@ -313,6 +318,20 @@ def services_leaning_on_each_other(edges: dict[tuple[str, str], Import]) -> list
             if a in SERVICES and b in SERVICES and (a, b) not in SERVICE_WIRING]
 
 
+def _front_end(module: str) -> bool:
+    return any(module == f or module.startswith(f + ".") for f in FRONT_ENDS)
+
+
+def front_ends_past_the_surface(imports: list[Import]) -> list[str]:
+    """Imports from the CLI or the assistant into the SDK that skip a package's ``__init__``."""
+    known = modules()
+    return [f"{where(i.source, i.line)}: {i.source} imports {i.target}; take it from its package"
+            for i in imports
+            if _front_end(i.source) and i.target.startswith("aitbc_agent_sdk") and not _front_end(i.target)
+            and i.target not in PUBLIC_MODULES
+            and not (i.target in known and known[i.target].name == "__init__.py")]
+
+
 def long_functions() -> list[str]:
     offenders = []
     for module, path in modules().items():
@@ -368,6 +387,21 @@ def test_the_folder_rules_see_a_circle_and_a_sibling_import() -> None:
     assert len(circles) == 1 and circles[0].startswith("chain -> training -> storage -> chain"), circles
     assert leaning == ["aitbc_agent_sdk.provider.made_up: provider imports cluster "
                        "(aitbc_agent_sdk.cluster.made_up)"], leaning
+
+
+def test_the_front_ends_use_the_package_surfaces() -> None:
+    _fail_on("front-end imports past a package surface",
+             front_ends_past_the_surface([i for m in modules() if _front_end(m) for i in imports_of(m)]))
+
+
+def test_the_surface_rule_sees_a_reach_into_a_package() -> None:
+    reach = Import("aitbc_cli.made_up", "aitbc_agent_sdk.coordinator.round.rounds", 3, False)
+    fine = [Import("aitbc_cli.made_up", "aitbc_agent_sdk.coordinator", 4, False),
+            Import("aitbc_agent_sdk.assistant.made_up", "aitbc_agent_sdk.errors", 5, False),
+            Import("aitbc_agent_sdk.coordinator.made_up", "aitbc_agent_sdk.coordinator.round.rounds", 6, False)]
+    assert front_ends_past_the_surface([reach, *fine]) == [
+        "aitbc_cli.made_up: aitbc_cli.made_up imports aitbc_agent_sdk.coordinator.round.rounds; "
+        "take it from its package"]
 
 
 def test_no_function_over_the_limit_without_a_reason() -> None:

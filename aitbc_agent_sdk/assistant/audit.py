@@ -168,8 +168,8 @@ class AssistantAudit:
 
     async def on_training(self, training_id: str, event: str, **fields: Any) -> str:
         """Append to the training's own log unless a daemon drives it; returns what happened."""
-        from ..coordinator.lock import training_lock
-        from ..coordinator.service import audit_path
+        from ..coordinator import training_lock
+        from ..coordinator import audit_path
         from ..errors import ConfigError
 
         if not re.fullmatch(r"training_[A-Za-z0-9]+", training_id):

@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from ..cluster.errors import ClusterError
+from ..cluster import ClusterError
 from ..records import id_path
 from .base import Tool, ToolArgs, ToolContext, ToolResult
 from .cluster_tools import CLUSTER_HELP, WALLET_HELP, cluster_channel, pick_cluster
 
 if TYPE_CHECKING:
-    from ..cluster.job import TrainRequest, TrainResult
-    from ..cluster.spec import ClusterSpec
+    from ..cluster import TrainRequest, TrainResult
+    from ..cluster import ClusterSpec
 
 
 
@@ -58,7 +58,7 @@ def job_dir(home: Path, job_id: str) -> Path:
 async def run_job(ctx: ToolContext, spec: ClusterSpec, wallet: str | None, request: TrainRequest,
                   **audit_first: Any) -> TrainResult:
     """Run one job as ``aitbc cluster train`` does, keeping its request beside its logs for recovery."""
-    from ..cluster.launcher import TrainingCoordinator
+    from ..cluster import TrainingCoordinator
     from ..audit import AuditLog
 
     assert request.job_id is not None
@@ -91,8 +91,8 @@ def describe_job(result: TrainResult, *, continuity: bool = True) -> str:
 
 
 async def train(ctx: ToolContext, a: TrainArgs) -> ToolResult:
-    from ..cluster.job import TrainRequest
-    from ..cluster.protocol import new_job_id
+    from ..cluster import TrainRequest
+    from ..cluster import new_job_id
 
     if a.script is None:
         raise ClusterError("cluster_train needs the training script every host runs (say e.g. "
@@ -112,7 +112,7 @@ async def train(ctx: ToolContext, a: TrainArgs) -> ToolResult:
 
 
 def mount_command(a: MountArgs) -> Any:
-    from ..cluster.mounts import MountCommand
+    from ..cluster import MountCommand
 
     source = a.source.strip()
     if source.startswith("s3://"):
@@ -129,8 +129,8 @@ def mount_command(a: MountArgs) -> Any:
 
 
 async def mount(ctx: ToolContext, a: MountArgs) -> ToolResult:
-    from ..cluster.launcher import TrainingCoordinator
-    from ..cluster.mounts import MountReport, summarize_mounts
+    from ..cluster import TrainingCoordinator
+    from ..cluster import MountReport, summarize_mounts
     from ..audit import AuditLog
 
     command = mount_command(a)

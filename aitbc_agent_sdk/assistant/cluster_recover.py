@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import Field
 
-from ..cluster.errors import ClusterError
+from ..cluster import ClusterError
 from .base import Tool, ToolArgs, ToolContext, ToolResult
 from .cluster_ops import describe_job, job_dir, run_job
 from .cluster_tools import CLUSTER_HELP, WALLET_HELP, pick_cluster, read_inventory
@@ -54,9 +54,9 @@ def rank0_steps(directory: Path) -> list[dict[str, Any]]:
 
 
 async def recover(ctx: ToolContext, a: RecoverArgs) -> ToolResult:
-    from ..cluster.job import TrainRequest
-    from ..cluster.protocol import new_job_id
-    from ..cluster.recovery import verify_step_log
+    from ..cluster import TrainRequest
+    from ..cluster import new_job_id
+    from ..cluster import verify_step_log
     from ..audit import read_log
 
     spec = pick_cluster(ctx, a.cluster)

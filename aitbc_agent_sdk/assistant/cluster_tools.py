@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from ..cluster.errors import ClusterError
+from ..cluster import ClusterError
 from .base import Tool, ToolArgs, ToolContext, ToolResult
 
 if TYPE_CHECKING:
-    from ..cluster.inventory import ClusterInventory
-    from ..cluster.spec import ClusterSpec
-    from ..messaging.channel import SignedChannel
+    from ..cluster import ClusterInventory
+    from ..cluster import ClusterSpec
+    from ..messaging import SignedChannel
 
 GIB = 1024**3
 CLUSTER_HELP = "cluster name ($AITBC_HOME/clusters/NAME.json)"
@@ -43,7 +43,7 @@ class BalanceArgs(ToolArgs):
 
 def pick_cluster(ctx: ToolContext, name: str | None) -> ClusterSpec:
     """The named cluster, or the only one defined; a clear error otherwise."""
-    from ..cluster.spec import list_clusters, load_cluster
+    from ..cluster import list_clusters, load_cluster
 
     if name is not None:
         return load_cluster(ctx.home, name)
@@ -57,7 +57,7 @@ def pick_cluster(ctx: ToolContext, name: str | None) -> ClusterSpec:
 
 async def coordinator_wallet(ctx: ToolContext, spec: ClusterSpec, wallet: str | None) -> str:
     """The wallet named, else the one local wallet whose address the cluster lists as coordinator."""
-    from ..devnet.network import wallet_store
+    from ..devnet import wallet_store
 
     if wallet is not None:
         return wallet
@@ -75,8 +75,8 @@ async def cluster_channel(ctx: ToolContext, spec: ClusterSpec, prefix: str, *,
     coordinators, else a throw-away key (such hosts answer any signed requester)."""
     from eth_account import Account
 
-    from ..messaging.channel import SignedChannel
-    from ..messaging.settings import connect_bus
+    from ..messaging import SignedChannel
+    from ..messaging import connect_bus
     from ..profile import load_profile
     from .sdk import unlock
 
@@ -90,8 +90,8 @@ async def cluster_channel(ctx: ToolContext, spec: ClusterSpec, prefix: str, *,
 
 async def read_inventory(ctx: ToolContext, cluster: str | None, timeout: float,
                          wallet: str | None = None) -> ClusterInventory:
-    from ..cluster.spec import list_clusters
-    from ..cluster.transport import collect_inventory, local_inventory
+    from ..cluster import list_clusters
+    from ..cluster import collect_inventory, local_inventory
 
     if cluster is None and not list_clusters(ctx.home):
         return await local_inventory(timeout=timeout)
@@ -117,8 +117,8 @@ async def inventory(ctx: ToolContext, a: InventoryArgs) -> ToolResult:
 
 
 async def balance(ctx: ToolContext, a: BalanceArgs) -> ToolResult:
-    from ..cluster.balance import budgets_from_inventory, plan_batches
-    from ..cluster.spec import list_clusters
+    from ..cluster import budgets_from_inventory, plan_batches
+    from ..cluster import list_clusters
 
     inv = await read_inventory(ctx, a.cluster, a.timeout, a.wallet)
     cpu_hosts = [h for h in inv.hosts if h.reachable and h.cpu_only]

@@ -72,7 +72,7 @@ async def payments(ctx: ToolContext, a: TrainingArgs) -> ToolResult:
 
 async def pay_workers(ctx: ToolContext, a: TrainingArgs) -> ToolResult:
     """Release what the escrow owes for accepted work, unless a coordinator daemon is about to."""
-    from ..coordinator.lock import is_driven, training_lock
+    from ..coordinator import is_driven, training_lock
 
     tid = await sdk.resolve_training(ctx, a.training_id)
     if is_driven(ctx.home, tid):
@@ -126,7 +126,7 @@ async def cost_estimate(ctx: ToolContext, a: CostArgs) -> ToolResult:
 
 async def wallet_balance(ctx: ToolContext, a: WalletArgs) -> ToolResult:
     from ..chain import connect_rpc
-    from ..devnet.network import wallet_store
+    from ..devnet import wallet_store
     from ..profile import load_profile
 
     wallet = await wallet_store(ctx.home).get(a.wallet)

@@ -108,8 +108,8 @@ def describe_training(a: InitArgs, data_path: str | None = None) -> str:
 
 def check_text_corpus(data_path: str) -> Path:
     """The directory of .txt files a gpt trains on, or a DatasetError saying what ``data_path`` is instead."""
-    from ..data.corpus import TEXT_SUFFIXES
-    from ..data.dataset_dirs import dataset_kind, visible_files
+    from ..data import TEXT_SUFFIXES
+    from ..data import dataset_kind, visible_files
 
     need = "a GPT trains on a text corpus, a directory of .txt files"
     if data_path == "digits":
@@ -145,7 +145,7 @@ async def _signer(ctx: ToolContext, tid: str) -> tuple[str, LocalAccount]:
 
 
 async def init_training(ctx: ToolContext, a: InitArgs) -> ToolResult:
-    from ..devnet.network import wallet_store
+    from ..devnet import wallet_store
 
     spec = training_spec(a)
     account = await wallet_store(ctx.home).unlock(a.wallet, ctx.password(a.wallet))

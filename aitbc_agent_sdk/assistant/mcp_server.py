@@ -24,7 +24,7 @@ from mcp.server import Server
 from mcp.server.context import ServerRequestContext
 from mcp.server.stdio import stdio_server
 
-from ..records.inert import visible, visible_values
+from ..records import visible, visible_values
 from .audit import AssistantAudit, Secrets
 from .base import PasswordSource, Tool, ToolContext, no_password
 from .executor import Executor, StepOutcome

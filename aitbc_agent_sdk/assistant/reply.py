@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
-from ..records.inert import visible
+from ..records import visible
 from .base import EFFECT_WORDS
 from .executor import StepOutcome
 from .market_tools import InitArgs, describe_training

@@ -14,8 +14,8 @@ from ..errors import NotFoundError
 if TYPE_CHECKING:
     from eth_account.signers.local import LocalAccount
 
-    from ..agent import Agent
-    from ..coordinator.monitor import Snapshot
+    from .. import Agent
+    from ..coordinator import Snapshot
     from ..records import TrainingRecord
     from .base import ToolContext
 
@@ -36,7 +36,7 @@ def db_path(home: Path) -> Path:
 
 
 async def unlock(ctx: ToolContext, wallet: str) -> LocalAccount:
-    from ..devnet.network import wallet_store
+    from ..devnet import wallet_store
 
     return await wallet_store(ctx.home).unlock(wallet, ctx.password(wallet))
 
@@ -61,7 +61,7 @@ async def resolve_training(ctx: ToolContext, training_id: str | None) -> str:
         return training_id
     if ctx.training_id:
         return ctx.training_id
-    from ..coordinator.training_db import TrainingStore
+    from ..coordinator import TrainingStore
 
     if not db_path(ctx.home).exists():
         raise NotFoundError(f"no trainings yet in {ctx.home}; start one first (for example: "
@@ -80,8 +80,8 @@ async def wallet_of(home: Path, training_id: str) -> str:
 
 
 async def snapshot_of(home: Path, training_id: str) -> Snapshot:
-    from ..coordinator.monitor import snapshot
-    from ..coordinator.training_db import TrainingStore
+    from ..coordinator import snapshot
+    from ..coordinator import TrainingStore
 
     async with TrainingStore(db_path(home)) as db:
         return await snapshot(db, training_id, audit_dir=home / "trainings")

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..records.inert import visible
+from ..records import visible
 from .audit import AssistantAudit, Secrets
 from .base import PasswordSource, ToolContext, no_password
 from .executor import Confirm, Executor, Show, StepOutcome

@@ -16,4 +16,4 @@ from .receipts import PaymentReceipt  # noqa: F401
 from .generation import MAX_PROMPT_BYTES, MAX_SAMPLE_TOKENS, SampleResult  # noqa: F401
 from .verification import MAX_SEGMENTS, MAX_CHECKED_SEGMENTS, MAX_COMMITMENT_BYTES, COMMITMENT_KEY, MAX_HARDWARE_PRODUCT, MAX_HARDWARE_FLOPS, TrajectoryCommitment, TrajectoryChallenge, BoundaryState, TrajectoryOpening, HardwareChallenge, HardwareAnswer  # noqa: F401
 from .datasets import TargetKind  # noqa: F401
-from .inert import terminal_markup, visible  # noqa: F401
+from .inert import terminal_markup, visible, visible_values  # noqa: F401
