@@ -13,8 +13,8 @@ from ._lazy import lazy_exports
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "agent": ("Agent", "AgentConfig"),
-    "coordinator.settings": ("CoordinatorSettings",),
+    "_agent": ("Agent", "AgentConfig"),
+    "coordinator._settings": ("CoordinatorSettings",),
     "errors": (
         "AitbcError", "ChainError", "ConfigError", "ContentNotFoundError", "ContractRevertError", "DatasetError",
         "InsufficientFundsError", "IntegrityError", "MessagingError", "NotEnoughWorkersError", "NotFoundError",
@@ -28,15 +28,15 @@ _EXPORTS = {
         "TrainingRecord", "TrainingReport", "TrainingSpec", "TrainingStatus", "Worker", "WorkerContract",
         "TaskPolicy", "TaskRef",
     ),
-    "tasks.task": ("Batch", "DataInfo", "TaskParams", "TrainingTask"),
+    "tasks._task": ("Batch", "DataInfo", "TaskParams", "TrainingTask"),
 }
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS, globals())
 __all__ = [*__all__, "__version__"]
 
 
 if TYPE_CHECKING:  # static tools see ordinary imports
-    from .agent import Agent, AgentConfig
-    from .coordinator.settings import CoordinatorSettings
+    from ._agent import Agent, AgentConfig
+    from .coordinator._settings import CoordinatorSettings
     from .errors import (
         AitbcError, ChainError, ConfigError, ContentNotFoundError, ContractRevertError, DatasetError,
         InsufficientFundsError, IntegrityError, MessagingError, NotEnoughWorkersError, NotFoundError, PhaseError,

@@ -7,7 +7,7 @@ from pathlib import Path
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
 from .settings import BUILTIN_NETWORKS, NetworkSettings, load_settings
-from .coordinator.settings import CoordinatorSettings
+from .coordinator._settings import CoordinatorSettings
 
 
 def default_home() -> Path:

@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from .errors import ConfigError
-from .messaging.settings import BusSettings  # noqa: F401 - the broker's settings, re-exported here
+from .messaging._settings import BusSettings  # noqa: F401 - the broker's settings, re-exported here
 from .records import Address, id_path
 from .settings import NetworkSettings, parse_broker
 

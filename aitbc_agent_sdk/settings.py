@@ -33,7 +33,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .errors import ConfigError
 from .records import Address
-from .storage.address import parse_api_address
+from .storage._address import parse_api_address
 
 CONFIG_ENV = "AITBC_CONFIG"
 ENV_PREFIX = "AITBC_"

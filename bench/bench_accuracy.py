@@ -23,13 +23,13 @@ import time
 import torch
 
 from aitbc_agent_sdk.records import JobConfig, TaskRef
-from aitbc_agent_sdk.aggregate.aggregation import FedAvg
-from aitbc_agent_sdk.data.datasets import LabeledData, load_dataset, train_test_split
-from aitbc_agent_sdk.tasks.networks import build_model, fit_normalization, model_spec_for
-from aitbc_agent_sdk.tasks.evaluation import evaluate
-from aitbc_agent_sdk.data.sharding import iid_partition
-from aitbc_agent_sdk.tasks.bound_task import bind_task
-from aitbc_agent_sdk.tasks.task_loop import LocalTrainResult, train_task
+from aitbc_agent_sdk.aggregate._aggregation import FedAvg
+from aitbc_agent_sdk.data._datasets import LabeledData, load_dataset, train_test_split
+from aitbc_agent_sdk.tasks._networks import build_model, fit_normalization, model_spec_for
+from aitbc_agent_sdk.tasks._evaluation import evaluate
+from aitbc_agent_sdk.data._sharding import iid_partition
+from aitbc_agent_sdk.tasks._bound_task import bind_task
+from aitbc_agent_sdk.tasks._task_loop import LocalTrainResult, train_task
 
 from quick import parse_args
 

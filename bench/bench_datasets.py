@@ -75,8 +75,8 @@ def peak_mib() -> float:
 
 
 async def coordinator_child(source: Path, work: Path) -> dict:
-    from aitbc_agent_sdk.coordinator.data.datasets import DatasetStore
-    from aitbc_agent_sdk.coordinator.data.sharding import publish_shards
+    from aitbc_agent_sdk.coordinator.data._datasets import DatasetStore
+    from aitbc_agent_sdk.coordinator.data._sharding import publish_shards
     from aitbc_agent_sdk.records import TrainingRecord, TrainingSpec
     from aitbc_agent_sdk.storage import LocalContentStore
 
@@ -93,8 +93,8 @@ async def coordinator_child(source: Path, work: Path) -> dict:
 
 
 async def provider_child(work: Path) -> dict:
-    from aitbc_agent_sdk.records.datasets import ShardData
-    from aitbc_agent_sdk.provider.cache import ContentCache
+    from aitbc_agent_sdk.records._datasets import ShardData
+    from aitbc_agent_sdk.provider._cache import ContentCache
     from aitbc_agent_sdk.storage import LocalContentStore
 
     shard = ShardData.model_validate_json((work / "shard.json").read_bytes())

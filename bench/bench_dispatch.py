@@ -32,12 +32,12 @@ import aiomqtt
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 
-from aitbc_agent_sdk.chain.registry import EvidenceDomain, sign_result
-from aitbc_agent_sdk.devnet.mosquitto import start_broker
-from aitbc_agent_sdk.devnet.service import stop
+from aitbc_agent_sdk.chain._registry import EvidenceDomain, sign_result
+from aitbc_agent_sdk.devnet._mosquitto import start_broker
+from aitbc_agent_sdk.devnet._service import stop
 from aitbc_agent_sdk.messaging import SignedChannel, topics
-from aitbc_agent_sdk.messaging.envelope import EnvelopeSigner, EnvelopeVerifier
-from aitbc_agent_sdk.messaging.mqtt import MqttBus
+from aitbc_agent_sdk.messaging._envelope import EnvelopeSigner, EnvelopeVerifier
+from aitbc_agent_sdk.messaging._mqtt import MqttBus
 from aitbc_agent_sdk.records import JobAssignment, JobConfig, JobResult, ModelSpec
 
 from quick import parse_args

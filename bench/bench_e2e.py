@@ -90,11 +90,11 @@ finally:
 CENTRAL = """
 import json, torch
 from aitbc_agent_sdk.records import JobConfig, TaskRef
-from aitbc_agent_sdk.data.datasets import load_dataset, train_test_split
-from aitbc_agent_sdk.tasks.bound_task import bind_task
-from aitbc_agent_sdk.tasks.evaluation import evaluate
-from aitbc_agent_sdk.tasks.task_loop import train_task
-from aitbc_agent_sdk.tasks.networks import build_model, fit_normalization, model_spec_for
+from aitbc_agent_sdk.data._datasets import load_dataset, train_test_split
+from aitbc_agent_sdk.tasks._bound_task import bind_task
+from aitbc_agent_sdk.tasks._evaluation import evaluate
+from aitbc_agent_sdk.tasks._task_loop import train_task
+from aitbc_agent_sdk.tasks._networks import build_model, fit_normalization, model_spec_for
 torch.set_num_threads(1)
 data = load_dataset("digits")
 train, test = train_test_split(data, 0.2, {seed})

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from aitbc_agent_sdk import Agent, AgentConfig, JobConfig, TrainingSpec  # noqa: E402
 from aitbc_agent_sdk.records import ElasticPolicy  # noqa: E402
-from aitbc_agent_sdk.stack import join_embedded_market  # noqa: E402
+from aitbc_agent_sdk._stack import join_embedded_market  # noqa: E402
 from scripts.chaos.byzantine import QuarterSpeedProvider  # noqa: E402
 from quick import parse_args  # noqa: E402  (bench/ is on sys.path when a benchmark runs)
 

@@ -29,8 +29,8 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from aitbc_agent_sdk.storage.local import LocalContentStore
-from aitbc_agent_sdk.storage.sealed import StreamOpener, seal_file, seal_stream
+from aitbc_agent_sdk.storage._local import LocalContentStore
+from aitbc_agent_sdk.storage._sealed import StreamOpener, seal_file, seal_stream
 
 from bench_cid import write_random_file
 from quick import parse_args

@@ -40,7 +40,7 @@ from collections.abc import Iterator
 
 import torch
 
-from aitbc_agent_sdk.aggregate.aggregation import FedAvg, weighted_average
+from aitbc_agent_sdk.aggregate._aggregation import FedAvg, weighted_average
 
 from quick import parse_args
 

@@ -33,11 +33,11 @@ from pathlib import Path
 import aiomqtt
 from eth_account import Account
 
-from aitbc_agent_sdk.devnet.mosquitto import start_broker
-from aitbc_agent_sdk.devnet.service import stop
+from aitbc_agent_sdk.devnet._mosquitto import start_broker
+from aitbc_agent_sdk.devnet._service import stop
 from aitbc_agent_sdk.messaging import SignedChannel, topics
-from aitbc_agent_sdk.messaging.envelope import EnvelopeSigner
-from aitbc_agent_sdk.messaging.mqtt import MqttBus
+from aitbc_agent_sdk.messaging._envelope import EnvelopeSigner
+from aitbc_agent_sdk.messaging._mqtt import MqttBus
 from aitbc_agent_sdk.records import Heartbeat
 
 from quick import parse_args

@@ -33,13 +33,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from aitbc_agent_sdk.coordinator.data.datasets import DatasetStore
-from aitbc_agent_sdk.devnet.ipfs import start_ipfs_daemon
-from aitbc_agent_sdk.devnet.service import free_port, stop
+from aitbc_agent_sdk.coordinator.data._datasets import DatasetStore
+from aitbc_agent_sdk.devnet._ipfs import start_ipfs_daemon
+from aitbc_agent_sdk.devnet._service import free_port, stop
 from aitbc_agent_sdk.records import TrainingRecord, TrainingSpec
-from aitbc_agent_sdk.storage.kubo import KuboClient, KuboContentStore
-from aitbc_agent_sdk.storage.local import LocalContentStore
-from aitbc_agent_sdk.data.file_sharding import plan_split
+from aitbc_agent_sdk.storage._kubo import KuboClient, KuboContentStore
+from aitbc_agent_sdk.storage._local import LocalContentStore
+from aitbc_agent_sdk.data._file_sharding import plan_split
 
 from bench_datasets import make_corpus
 

@@ -41,12 +41,12 @@ import torch
 from torch.nn import functional as F
 
 from aitbc_agent_sdk.records import JobConfig
-from aitbc_agent_sdk.wire.checkpoint import encode_state
-from aitbc_agent_sdk.data.corpus import BYTE_EOT, BYTE_VOCAB
-from aitbc_agent_sdk.tasks.gpt import GPT, GptConfig
-from aitbc_agent_sdk.tasks.gpt_task import GptParams, GptTask, warmup_cosine
-from aitbc_agent_sdk.aggregate.outer import outer_for
-from aitbc_agent_sdk.wire.update_codec import decode_update, encode_update
+from aitbc_agent_sdk.wire._checkpoint import encode_state
+from aitbc_agent_sdk.data._corpus import BYTE_EOT, BYTE_VOCAB
+from aitbc_agent_sdk.tasks._gpt import GPT, GptConfig
+from aitbc_agent_sdk.tasks._gpt_task import GptParams, GptTask, warmup_cosine
+from aitbc_agent_sdk.aggregate._outer import outer_for
+from aitbc_agent_sdk.wire._update_codec import decode_update, encode_update
 
 from quick import parse_args  # bench/ is on sys.path when a benchmark runs
 

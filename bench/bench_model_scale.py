@@ -16,7 +16,7 @@ momentum). Round 1 is timed, phase by phase, with the SDK's own functions:
   the run, and a run without it gives the wall-clock difference), the kept optimizer state
   (``restore_task_state`` + ``encode_task_state``), the int8 update (``write_checkpoint``), the
   upload (``LocalContentStore.add``);
-* coordinator, for ``--k`` results: fetch and decode each twice (``rounds.py`` decodes a result to
+* coordinator, for ``--k`` results: fetch and decode each twice (``_rounds.py`` decodes a result to
   inspect it and again to fold it), the checks (``checkpoint_problem``, ``update_norm``,
   ``update_sketch``, ``read_commitment``; per round ``tensor_digest`` and ``state_norm`` of the
   reference), ``validation_loss`` on ``--val-windows`` windows (1 + K), streaming ``FedAvg``, the
@@ -145,7 +145,7 @@ def stdlib_tokens(count: int, skip: int = 0) -> np.ndarray:
 
 
 def make_recorder_class() -> type:
-    from aitbc_agent_sdk.proof.trajectory import TrajectoryRecorder
+    from aitbc_agent_sdk.proof._trajectory import TrajectoryRecorder
 
     class TimedRecorder(TrajectoryRecorder):
         """The SDK's recorder, with the time of each of its calls from the training loop summed; boundary
@@ -201,7 +201,7 @@ def plain_loop(model: torch.nn.Module, windows: torch.Tensor, batch: int, lr: fl
 def trajectory_extrapolated(boundaries: list[tuple[float, bool]], segments: int) -> float:
     """The recorder's boundary time in a ROUND_STEPS-step job: its kept boundaries at the measured kept cost,
     the others at the measured cost of one not written (the kept cost when none was measured: an upper bound)."""
-    from aitbc_agent_sdk.proof.trajectory import kept_boundaries, segment_steps
+    from aitbc_agent_sdk.proof._trajectory import kept_boundaries, segment_steps
 
     n = math.ceil(ROUND_STEPS / segment_steps(ROUND_STEPS, segments)) + 1
     kept = len(kept_boundaries(n))
@@ -213,17 +213,17 @@ def trajectory_extrapolated(boundaries: list[tuple[float, bool]], segments: int)
 def child(rung: str, args: argparse.Namespace) -> dict[str, Any]:
     # Long because: two rounds of one provider and one coordinator, read top to bottom as a round runs.
     from aitbc_agent_sdk.records import JobConfig, TaskRef
-    from aitbc_agent_sdk.provider.process import CHECKPOINT_FILE, TRAJECTORY_DIR
-    from aitbc_agent_sdk.provider.weights_delta import rebuild
-    from aitbc_agent_sdk.provider.worker_process import write_checkpoint
+    from aitbc_agent_sdk.provider._process import CHECKPOINT_FILE, TRAJECTORY_DIR
+    from aitbc_agent_sdk.provider._weights_delta import rebuild
+    from aitbc_agent_sdk.provider._worker_process import write_checkpoint
     from aitbc_agent_sdk.storage import LocalContentStore
-    from aitbc_agent_sdk.storage.unixfs import compute_cid
-    from aitbc_agent_sdk.wire.checkpoint import decode_state
-    from aitbc_agent_sdk.tasks.bound_task import bind_task
-    from aitbc_agent_sdk.tasks.gpt_task import draw_windows
-    from aitbc_agent_sdk.data.shard_files import TokenData
-    from aitbc_agent_sdk.tasks.task_loop import train_task
-    from aitbc_agent_sdk.wire.task_state import encode_task_state, restore_task_state
+    from aitbc_agent_sdk.storage._unixfs import compute_cid
+    from aitbc_agent_sdk.wire._checkpoint import decode_state
+    from aitbc_agent_sdk.tasks._bound_task import bind_task
+    from aitbc_agent_sdk.tasks._gpt_task import draw_windows
+    from aitbc_agent_sdk.data._shard_files import TokenData
+    from aitbc_agent_sdk.tasks._task_loop import train_task
+    from aitbc_agent_sdk.wire._task_state import encode_task_state, restore_task_state
 
     torch.set_num_threads(args.threads)
     shape = RUNGS[rung]
@@ -341,13 +341,13 @@ def coordinator_round(loop: asyncio.AbstractEventLoop, store: Any, bound: Any, s
                       reference: dict[str, torch.Tensor], cids: list[str], outer_cid: str | None,
                       residual_cid: str | None, phases: Phases, threads: int) -> dict[str, Any]:
     # Long because: one round's coordinator path from results to the stored new model, phase by phase.
-    from aitbc_agent_sdk.coordinator.checks.verification import checkpoint_problem, update_norm, validation_loss
-    from aitbc_agent_sdk.coordinator.checks.work_checks import sketch_positions, state_norm, update_sketch
-    from aitbc_agent_sdk.aggregate.aggregation import FedAvg
-    from aitbc_agent_sdk.wire.checkpoint import encode_state
-    from aitbc_agent_sdk.aggregate.outer import outer_for
-    from aitbc_agent_sdk.proof.trajectory import read_commitment, tensor_digest
-    from aitbc_agent_sdk.wire.update_codec import decode_residual, decode_update, encode_residual, encode_update
+    from aitbc_agent_sdk.coordinator.checks._verification import checkpoint_problem, update_norm, validation_loss
+    from aitbc_agent_sdk.coordinator.checks._work_checks import sketch_positions, state_norm, update_sketch
+    from aitbc_agent_sdk.aggregate._aggregation import FedAvg
+    from aitbc_agent_sdk.wire._checkpoint import encode_state
+    from aitbc_agent_sdk.aggregate._outer import outer_for
+    from aitbc_agent_sdk.proof._trajectory import read_commitment, tensor_digest
+    from aitbc_agent_sdk.wire._update_codec import decode_residual, decode_update, encode_residual, encode_update
 
     model_bytes = 4 * sum(t.numel() for t in reference.values())
     with torch_threads(1):
@@ -366,7 +366,7 @@ def coordinator_round(loop: asyncio.AbstractEventLoop, store: Any, bound: Any, s
             del state
         strategy = FedAvg()
         strategy.begin()
-        for cid in cids:  # fold: fetched and decoded again, as rounds.py does
+        for cid in cids:  # fold: fetched and decoded again, as _rounds.py does
             blob = phases.run("fetch results", lambda: loop.run_until_complete(store.cat(cid, max_bytes=None)),
                               0.0)
             phases.models["fetch results"] += len(blob) / model_bytes

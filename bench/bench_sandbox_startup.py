@@ -25,15 +25,15 @@ import time
 from pathlib import Path
 
 from aitbc_agent_sdk.records import MAX_TASK_BYTES, JobConfig, TaskRef
-from aitbc_agent_sdk.provider.process import TASK_FILE, WEIGHTS_FILE, TrainingProcess
-from aitbc_agent_sdk.provider.sandbox import TrainingSandbox
+from aitbc_agent_sdk.provider._process import TASK_FILE, WEIGHTS_FILE, TrainingProcess
+from aitbc_agent_sdk.provider._sandbox import TrainingSandbox
 from aitbc_agent_sdk.storage import LocalContentStore
-from aitbc_agent_sdk.tasks.networks import build_model, model_spec_for
-from aitbc_agent_sdk.wire.checkpoint import encode_state
-from aitbc_agent_sdk.data.datasets import load_dataset
-from aitbc_agent_sdk.tasks.bound_task import bind_task
-from aitbc_agent_sdk.tasks.task_package import encode_package, load_task, pack_task
-from aitbc_agent_sdk.data.shard_files import write_shard
+from aitbc_agent_sdk.tasks._networks import build_model, model_spec_for
+from aitbc_agent_sdk.wire._checkpoint import encode_state
+from aitbc_agent_sdk.data._datasets import load_dataset
+from aitbc_agent_sdk.tasks._bound_task import bind_task
+from aitbc_agent_sdk.tasks._task_package import encode_package, load_task, pack_task
+from aitbc_agent_sdk.data._shard_files import write_shard
 
 from quick import parse_args
 

@@ -44,19 +44,19 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from aitbc_agent_sdk.host.errors import SandboxError
+from aitbc_agent_sdk.host._errors import SandboxError
 from aitbc_agent_sdk.records import MAX_TASK_BYTES, JobConfig, ModelSpec, TaskRef
-from aitbc_agent_sdk.records.datasets import DataSlices, FileSlice, ShardData, TokenLayout
-from aitbc_agent_sdk.provider.process import TASK_FILE, WEIGHTS_FILE, TrainingProcess
-from aitbc_agent_sdk.provider.sandbox import TrainingSandbox, require_bwrap
+from aitbc_agent_sdk.records._datasets import DataSlices, FileSlice, ShardData, TokenLayout
+from aitbc_agent_sdk.provider._process import TASK_FILE, WEIGHTS_FILE, TrainingProcess
+from aitbc_agent_sdk.provider._sandbox import TrainingSandbox, require_bwrap
 from aitbc_agent_sdk.storage import LocalContentStore
-from aitbc_agent_sdk.storage.unixfs import compute_cid
-from aitbc_agent_sdk.data.datasets import LabeledData
-from aitbc_agent_sdk.wire.checkpoint import decode_state
-from aitbc_agent_sdk.tasks.bound_task import BoundTask, bind_task
-from aitbc_agent_sdk.tasks.gpt_task import GptParams
-from aitbc_agent_sdk.tasks.task_package import encode_package, load_task, pack_task
-from aitbc_agent_sdk.data.shard_files import SHARD_INFO, TokenData, part_name, write_shard
+from aitbc_agent_sdk.storage._unixfs import compute_cid
+from aitbc_agent_sdk.data._datasets import LabeledData
+from aitbc_agent_sdk.wire._checkpoint import decode_state
+from aitbc_agent_sdk.tasks._bound_task import BoundTask, bind_task
+from aitbc_agent_sdk.tasks._gpt_task import GptParams
+from aitbc_agent_sdk.tasks._task_package import encode_package, load_task, pack_task
+from aitbc_agent_sdk.data._shard_files import SHARD_INFO, TokenData, part_name, write_shard
 
 from quick import parse_args
 

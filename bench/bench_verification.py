@@ -43,14 +43,14 @@ from quick import parse_args
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from aitbc_agent_sdk.coordinator.checks.work_checks import pick_segments  # noqa: E402
+from aitbc_agent_sdk.coordinator.checks._work_checks import pick_segments  # noqa: E402
 from aitbc_agent_sdk.records import FaultPolicy, JobConfig, TaskRef  # noqa: E402
-from aitbc_agent_sdk.data.datasets import LabeledData, load_dataset  # noqa: E402
-from aitbc_agent_sdk.tasks.bound_task import bind_task  # noqa: E402
-from aitbc_agent_sdk.data.shard_files import TokenData  # noqa: E402
-from aitbc_agent_sdk.tasks.task_loop import train_task  # noqa: E402
-from aitbc_agent_sdk.proof.trajectory import TrajectoryRecorder, boundary_hashes, recompute_plan  # noqa: E402
-from aitbc_agent_sdk.tasks.trajectory_replay import open_boundaries, reexecute_segments  # noqa: E402
+from aitbc_agent_sdk.data._datasets import LabeledData, load_dataset  # noqa: E402
+from aitbc_agent_sdk.tasks._bound_task import bind_task  # noqa: E402
+from aitbc_agent_sdk.data._shard_files import TokenData  # noqa: E402
+from aitbc_agent_sdk.tasks._task_loop import train_task  # noqa: E402
+from aitbc_agent_sdk.proof._trajectory import TrajectoryRecorder, boundary_hashes, recompute_plan  # noqa: E402
+from aitbc_agent_sdk.tasks._trajectory_replay import open_boundaries, reexecute_segments  # noqa: E402
 
 POLICY = FaultPolicy()
 WORKER = "0x" + "ab" * 20

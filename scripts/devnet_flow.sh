@@ -11,7 +11,7 @@ data="$AITBC_HOME/digits.npz"
 "${AITBC[@]}" devnet up --providers 3 --ipfs daemon --json >/dev/null
 PY=${PYTHON:-$(dirname "$(command -v "${AITBC[0]}")")/python}
 "$PY" -c 'import sys, numpy as np
-from aitbc_agent_sdk.data.datasets import load_dataset
+from aitbc_agent_sdk.data._datasets import load_dataset
 d = load_dataset("digits"); np.savez(sys.argv[1], x=d.features.numpy(), y=d.labels.numpy())' "$data"
 last() { tail -n 1; }
 tid=$("${AITBC[@]}" distributed-training init --wallet dev --model-type mlp --target-workers 3 --rounds 3 --json \

@@ -73,7 +73,7 @@ inventory() {
   "$PY" - "$gpus" <<'EOF'
 import sys
 import torch
-from aitbc_agent_sdk.provider.hardware import detect_hardware
+from aitbc_agent_sdk.provider._hardware import detect_hardware
 
 hw = detect_hardware()
 cuda = int(sys.argv[1])

@@ -26,13 +26,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from aitbc_agent_sdk.records import FaultPolicy, JobConfig, TaskRef  # noqa: E402
-from aitbc_agent_sdk.wire.checkpoint import decode_state  # noqa: E402
-from aitbc_agent_sdk.data.datasets import load_dataset
-from aitbc_agent_sdk.tasks.bound_task import bind_task  # noqa: E402
-from aitbc_agent_sdk.data.shard_files import TokenData  # noqa: E402
-from aitbc_agent_sdk.tasks.task_loop import train_task  # noqa: E402
-from aitbc_agent_sdk.proof.trajectory import TrajectoryRecorder, boundary_name  # noqa: E402
-from aitbc_agent_sdk.tasks.trajectory_replay import reexecute_segment, relative_distance  # noqa: E402
+from aitbc_agent_sdk.wire._checkpoint import decode_state  # noqa: E402
+from aitbc_agent_sdk.data._datasets import load_dataset
+from aitbc_agent_sdk.tasks._bound_task import bind_task  # noqa: E402
+from aitbc_agent_sdk.data._shard_files import TokenData  # noqa: E402
+from aitbc_agent_sdk.tasks._task_loop import train_task  # noqa: E402
+from aitbc_agent_sdk.proof._trajectory import TrajectoryRecorder, boundary_name  # noqa: E402
+from aitbc_agent_sdk.tasks._trajectory_replay import reexecute_segment, relative_distance  # noqa: E402
 
 
 class Skipping:

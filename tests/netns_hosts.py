@@ -207,9 +207,9 @@ class ClusterHarness:
     def setup(self) -> ClusterHarness:
         import asyncio
 
-        from aitbc_agent_sdk.cluster.spec import ClusterSpec, HostSpec, save_cluster
-        from aitbc_agent_sdk.devnet.mosquitto import mosquitto_config, mosquitto_path
-        from aitbc_agent_sdk.devnet.network import wallet_store
+        from aitbc_agent_sdk.cluster._spec import ClusterSpec, HostSpec, save_cluster
+        from aitbc_agent_sdk.devnet._mosquitto import mosquitto_config, mosquitto_path
+        from aitbc_agent_sdk.devnet._network import wallet_store
         from aitbc_agent_sdk.profile import BusSettings, devnet_password
 
         password = devnet_password(self.home, create=True)

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from aitbc_agent_sdk.aggregate.aggregation import FedAvg, sample_weights, weighted_average
+from aitbc_agent_sdk.aggregate._aggregation import FedAvg, sample_weights, weighted_average
 
 
 def _fedavg(states, weights):

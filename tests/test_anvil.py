@@ -24,9 +24,9 @@ from aitbc_agent_sdk.chain import (
     training_key,
     training_salt,
 )
-from aitbc_agent_sdk.chain.deployment import Deployment, deploy_contracts, fund_accounts, verify_deployment
-from aitbc_agent_sdk.devnet.anvil import anvil_path, dev_accounts, rpc_url, start_chain_node
-from aitbc_agent_sdk.devnet.service import ServiceError, free_port, stop
+from aitbc_agent_sdk.chain._deployment import Deployment, deploy_contracts, fund_accounts, verify_deployment
+from aitbc_agent_sdk.devnet._anvil import anvil_path, dev_accounts, rpc_url, start_chain_node
+from aitbc_agent_sdk.devnet._service import ServiceError, free_port, stop
 from aitbc_agent_sdk.errors import ChainError, ContractRevertError, InsufficientFundsError
 from test_escrow import ConsentingEscrow, worker_account
 

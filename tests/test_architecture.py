@@ -61,13 +61,13 @@ LAYERS: dict[str, tuple[int, str]] = {
     "aitbc_cli": (7, "cli"),
     "aitbc_agent_sdk.assistant": (6, "assistant"),
     "aitbc_agent_sdk": (5, "facade"),  # the package __init__ only: every submodule has a longer entry
-    "aitbc_agent_sdk.agent": (5, "facade"),
+    "aitbc_agent_sdk._agent": (5, "facade"),
     "aitbc_agent_sdk.flow": (5, "facade"),
     "aitbc_agent_sdk.coordinator": (4, "services"),
     "aitbc_agent_sdk.provider": (4, "services"),
     "aitbc_agent_sdk.cluster": (4, "services"),
     "aitbc_agent_sdk.devnet": (4, "services"),
-    "aitbc_agent_sdk.stack": (4, "services"),
+    "aitbc_agent_sdk._stack": (4, "services"),
     # What provider and cluster share about the machine (hardware readers, env scrubbing, sandbox):
     # below both, so neither imports the other; beside settings, as the sandbox reads default_home.
     "aitbc_agent_sdk.host": (3, "host"),
@@ -75,7 +75,7 @@ LAYERS: dict[str, tuple[int, str]] = {
     "aitbc_agent_sdk.profile": (3, "settings"),
     "aitbc_agent_sdk.settings": (3, "settings"),
     # A component's own pydantic settings, nested in AgentConfig: settings layer, whatever its package.
-    "aitbc_agent_sdk.coordinator.settings": (3, "settings"),
+    "aitbc_agent_sdk.coordinator._settings": (3, "settings"),
     "aitbc_agent_sdk.market": (2, "ports"),
     "aitbc_agent_sdk.storage": (2, "ports"),
     "aitbc_agent_sdk.messaging": (2, "ports"),
@@ -274,11 +274,11 @@ def _has_reason(lines: list[str], first: int, last: int) -> bool:
 
 def folder(module: str) -> str:
     """The SDK folder (or top-level module) a module belongs to: ``coordinator`` for
-    ``aitbc_agent_sdk.coordinator.round.rounds``; the CLI is one folder."""
+    ``aitbc_agent_sdk.coordinator.round._rounds``; the CLI is one folder."""
     parts = module.split(".")
     if parts[0] != "aitbc_agent_sdk":
         return parts[0]
-    return parts[1] if len(parts) > 1 else "aitbc_agent_sdk"
+    return parts[1].lstrip("_") if len(parts) > 1 else "aitbc_agent_sdk"  # _stack.py is folder "stack"
 
 
 def folder_edges() -> dict[tuple[str, str], Import]:
@@ -389,18 +389,30 @@ def test_the_folder_rules_see_a_circle_and_a_sibling_import() -> None:
                        "(aitbc_agent_sdk.cluster.made_up)"], leaning
 
 
+def public_implementation_modules() -> list[str]:
+    """SDK modules that are neither a package's ``__init__``, a public top-level module, nor ``_private``."""
+    return [f"{where(m)} ({m}) is public; name it _{path.name} and export what users need from its package"
+            for m, path in modules().items()
+            if m.startswith("aitbc_agent_sdk.") and path.name != "__init__.py" and not path.stem.startswith("_")
+            and m not in PUBLIC_MODULES]
+
+
+def test_implementation_modules_are_private() -> None:
+    _fail_on("public implementation modules", public_implementation_modules())
+
+
 def test_the_front_ends_use_the_package_surfaces() -> None:
     _fail_on("front-end imports past a package surface",
              front_ends_past_the_surface([i for m in modules() if _front_end(m) for i in imports_of(m)]))
 
 
 def test_the_surface_rule_sees_a_reach_into_a_package() -> None:
-    reach = Import("aitbc_cli.made_up", "aitbc_agent_sdk.coordinator.round.rounds", 3, False)
+    reach = Import("aitbc_cli.made_up", "aitbc_agent_sdk.coordinator.round._rounds", 3, False)
     fine = [Import("aitbc_cli.made_up", "aitbc_agent_sdk.coordinator", 4, False),
             Import("aitbc_agent_sdk.assistant.made_up", "aitbc_agent_sdk.errors", 5, False),
-            Import("aitbc_agent_sdk.coordinator.made_up", "aitbc_agent_sdk.coordinator.round.rounds", 6, False)]
+            Import("aitbc_agent_sdk.coordinator.made_up", "aitbc_agent_sdk.coordinator.round._rounds", 6, False)]
     assert front_ends_past_the_surface([reach, *fine]) == [
-        "aitbc_cli.made_up: aitbc_cli.made_up imports aitbc_agent_sdk.coordinator.round.rounds; "
+        "aitbc_cli.made_up: aitbc_cli.made_up imports aitbc_agent_sdk.coordinator.round._rounds; "
         "take it from its package"]
 
 
@@ -410,14 +422,15 @@ def test_no_function_over_the_limit_without_a_reason() -> None:
 
 def test_the_checks_see_what_they_check(tmp_path: Path) -> None:
     """The walker itself: relative imports resolve, lazy and TYPE_CHECKING imports are seen."""
-    targets = {i.target for i in imports_of("aitbc_agent_sdk.records.jobs")}
+    targets = {i.target for i in imports_of("aitbc_agent_sdk.records._jobs")}
     assert "aitbc_agent_sdk.limits" in targets  # ``from .. import limits``
     everything = [i for m in modules() for i in imports_of(m)]
     assert any(i.type_only for i in everything)
     lazy = [i for i in everything if not i.type_only and not _top_level_line(i)]
     assert lazy, "no import inside a function found: the walker misses them"
-    assert layer("aitbc_agent_sdk.coordinator.round.rounds") == (4, "services")
+    assert layer("aitbc_agent_sdk.coordinator.round._rounds") == (4, "services")
     assert layer("aitbc_agent_sdk.brand_new") is None
+    assert folder("aitbc_agent_sdk._stack") == "stack" and folder("aitbc_agent_sdk.coordinator._service") == "coordinator"
     assert len(modules()) > 50
 
 

@@ -23,12 +23,12 @@ from pathlib import Path
 
 import pytest
 
-from aitbc_agent_sdk.assistant.audit import AssistantAudit, Secrets, assistant_log_path
-from aitbc_agent_sdk.assistant.base import Tool, ToolArgs, ToolContext, ToolResult
-from aitbc_agent_sdk.assistant.executor import Executor
-from aitbc_agent_sdk.assistant.planner import Plan, Step
-from aitbc_agent_sdk.assistant.session import Assistant
-from aitbc_agent_sdk.assistant.tools import Registry
+from aitbc_agent_sdk.assistant._audit import AssistantAudit, Secrets, assistant_log_path
+from aitbc_agent_sdk.assistant._base import Tool, ToolArgs, ToolContext, ToolResult
+from aitbc_agent_sdk.assistant._executor import Executor
+from aitbc_agent_sdk.assistant._planner import Plan, Step
+from aitbc_agent_sdk.assistant._session import Assistant
+from aitbc_agent_sdk.assistant._tools import Registry
 from aitbc_agent_sdk.audit import read_log, verify_log
 from aitbc_agent_sdk.errors import ConfigError
 
@@ -182,7 +182,7 @@ def test_one_shot_and_repl(aitbc_cmd, cli_env, aitbc_home) -> None:
 
 def chain_balance(home: Path) -> int:
     from aitbc_agent_sdk.chain import connect_rpc
-    from aitbc_agent_sdk.devnet.network import wallet_store
+    from aitbc_agent_sdk.devnet._network import wallet_store
     from aitbc_agent_sdk.profile import load_profile
 
     async def read() -> int:
@@ -378,14 +378,14 @@ async def test_chat_mounts_a_shared_dataset_on_every_node(aitbc_cmd, cli_env, ai
                                                           ipfs_daemon) -> None:
     """Two cluster agents (real MQTT, a real js-ipfs daemon), one plain-words request: the data is
     fetched, verified and identical on both hosts, and the mount is audited."""
-    from aitbc_agent_sdk.cluster.host_agent import ClusterAgent, HostAgentConfig
+    from aitbc_agent_sdk.cluster._host_agent import ClusterAgent, HostAgentConfig
     from aitbc_agent_sdk.cluster.mounts import MountSettings
-    from aitbc_agent_sdk.cluster.spec import ClusterSpec, HostSpec, save_cluster
-    from aitbc_agent_sdk.devnet.network import wallet_store
-    from aitbc_agent_sdk.messaging.channel import SignedChannel
-    from aitbc_agent_sdk.messaging.mqtt import MqttBus
+    from aitbc_agent_sdk.cluster._spec import ClusterSpec, HostSpec, save_cluster
+    from aitbc_agent_sdk.devnet._network import wallet_store
+    from aitbc_agent_sdk.messaging._channel import SignedChannel
+    from aitbc_agent_sdk.messaging._mqtt import MqttBus
     from aitbc_agent_sdk.profile import BusSettings, devnet_password
-    from aitbc_agent_sdk.storage.kubo import KuboClient
+    from aitbc_agent_sdk.storage._kubo import KuboClient
 
     payload = os.urandom(300_000)
     async with KuboClient(ipfs_daemon, timeout=60.0) as client:

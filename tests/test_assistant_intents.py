@@ -14,10 +14,10 @@ import subprocess
 
 import pytest
 
-from aitbc_agent_sdk.assistant.extract import extract
-from aitbc_agent_sdk.assistant.planner import plan_request
-from aitbc_agent_sdk.assistant.tools import REGISTRY
-from aitbc_agent_sdk.assistant.understand import understand
+from aitbc_agent_sdk.assistant._extract import extract
+from aitbc_agent_sdk.assistant._planner import plan_request
+from aitbc_agent_sdk.assistant._tools import REGISTRY
+from aitbc_agent_sdk.assistant._understand import understand
 
 TID = "training_3f9a0c2b7d1e4a55"
 MARKET_TRAIN = ["training_init", "upload_data", "discover_workers", "distribute"]
@@ -309,8 +309,8 @@ def test_cli_dry_run_json_prints_only_the_plan(aitbc_cmd, cli_env, aitbc_home) -
 
 
 def test_mount_sources_become_the_cluster_mount_command() -> None:
-    from aitbc_agent_sdk.assistant.cluster_ops import MountArgs, mount_command
-    from aitbc_agent_sdk.cluster.errors import ClusterError
+    from aitbc_agent_sdk.assistant._cluster_ops import MountArgs, mount_command
+    from aitbc_agent_sdk.cluster._errors import ClusterError
 
     cid = "QmYuC2NJ2SwJfJ5BU3ELXSXEcAvinjR213Sqc6kwY7oThV"
     cases = {"nas01:/export/ds": ("nfs", "nas01:/export/ds"), "s3://bucket": ("s3", "bucket"),

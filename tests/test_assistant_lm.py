@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from aitbc_agent_sdk.assistant.base import ToolContext
-from aitbc_agent_sdk.assistant.executor import Executor
-from aitbc_agent_sdk.assistant.market_tools import InitArgs, UploadArgs, training_spec, upload_data
-from aitbc_agent_sdk.assistant.planner import plan_request
-from aitbc_agent_sdk.assistant.session import Assistant
-from aitbc_agent_sdk.coordinator.training_db import TrainingStore
+from aitbc_agent_sdk.assistant._base import ToolContext
+from aitbc_agent_sdk.assistant._executor import Executor
+from aitbc_agent_sdk.assistant._market_tools import InitArgs, UploadArgs, training_spec, upload_data
+from aitbc_agent_sdk.assistant._planner import plan_request
+from aitbc_agent_sdk.assistant._session import Assistant
+from aitbc_agent_sdk.coordinator._training_db import TrainingStore
 from aitbc_agent_sdk.errors import DatasetError
 from aitbc_agent_sdk.records import TaskRef, TrainingRecord, TrainingSpec
-from aitbc_agent_sdk.tasks.builtin_tasks import BUILTIN_TASKS
+from aitbc_agent_sdk.tasks._builtin_tasks import BUILTIN_TASKS
 
 MARKET_TRAIN = ["training_init", "upload_data", "discover_workers", "distribute"]
 SIZED = ("train a 2-layer GPT with 2 heads, width 64 and context 32 on my text corpus ./wiki "

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
-from aitbc_agent_sdk.assistant.audit import assistant_log_path
-from aitbc_agent_sdk.assistant.market_tools import InitArgs, training_spec
-from aitbc_agent_sdk.assistant.planner import plan_request
-from aitbc_agent_sdk.assistant.tools import REGISTRY
+from aitbc_agent_sdk.assistant._audit import assistant_log_path
+from aitbc_agent_sdk.assistant._market_tools import InitArgs, training_spec
+from aitbc_agent_sdk.assistant._planner import plan_request
+from aitbc_agent_sdk.assistant._tools import REGISTRY
 from aitbc_agent_sdk.audit import read_log, verify_log
 from aitbc_agent_sdk.records import TaskRef
 

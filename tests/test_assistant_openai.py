@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from aitbc_agent_sdk.assistant.audit import assistant_log_path
-from aitbc_agent_sdk.assistant.llm import LlmConfig, LlmError
-from aitbc_agent_sdk.assistant.session import Assistant
-from aitbc_agent_sdk.assistant.tools import REGISTRY
+from aitbc_agent_sdk.assistant._audit import assistant_log_path
+from aitbc_agent_sdk.assistant._llm import LlmConfig, LlmError
+from aitbc_agent_sdk.assistant._session import Assistant
+from aitbc_agent_sdk.assistant._tools import REGISTRY
 from aitbc_agent_sdk.audit import read_log
 
 API_KEY = "sk-test-" + "k3y" * 8

@@ -17,9 +17,9 @@ import pytest
 from aitbc_agent_sdk import Agent, AgentConfig
 from aitbc_agent_sdk.chain import training_key
 from aitbc_agent_sdk.audit import read_log, verify_log
-from aitbc_agent_sdk.coordinator.lock import is_driven
-from aitbc_agent_sdk.coordinator.service import audit_path
-from aitbc_agent_sdk.devnet.network import wallet_store
+from aitbc_agent_sdk.coordinator._lock import is_driven
+from aitbc_agent_sdk.coordinator._service import audit_path
+from aitbc_agent_sdk.devnet._network import wallet_store
 from aitbc_agent_sdk.records import TrainingPhase
 from aitbc_agent_sdk.profile import devnet_password
 

@@ -19,25 +19,25 @@ import torch
 from pydantic import ValidationError
 
 from aitbc_agent_sdk import Agent, AgentConfig
-from aitbc_agent_sdk.coordinator.data.datasets import DatasetStore
-from aitbc_agent_sdk.coordinator.data.generation import SampleRequest, load_codec, prompt_tokens, sample_text
-from aitbc_agent_sdk.coordinator.data.sharding import publish_shards
-from aitbc_agent_sdk.coordinator.training_db import TrainingStore
-from aitbc_agent_sdk.coordinator.data.tasks import TaskCache
+from aitbc_agent_sdk.coordinator.data._datasets import DatasetStore
+from aitbc_agent_sdk.coordinator.data._generation import SampleRequest, load_codec, prompt_tokens, sample_text
+from aitbc_agent_sdk.coordinator.data._sharding import publish_shards
+from aitbc_agent_sdk.coordinator._training_db import TrainingStore
+from aitbc_agent_sdk.coordinator.data._tasks import TaskCache
 from aitbc_agent_sdk.errors import DatasetError
 from aitbc_agent_sdk.flow import check_dataset
 from aitbc_agent_sdk.records import TaskRef, TrainingPhase, TrainingRecord, TrainingSpec
-from aitbc_agent_sdk.records.datasets import (
+from aitbc_agent_sdk.records._datasets import (
     MAX_VOCAB, DataSlices, DatasetManifest, FileSlice, ShardData, TokenLayout,
 )
 from aitbc_agent_sdk.storage import LocalContentStore
-from aitbc_agent_sdk.wire.checkpoint import encode_state
-from aitbc_agent_sdk.data.bpe import load_tokenizer
-from aitbc_agent_sdk.data.corpus import tokenize_corpus
-from aitbc_agent_sdk.tasks.gpt import GPT, generate
-from aitbc_agent_sdk.tasks.gpt_task import GptTask
-from aitbc_agent_sdk.data.shard_files import SHARD_INFO, TokenData, load_shard, part_name
-from aitbc_agent_sdk.tasks.task import DataInfo
+from aitbc_agent_sdk.wire._checkpoint import encode_state
+from aitbc_agent_sdk.data._bpe import load_tokenizer
+from aitbc_agent_sdk.data._corpus import tokenize_corpus
+from aitbc_agent_sdk.tasks._gpt import GPT, generate
+from aitbc_agent_sdk.tasks._gpt_task import GptTask
+from aitbc_agent_sdk.data._shard_files import SHARD_INFO, TokenData, load_shard, part_name
+from aitbc_agent_sdk.tasks._task import DataInfo
 
 VOCAB = 1024
 DOCUMENTS = 3
@@ -112,7 +112,7 @@ def test_the_same_corpus_and_vocabulary_give_the_same_cids(corpus: Path, tmp_pat
     _, cid, manifest = import_corpus(corpus, tmp_path / "a", vocab_size=VOCAB)
     _, again, _ = import_corpus(corpus, tmp_path / "b", vocab_size=VOCAB)
     assert again == cid
-    script = ("import sys; from pathlib import Path; from aitbc_agent_sdk.data.corpus import tokenize_corpus; "
+    script = ("import sys; from pathlib import Path; from aitbc_agent_sdk.data._corpus import tokenize_corpus; "
               f"tokenize_corpus(Path(sys.argv[1]), Path(sys.argv[2]), vocab_size={VOCAB})")
     out = tmp_path / "fresh"
     subprocess.run([sys.executable, "-c", script, str(corpus), str(out)], check=True, timeout=300)

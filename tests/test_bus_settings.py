@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from aitbc_agent_sdk.errors import ConfigError
-from aitbc_agent_sdk.messaging.settings import (
+from aitbc_agent_sdk.messaging._settings import (
     ENV_PASSWORD, ENV_PASSWORD_FILE, ENV_USERNAME, BusSettings, Credentials, resolve_credentials, session_id,
 )
 

@@ -8,15 +8,15 @@ import pytest
 import torch
 
 from aitbc_agent_sdk.errors import ContentNotFoundError
-from aitbc_agent_sdk.flow.provider_daemon import serve_provider
-from aitbc_agent_sdk.provider.process import CHECKPOINT_FILE, WEIGHTS_FILE
-from aitbc_agent_sdk.provider.worker_process import run_job
+from aitbc_agent_sdk.flow._provider_daemon import serve_provider
+from aitbc_agent_sdk.provider._process import CHECKPOINT_FILE, WEIGHTS_FILE
+from aitbc_agent_sdk.provider._worker_process import run_job
 from aitbc_agent_sdk.storage import compute_cid
-from aitbc_agent_sdk.wire.checkpoint import decode_state, encode_state
-from aitbc_agent_sdk.data.shard_files import write_shard
-from aitbc_agent_sdk.wire.update_codec import decode_update
-from aitbc_agent_sdk.coordinator.checks.verification import checkpoint_problem
-from aitbc_agent_sdk.records.datasets import ShardData
+from aitbc_agent_sdk.wire._checkpoint import decode_state, encode_state
+from aitbc_agent_sdk.data._shard_files import write_shard
+from aitbc_agent_sdk.wire._update_codec import decode_update
+from aitbc_agent_sdk.coordinator.checks._verification import checkpoint_problem
+from aitbc_agent_sdk.records._datasets import ShardData
 from scripts.chaos.byzantine import (
     BEHAVIOURS, SCALE, CidMismatchProvider, ForgedProvider, NanProvider, RandomProvider, ScaledProvider,
     StaleProvider, byzantine_factory,

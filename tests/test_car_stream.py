@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-import aitbc_agent_sdk.storage.local as local_module
+import aitbc_agent_sdk.storage._local as local_module
 from aitbc_agent_sdk.errors import ContentNotFoundError, FetchLimitError, IntegrityError
 from aitbc_agent_sdk.storage import AddOptions, LocalContentStore, cid_from_str, compute_cid, decode_dagpb, iter_blocks
-from aitbc_agent_sdk.storage.bounds import DagBudget
-from aitbc_agent_sdk.storage.car import CarFileReader, IncompleteCarError, read_car_header
-from aitbc_agent_sdk.storage.cid import uvarint
-from aitbc_agent_sdk.storage.kubo import KuboClient, KuboContentStore
-from aitbc_agent_sdk.storage.packs import read_index
+from aitbc_agent_sdk.storage._bounds import DagBudget
+from aitbc_agent_sdk.storage._car import CarFileReader, IncompleteCarError, read_car_header
+from aitbc_agent_sdk.storage._cid import uvarint
+from aitbc_agent_sdk.storage._kubo import KuboClient, KuboContentStore
+from aitbc_agent_sdk.storage._packs import read_index
 
 SMALL = AddOptions(chunk_size=1024)
 LAYOUTS = [AddOptions(chunk_size=1024), AddOptions(cid_version=1, chunk_size=1024),

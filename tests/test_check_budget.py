@@ -9,10 +9,10 @@ import numpy as np
 import torch
 
 from aitbc_agent_sdk.records import FaultPolicy, TaskRef
-from aitbc_agent_sdk.data.datasets import load_dataset
-from aitbc_agent_sdk.tasks.bound_task import bind_task
-from aitbc_agent_sdk.data.shard_files import TokenData, drawn_samples
-from aitbc_agent_sdk.coordinator.data.inputs import round_checker
+from aitbc_agent_sdk.data._datasets import load_dataset
+from aitbc_agent_sdk.tasks._bound_task import bind_task
+from aitbc_agent_sdk.data._shard_files import TokenData, drawn_samples
+from aitbc_agent_sdk.coordinator.data._inputs import round_checker
 
 
 def tokens() -> TokenData:

@@ -2,9 +2,9 @@ import pytest
 import torch
 
 from aitbc_agent_sdk.errors import TrainingError
-from aitbc_agent_sdk.wire.checkpoint import decode_data, decode_metadata, decode_state, encode_data, encode_state
-from aitbc_agent_sdk.data.datasets import LabeledData
-from aitbc_agent_sdk.tasks.networks import build_model, model_spec_for
+from aitbc_agent_sdk.wire._checkpoint import decode_data, decode_metadata, decode_state, encode_data, encode_state
+from aitbc_agent_sdk.data._datasets import LabeledData
+from aitbc_agent_sdk.tasks._networks import build_model, model_spec_for
 
 
 def test_state_round_trip_with_metadata() -> None:

@@ -23,8 +23,8 @@ import typer.main
 
 from aitbc_agent_sdk import flow
 from aitbc_agent_sdk.audit import AuditLog
-from aitbc_agent_sdk.coordinator.monitor import Snapshot, WorkerView
-from aitbc_agent_sdk.coordinator.training_db import TrainingStore
+from aitbc_agent_sdk.coordinator._monitor import Snapshot, WorkerView
+from aitbc_agent_sdk.coordinator._training_db import TrainingStore
 from aitbc_agent_sdk.records import Payment, RoundMetrics, TrainingPhase, TrainingRecord, TrainingSpec
 from aitbc_cli.app import SUB_COMMANDS, app, load_sub_command, main, split_debug
 from aitbc_cli.exits import unexpected_message

@@ -18,8 +18,8 @@ from urllib.parse import urlsplit
 import pytest
 from typer.testing import CliRunner
 
-from aitbc_agent_sdk.devnet.network import wallet_store
-from aitbc_agent_sdk.devnet.service import free_port
+from aitbc_agent_sdk.devnet._network import wallet_store
+from aitbc_agent_sdk.devnet._service import free_port
 from aitbc_agent_sdk.storage import compute_cid
 from aitbc_cli import ipfs
 

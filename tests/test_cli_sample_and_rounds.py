@@ -16,24 +16,24 @@ import torch
 from rich.console import Console
 
 from aitbc_agent_sdk import Agent, AgentConfig
-from aitbc_agent_sdk.coordinator.data.datasets import DatasetStore
-from aitbc_agent_sdk.coordinator.monitor import Snapshot
-from aitbc_agent_sdk.coordinator.data.generation import NotSampleableError, SampleRequest, prompt_tokens, sample_text
-from aitbc_agent_sdk.coordinator.training_db import TrainingStore
-from aitbc_agent_sdk.coordinator.data.tasks import TaskCache
+from aitbc_agent_sdk.coordinator.data._datasets import DatasetStore
+from aitbc_agent_sdk.coordinator._monitor import Snapshot
+from aitbc_agent_sdk.coordinator.data._generation import NotSampleableError, SampleRequest, prompt_tokens, sample_text
+from aitbc_agent_sdk.coordinator._training_db import TrainingStore
+from aitbc_agent_sdk.coordinator.data._tasks import TaskCache
 from aitbc_agent_sdk.errors import ConfigError
 from aitbc_agent_sdk.records import (
     EscrowSummary, RoundMetrics, RoundReport, TaskRef, TrainingPhase, TrainingRecord, TrainingReport, TrainingSpec,
 )
-from aitbc_agent_sdk.records.datasets import TokenLayout
-from aitbc_agent_sdk.records.inert import visible
+from aitbc_agent_sdk.records._datasets import TokenLayout
+from aitbc_agent_sdk.records._inert import visible
 from aitbc_agent_sdk.storage import LocalContentStore
-from aitbc_agent_sdk.data.datasets import LabeledData
-from aitbc_agent_sdk.wire.checkpoint import encode_state
-from aitbc_agent_sdk.data.corpus import decode_bytes
-from aitbc_agent_sdk.tasks.gpt import GPT, generate
-from aitbc_agent_sdk.tasks.gpt_task import GptTask
-from aitbc_agent_sdk.tasks.task import DataInfo
+from aitbc_agent_sdk.data._datasets import LabeledData
+from aitbc_agent_sdk.wire._checkpoint import encode_state
+from aitbc_agent_sdk.data._corpus import decode_bytes
+from aitbc_agent_sdk.tasks._gpt import GPT, generate
+from aitbc_agent_sdk.tasks._gpt_task import GptTask
+from aitbc_agent_sdk.tasks._task import DataInfo
 from aitbc_cli.app import main
 from aitbc_cli.plot import plot_report
 from aitbc_cli.render import round_detail

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from aitbc_agent_sdk.chain import EscrowClient, connect_rpc
-from aitbc_agent_sdk.devnet.service import pid_alive
+from aitbc_agent_sdk.devnet._service import pid_alive
 from aitbc_agent_sdk.profile import load_profile
 
 pytestmark = pytest.mark.slow

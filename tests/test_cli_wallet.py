@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from web3 import AsyncWeb3
 
 from aitbc_agent_sdk.chain import TransactionSender
-from aitbc_agent_sdk.chain.deployment import fund_accounts
+from aitbc_agent_sdk.chain._deployment import fund_accounts
 from aitbc_agent_sdk.errors import ChainError, ConfigError
 
 ETH = 10**18

@@ -15,8 +15,8 @@ from aitbc_agent_sdk.cluster import (
     BatchPlanError, ClusterError, ClusterInventory, ClusterSpec, HostInventory, HostSpec, RankBudget,
     budgets_from_inventory, plan_batches, shrink_after_oom, weighted_allreduce_gradients,
 )
-from aitbc_agent_sdk.cluster.balance import water_fill
-from aitbc_agent_sdk.cluster.inventory import GpuInventory
+from aitbc_agent_sdk.cluster._balance import water_fill
+from aitbc_agent_sdk.cluster._inventory import GpuInventory
 
 MB = 2**20
 

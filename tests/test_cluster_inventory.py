@@ -16,7 +16,7 @@ from aitbc_agent_sdk.cluster import (
     ClusterSpec, HostInventory, HostSpec, InventoryRequest, InventoryResponder, collect_inventory,
     inventory_html, load_cluster, local_inventory, read_gpus, read_local_inventory, save_cluster,
 )
-from aitbc_agent_sdk.cluster.transport import inventory_reply_topic, inventory_topic
+from aitbc_agent_sdk.cluster._transport import inventory_reply_topic, inventory_topic
 from aitbc_agent_sdk.messaging import InMemoryBus, SignedChannel
 from aitbc_agent_sdk.profile import BusSettings
 from aitbc_cli.app import app
@@ -192,7 +192,7 @@ def test_html_lists_unreachable_hosts_and_escapes_names():
 
 async def test_cli_inventory_of_a_configured_cluster_over_mosquitto(tmp_path, mosquitto):
     """The CLI in its own process asks two hosts through a real broker: one answers, one is silent."""
-    from aitbc_agent_sdk.messaging.mqtt import MqttBus
+    from aitbc_agent_sdk.messaging._mqtt import MqttBus
 
     host_account, silent = Account.create(), Account.create()
     spec = ClusterSpec(name="lab", bus=BusSettings(port=mosquitto.port),

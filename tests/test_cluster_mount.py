@@ -29,8 +29,8 @@ import pytest
 from eth_account import Account
 
 from aitbc_agent_sdk.cluster import ClusterSpec, HostSpec
-from aitbc_agent_sdk.cluster.host_agent import ClusterAgent, HostAgentConfig
-from aitbc_agent_sdk.cluster.launcher import TrainingCoordinator
+from aitbc_agent_sdk.cluster._host_agent import ClusterAgent, HostAgentConfig
+from aitbc_agent_sdk.cluster._launcher import TrainingCoordinator
 from aitbc_agent_sdk.cluster.mounts import (
     MOUNT_BACKENDS, PROBE_PREFIX, MountCommand, MountReport, MountSettings, MountSource, check_access,
     compare_manifests, ensure_client, hash_manifest, make_manifest, measure_io, perform_mount, summarize_mounts,
@@ -135,7 +135,7 @@ async def test_each_source_kind_goes_to_its_own_backend(tmp_path):
 # --- IPFS: two agents fetch and verify the same CID -------------------------------------------
 
 async def test_ipfs_source_is_fetched_verified_and_identical_on_every_host(ipfs_daemon, tmp_path):
-    from aitbc_agent_sdk.storage.kubo import KuboClient
+    from aitbc_agent_sdk.storage._kubo import KuboClient
 
     payload = os.urandom(700_000)  # several blocks: the tree is walked and every block checked
     async with KuboClient(ipfs_daemon, timeout=60.0) as client:

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from aitbc_agent_sdk.cluster import SandboxLimits, SandboxSpec, available_backends, run_sandboxed, verify_sandbox
-from aitbc_agent_sdk.host.errors import SandboxError
-from aitbc_agent_sdk.host.sandbox import build_command, sandbox_env
-from aitbc_agent_sdk.host.sandbox_plan import cover_paths, mount_plan
+from aitbc_agent_sdk.host._errors import SandboxError
+from aitbc_agent_sdk.host._sandbox import build_command, sandbox_env
+from aitbc_agent_sdk.host._sandbox_plan import cover_paths, mount_plan
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -21,11 +21,11 @@ import pytest
 from eth_account import Account
 
 from aitbc_agent_sdk.cluster import ClusterSpec, HostSpec
-from aitbc_agent_sdk.cluster.errors import ClusterError
-from aitbc_agent_sdk.cluster.inventory import ClusterInventory, GpuInventory, HostInventory
-from aitbc_agent_sdk.cluster.plan import plan_launch, torchrun_argv, torchrun_env
-from aitbc_agent_sdk.cluster.protocol import RendezvousParser, TorchrunSpec, parse_metric_line
-from aitbc_agent_sdk.cluster.recovery import choose_spare, verify_step_log
+from aitbc_agent_sdk.cluster._errors import ClusterError
+from aitbc_agent_sdk.cluster._inventory import ClusterInventory, GpuInventory, HostInventory
+from aitbc_agent_sdk.cluster._plan import plan_launch, torchrun_argv, torchrun_env
+from aitbc_agent_sdk.cluster._protocol import RendezvousParser, TorchrunSpec, parse_metric_line
+from aitbc_agent_sdk.cluster._recovery import choose_spare, verify_step_log
 from aitbc_agent_sdk.audit import AuditLogError, read_log, verify_log
 
 REPO = Path(__file__).resolve().parents[1]
@@ -283,7 +283,7 @@ def _reference_weights(data_path: Path, steps: int) -> list[list[float]]:
     """The same training in one process on the whole global batch of every step."""
     import torch
 
-    from aitbc_agent_sdk.cluster import ddp
+    from aitbc_agent_sdk.cluster import _ddp as ddp
 
     data = torch.load(data_path)
     x, y = data["x"], data["y"]
@@ -470,7 +470,7 @@ def test_a_killed_torchrun_alone_takes_its_orphaned_worker_with_it_and_the_job_e
     print(f"killed torchrun: job ended {ended:.1f}s after the kill")
 
 
-# --- the helper (ddp.py): exact resume, and an OOM that rebalances instead of killing ----------
+# --- the helper (cluster/_ddp.py): exact resume, and an OOM that rebalances instead of killing ----------
 
 def test_checkpointer_resumes_exactly_after_a_crash(tmp_path, monkeypatch):
     """One rank (a world of 1 over gloo): 7 steps, crash, resume from step 5's checkpoint, finish:
@@ -478,7 +478,7 @@ def test_checkpointer_resumes_exactly_after_a_crash(tmp_path, monkeypatch):
     import torch
     import torch.distributed as dist
 
-    from aitbc_agent_sdk.cluster import ddp
+    from aitbc_agent_sdk.cluster import _ddp as ddp
 
     data = _dataset(tmp_path)
     blob = torch.load(data)
@@ -564,7 +564,7 @@ async def test_cluster_monitor_keeps_the_latest_row_per_rank_of_this_job_from_it
     import asyncio
 
     from aitbc_agent_sdk.cluster import ClusterMonitor
-    from aitbc_agent_sdk.cluster.protocol import HostStatus, JobEvent, events_topic, status_topic
+    from aitbc_agent_sdk.cluster._protocol import HostStatus, JobEvent, events_topic, status_topic
     from aitbc_agent_sdk.messaging import InMemoryBus, SignedChannel
 
     bus = InMemoryBus()
@@ -601,9 +601,9 @@ async def test_monitor_streams_signed_per_rank_metrics_and_ignores_strangers(mos
     an impostor's message on the same topic (signed, but not by a cluster host) is not shown."""
     import asyncio
 
-    from aitbc_agent_sdk.cluster.protocol import HostStatus, JobEvent, events_topic, status_topic
-    from aitbc_agent_sdk.cluster.spec import save_cluster
-    from aitbc_agent_sdk.messaging.mqtt import MqttBus
+    from aitbc_agent_sdk.cluster._protocol import HostStatus, JobEvent, events_topic, status_topic
+    from aitbc_agent_sdk.cluster._spec import save_cluster
+    from aitbc_agent_sdk.messaging._mqtt import MqttBus
     from aitbc_agent_sdk.profile import BusSettings
 
     host, impostor = Account.create(), Account.create()

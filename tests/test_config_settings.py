@@ -10,9 +10,9 @@ from aitbc_agent_sdk.config import AgentConfig, default_home
 from aitbc_agent_sdk.errors import ConfigError
 from aitbc_agent_sdk.profile import network_profile
 from aitbc_agent_sdk.settings import NetworkSettings, config_path, load_settings, parse_broker
-from aitbc_agent_sdk.stack import stack_kind
-from aitbc_agent_sdk.storage.address import parse_api_address
-from aitbc_agent_sdk.storage.kubo import KuboClient
+from aitbc_agent_sdk._stack import stack_kind
+from aitbc_agent_sdk.storage._address import parse_api_address
+from aitbc_agent_sdk.storage._kubo import KuboClient
 
 ESCROW = "0x5FbDB2315678afecb367f032d93F642f64180aa3"
 SEPOLIA = f"""

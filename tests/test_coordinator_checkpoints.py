@@ -12,7 +12,7 @@ from aitbc_agent_sdk.errors import TrainingError
 from aitbc_agent_sdk.market import WeightedScore
 from aitbc_agent_sdk.records import CheckpointRef, TrainingRecord, TrainingSpec
 from aitbc_agent_sdk.storage import LocalContentStore
-from aitbc_agent_sdk.wire.checkpoint import decode_state, encode_state
+from aitbc_agent_sdk.wire._checkpoint import decode_state, encode_state
 
 WORKER_KEY = Account.from_key("0x" + "11" * 32)
 WORKER = WORKER_KEY.address

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from aitbc_agent_sdk.errors import DatasetError
-from aitbc_agent_sdk.data import array_files
-from aitbc_agent_sdk.data.array_files import write_class_sorted
-from aitbc_agent_sdk.data.corpus import BYTE_EOT, decode_bytes, tokenize_corpus
+from aitbc_agent_sdk.data import _array_files as array_files
+from aitbc_agent_sdk.data._array_files import write_class_sorted
+from aitbc_agent_sdk.data._corpus import BYTE_EOT, decode_bytes, tokenize_corpus
 
 
 def read_back(out: Path, layout) -> tuple[np.ndarray, np.ndarray]:

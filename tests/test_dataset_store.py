@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from aitbc_agent_sdk.coordinator.data.datasets import DatasetStore
-from aitbc_agent_sdk.coordinator.data.sharding import publish_shards
+from aitbc_agent_sdk.coordinator.data._datasets import DatasetStore
+from aitbc_agent_sdk.coordinator.data._sharding import publish_shards
 from aitbc_agent_sdk.errors import ConfigError, DatasetError
 from aitbc_agent_sdk.records import TrainingRecord, TrainingSpec
 from aitbc_agent_sdk.storage import LocalContentStore
-from aitbc_agent_sdk.data.datasets import load_dataset
-from aitbc_agent_sdk.data.corpus import decode_bytes
-from aitbc_agent_sdk.data.shard_files import TokenData
+from aitbc_agent_sdk.data._datasets import load_dataset
+from aitbc_agent_sdk.data._corpus import decode_bytes
+from aitbc_agent_sdk.data._shard_files import TokenData
 
 
 def record(cid: str, **spec) -> TrainingRecord:

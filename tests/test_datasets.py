@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from aitbc_agent_sdk.errors import DatasetError
-from aitbc_agent_sdk.data.datasets import DATASET_NAMES, LabeledData, load_dataset, train_test_split
+from aitbc_agent_sdk.data._datasets import DATASET_NAMES, LabeledData, load_dataset, train_test_split
 
 
 def test_digits_bundled() -> None:

@@ -4,8 +4,8 @@ import pytest
 import typer
 from pydantic import ValidationError
 
-from aitbc_agent_sdk.coordinator.round.deadlines import first_job_deadline, job_deadline, job_work, round_timeout
-from aitbc_agent_sdk.coordinator.round.health import quantile
+from aitbc_agent_sdk.coordinator.round._deadlines import first_job_deadline, job_deadline, job_work, round_timeout
+from aitbc_agent_sdk.coordinator.round._health import quantile
 from aitbc_agent_sdk.records import FaultPolicy
 from aitbc_cli.distributed_training import app
 

@@ -11,8 +11,8 @@ import pytest
 from aitbc_agent_sdk.chain import EscrowClient, connect_rpc
 from aitbc_agent_sdk.records import ShardManifest
 from aitbc_agent_sdk.profile import load_profile
-from aitbc_agent_sdk.storage.kubo import KuboClient, KuboContentStore
-from aitbc_agent_sdk.data.datasets import load_dataset
+from aitbc_agent_sdk.storage._kubo import KuboClient, KuboContentStore
+from aitbc_agent_sdk.data._datasets import load_dataset
 from test_target_kinds_run import ROOT, synthetic_csv
 
 pytestmark = pytest.mark.slow

@@ -8,13 +8,13 @@ import torch
 from aitbc_agent_sdk import Agent, AgentConfig, JobConfig, TrainingPhase, TrainingSpec
 from aitbc_agent_sdk.chain import training_key
 from aitbc_agent_sdk.audit import read_log
-from aitbc_agent_sdk.coordinator.round.elastic import (
+from aitbc_agent_sdk.coordinator.round._elastic import (
     count, needs_rebalance, plan_shares, reassign, scaling_decision, take_tail,
 )
-from aitbc_agent_sdk.coordinator.service import audit_path
+from aitbc_agent_sdk.coordinator._service import audit_path
 from aitbc_agent_sdk.records import ElasticPolicy, SampleRange
-from aitbc_agent_sdk.stack import join_embedded_market
-from aitbc_agent_sdk.wire.checkpoint import decode_state
+from aitbc_agent_sdk._stack import join_embedded_market
+from aitbc_agent_sdk.wire._checkpoint import decode_state
 from scripts.chaos.byzantine import QuarterSpeedProvider
 
 POLICY = ElasticPolicy(target_samples_per_s=100.0, min_workers=2, max_workers=4, window_rounds=2)

@@ -7,8 +7,8 @@ import pytest
 from aitbc_agent_sdk import Agent, AgentConfig, JobConfig, TrainingPhase, TrainingSpec
 from aitbc_agent_sdk.chain import result_hash, training_key
 from aitbc_agent_sdk.records import ShardManifest
-from aitbc_agent_sdk.tasks.networks import build_model
-from aitbc_agent_sdk.wire.checkpoint import decode_state
+from aitbc_agent_sdk.tasks._networks import build_model
+from aitbc_agent_sdk.wire._checkpoint import decode_state
 
 async def test_four_workers_five_rounds_train_and_get_paid(aitbc_home):
     events = []

@@ -30,7 +30,7 @@ from aitbc_agent_sdk.chain import (
     start_embedded_chain,
     training_salt,
 )
-from aitbc_agent_sdk.chain.escrow import key_of
+from aitbc_agent_sdk.chain._escrow import key_of
 from aitbc_agent_sdk.errors import ChainError, ContractRevertError, InsufficientFundsError
 
 ETH = 10**18

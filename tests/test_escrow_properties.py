@@ -32,7 +32,7 @@ from aitbc_agent_sdk.chain import (
     start_embedded_chain,
     training_salt,
 )
-from aitbc_agent_sdk.chain.escrow import CLAIM_WINDOW_S, GRACE_PERIOD_S, key_of
+from aitbc_agent_sdk.chain._escrow import CLAIM_WINDOW_S, GRACE_PERIOD_S, key_of
 from aitbc_agent_sdk.errors import ContractRevertError
 from test_escrow import ETH, TEST_ARTIFACTS, ConsentingEscrow, _gas_cost, advance_time, worker_account
 

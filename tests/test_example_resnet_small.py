@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from aitbc_agent_sdk.records import JobConfig, TaskRef
-from aitbc_agent_sdk.data.datasets import load_dataset, train_test_split
-from aitbc_agent_sdk.tasks.bound_task import BoundTask, bind_task
-from aitbc_agent_sdk.data.datasets import LabeledData
-from aitbc_agent_sdk.tasks.task_loop import evaluate_task, train_task
+from aitbc_agent_sdk.data._datasets import load_dataset, train_test_split
+from aitbc_agent_sdk.tasks._bound_task import BoundTask, bind_task
+from aitbc_agent_sdk.data._datasets import LabeledData
+from aitbc_agent_sdk.tasks._task_loop import evaluate_task, train_task
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tasks" / "resnet_small.py"
 SOME_CID = "QmR1zGB5tUrV4ceRtsWq4NfNAN4zQjDgCqjyDrwDVdG3VM"

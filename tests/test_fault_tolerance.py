@@ -12,10 +12,10 @@ import pytest
 from aitbc_agent_sdk import Agent, AgentConfig, JobConfig, TrainingPhase, TrainingSpec
 from aitbc_agent_sdk.chain import training_key
 from aitbc_agent_sdk.audit import read_log, verify_log
-from aitbc_agent_sdk.coordinator.service import audit_path
+from aitbc_agent_sdk.coordinator._service import audit_path
 from aitbc_agent_sdk.records import FaultPolicy, TrainingReport
 from aitbc_agent_sdk.provider import ProviderAgent
-from aitbc_agent_sdk.stack import EMBEDDED_STAKE, join_embedded_market
+from aitbc_agent_sdk._stack import EMBEDDED_STAKE, join_embedded_market
 from scripts.chaos.byzantine import BEHAVIOURS, LossyProvider
 
 ETH = 10**18

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aitbc_agent_sdk.records.datasets import ArrayLayout, DatasetFile, DatasetManifest, ImageLayout, TokenLayout
-from aitbc_agent_sdk.data.file_sharding import (
+from aitbc_agent_sdk.records._datasets import ArrayLayout, DatasetFile, DatasetManifest, ImageLayout, TokenLayout
+from aitbc_agent_sdk.data._file_sharding import (
     array_rows, class_ranges, merge_shards, plan_split, shard_data, shard_label_counts, sub_shard)
 
 CID = "bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy"

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from aitbc_agent_sdk.errors import ConfigError
-from aitbc_agent_sdk.flow.costs import estimate_text, preview
-from aitbc_agent_sdk.flow.trainings import Interrupted
+from aitbc_agent_sdk.flow._costs import estimate_text, preview
+from aitbc_agent_sdk.flow._trainings import Interrupted
 from aitbc_cli.app import main
 from aitbc_cli.common import (
     ConfirmationRequired, PasswordSource, SpendPreview, confirm_spend, wallet_password, wallet_store,
@@ -174,7 +174,7 @@ def test_the_interrupted_line_says_what_was_paid_refunded_and_why_there_is_no_re
 # -- chat: a cost question gets a figure ----------------------------------------------------------
 
 def test_a_cost_question_is_an_estimate_not_a_training_plan() -> None:
-    from aitbc_agent_sdk.assistant.planner import plan_request
+    from aitbc_agent_sdk.assistant._planner import plan_request
 
     plan = plan_request("how much would 8 RTX 4090s for 20 rounds cost?")
     assert plan.as_json()["steps"] == [{"tool": "cost_estimate",

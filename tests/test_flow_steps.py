@@ -8,9 +8,9 @@ import pytest
 
 from aitbc_agent_sdk import flow
 from aitbc_agent_sdk.audit import AuditLog
-from aitbc_agent_sdk.coordinator.training_db import TrainingStore
+from aitbc_agent_sdk.coordinator._training_db import TrainingStore
 from aitbc_agent_sdk.records import JobConfig, TrainingPhase, TrainingRecord, TrainingSpec
-from aitbc_agent_sdk.tasks.networks import MODEL_NAMES
+from aitbc_agent_sdk.tasks._networks import MODEL_NAMES
 
 COORD = "0x" + "ab" * 20
 
@@ -34,7 +34,7 @@ def test_eth_text_is_exact_with_four_decimals():
 
 
 def test_the_tuned_defaults_live_on_jobconfig_and_every_front_end_reads_them():
-    from aitbc_agent_sdk.assistant.market_tools import InitArgs
+    from aitbc_agent_sdk.assistant._market_tools import InitArgs
 
     job = JobConfig()
     assert (job.learning_rate, job.epochs, job.batch_size) == (1e-2, 2, 32)  # bench/bench_accuracy.py's best

@@ -13,15 +13,15 @@ import torch
 
 from aitbc_agent_sdk.errors import ConfigError, DatasetError
 from aitbc_agent_sdk.records import JobConfig, TaskRef
-from aitbc_agent_sdk.tasks.bound_task import bind_task
-from aitbc_agent_sdk.tasks.builtin_tasks import BUILTIN_TASKS
-from aitbc_agent_sdk.wire.checkpoint import decode_state
-from aitbc_agent_sdk.data.datasets import load_dataset
-from aitbc_agent_sdk.tasks.gpt import GPT, GptConfig, generate
-from aitbc_agent_sdk.tasks.gpt_task import GptTask, draw_windows, warmup_cosine
-from aitbc_agent_sdk.data.shard_files import TokenData
-from aitbc_agent_sdk.tasks.task_loop import evaluate_task, train_task
-from aitbc_agent_sdk.wire.task_state import restore_task_state
+from aitbc_agent_sdk.tasks._bound_task import bind_task
+from aitbc_agent_sdk.tasks._builtin_tasks import BUILTIN_TASKS
+from aitbc_agent_sdk.wire._checkpoint import decode_state
+from aitbc_agent_sdk.data._datasets import load_dataset
+from aitbc_agent_sdk.tasks._gpt import GPT, GptConfig, generate
+from aitbc_agent_sdk.tasks._gpt_task import GptTask, draw_windows, warmup_cosine
+from aitbc_agent_sdk.data._shard_files import TokenData
+from aitbc_agent_sdk.tasks._task_loop import evaluate_task, train_task
+from aitbc_agent_sdk.wire._task_state import restore_task_state
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 SMALL = {"layers": 2, "heads": 2, "width": 64, "context": 32, "windows_per_epoch": 128, "eval_windows": 64,

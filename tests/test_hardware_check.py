@@ -14,22 +14,22 @@ import pytest
 import torch
 from eth_account import Account
 
-from aitbc_agent_sdk.coordinator.service import Coordinator
-from aitbc_agent_sdk.coordinator.settings import CoordinatorSettings
-from aitbc_agent_sdk.coordinator.money.settlement import EscrowAccount
-from aitbc_agent_sdk.coordinator.training_db import TrainingStore
+from aitbc_agent_sdk.coordinator._service import Coordinator
+from aitbc_agent_sdk.coordinator._settings import CoordinatorSettings
+from aitbc_agent_sdk.coordinator.money._settlement import EscrowAccount
+from aitbc_agent_sdk.coordinator._training_db import TrainingStore
 from aitbc_agent_sdk.market import WeightedScore, rank_workers
-from aitbc_agent_sdk.market import hardware_check as hc
-from aitbc_agent_sdk.market.hardware_check import (
+from aitbc_agent_sdk.market import _hardware_check as hc
+from aitbc_agent_sdk.market._hardware_check import (
     challenge_deadline, challenge_matrices, compute_product, expected_seconds, gpu_flops, hardware_verdict,
     product_ok,
 )
 from aitbc_agent_sdk.messaging import InMemoryBus, SignedChannel, Verified, topics
 from aitbc_agent_sdk.records import GpuInfo, Hardware, HardwareAnswer, HardwareChallenge, Offer, Worker
-from aitbc_agent_sdk.provider.hardware_answer import HardwareAnswers, challenge_refusal
-from aitbc_agent_sdk.provider.node import ProviderAgent, ProviderConfig
+from aitbc_agent_sdk.provider._hardware_answer import HardwareAnswers, challenge_refusal
+from aitbc_agent_sdk.provider._node import ProviderAgent, ProviderConfig
 from aitbc_agent_sdk.storage import LocalContentStore
-from aitbc_agent_sdk.wire.checkpoint import encode_state
+from aitbc_agent_sdk.wire._checkpoint import encode_state
 
 H100 = GpuInfo(name="NVIDIA H100 80GB HBM3", memory_total_bytes=80 << 30)
 CPU_HOST = Hardware(cpu_model="test cpu", cpu_cores=2, ram_bytes=1 << 30)
@@ -272,7 +272,7 @@ async def test_a_provider_agent_answers_on_the_gpu_its_offer_claims(tmp_path):
 
 
 def test_strangers_cannot_keep_a_providers_gpu_busy_with_challenges():
-    from aitbc_agent_sdk.provider.hardware_answer import ChallengeBudget
+    from aitbc_agent_sdk.provider._hardware_answer import ChallengeBudget
     budget = ChallengeBudget(per_sender=2, total=3)
     assert budget.allow("a", 0.0) and budget.allow("a", 1.0)
     assert not budget.allow("a", 2.0)  # its own share is spent

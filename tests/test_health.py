@@ -2,7 +2,7 @@
 
 import pytest
 
-from aitbc_agent_sdk.coordinator.round.health import (
+from aitbc_agent_sdk.coordinator.round._health import (
     adaptive_deadline, confirmed_stragglers, past_deadline, progress_stragglers, quantile, silent_workers,
 )
 from aitbc_agent_sdk.records import FaultPolicy

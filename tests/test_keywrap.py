@@ -1,4 +1,4 @@
-"""ECIES key wrapping (chain/keywrap.py) and the provider public key learnt from a signed envelope."""
+"""ECIES key wrapping (chain/_keywrap.py) and the provider public key learnt from a signed envelope."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from eth_account import Account
 from eth_account.messages import encode_defunct
 
-from aitbc_agent_sdk.chain.keywrap import (
+from aitbc_agent_sdk.chain._keywrap import (
     WRAPPED_KEY_SIZE,
     address_of,
     public_key_of,
@@ -18,10 +18,10 @@ from aitbc_agent_sdk.chain.keywrap import (
     unwrap_key,
     wrap_key,
 )
-from aitbc_agent_sdk.chain.wallet import WalletStore
+from aitbc_agent_sdk.chain._wallet import WalletStore
 from aitbc_agent_sdk.errors import DecryptionError, SignatureError
 from aitbc_agent_sdk.messaging import EnvelopeSigner
-from aitbc_agent_sdk.messaging.envelope import Envelope
+from aitbc_agent_sdk.messaging._envelope import Envelope
 from aitbc_agent_sdk.records import Hardware, Offer
 
 TRAINING_KEY = os.urandom(32)

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from aitbc_agent_sdk.devnet.service import free_port
+from aitbc_agent_sdk.devnet._service import free_port
 from aitbc_agent_sdk.errors import ContentNotFoundError, IntegrityError, StorageError
 from aitbc_agent_sdk.storage import (
     AddOptions,
@@ -23,7 +23,7 @@ from aitbc_agent_sdk.storage import (
     decode_dagpb,
     iter_blocks,
 )
-from aitbc_agent_sdk.storage.kubo import KuboClient, KuboContentStore
+from aitbc_agent_sdk.storage._kubo import KuboClient, KuboContentStore
 
 CHUNK = 262144
 SIZES = [0, 1, CHUNK, CHUNK + 1]

@@ -18,11 +18,11 @@ import subprocess
 import numpy as np
 import pytest
 
-from aitbc_agent_sdk.coordinator.data.datasets import DatasetStore
+from aitbc_agent_sdk.coordinator.data._datasets import DatasetStore
 from aitbc_agent_sdk.records import ShardManifest
 from aitbc_agent_sdk.profile import load_profile
-from aitbc_agent_sdk.storage.kubo import KuboClient, KuboContentStore
-from aitbc_agent_sdk.wire.checkpoint import decode_state
+from aitbc_agent_sdk.storage._kubo import KuboClient, KuboContentStore
+from aitbc_agent_sdk.wire._checkpoint import decode_state
 from test_devnet_flow import aitbc
 from test_token_task import stdlib_corpus
 

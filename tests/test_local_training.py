@@ -2,12 +2,12 @@ import pytest
 import torch
 
 from aitbc_agent_sdk.records import JobConfig, TaskRef
-from aitbc_agent_sdk.data.datasets import load_dataset, train_test_split
-from aitbc_agent_sdk.tasks.evaluation import evaluate
-from aitbc_agent_sdk.tasks.bound_task import bind_task
-from aitbc_agent_sdk.tasks.task_loop import EpochStats, LocalTrainResult, train_task
-from aitbc_agent_sdk.tasks.networks import build_model, fit_normalization, model_spec_for
-from aitbc_agent_sdk.data.sharding import iid_partition
+from aitbc_agent_sdk.data._datasets import load_dataset, train_test_split
+from aitbc_agent_sdk.tasks._evaluation import evaluate
+from aitbc_agent_sdk.tasks._bound_task import bind_task
+from aitbc_agent_sdk.tasks._task_loop import EpochStats, LocalTrainResult, train_task
+from aitbc_agent_sdk.tasks._networks import build_model, fit_normalization, model_spec_for
+from aitbc_agent_sdk.data._sharding import iid_partition
 
 
 def train_builtin(name, model, data, config, *, seed, on_epoch=None, **params) -> LocalTrainResult:

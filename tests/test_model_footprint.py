@@ -16,10 +16,10 @@ from aitbc_agent_sdk.records import (
     ContractReply, GpuInfo, Hardware, JobAssignment, JobConfig, ModelFootprint, ModelSpec, TaskRef, fit_problem,
     largest_machine, new_id,
 )
-from aitbc_agent_sdk.data.datasets import load_dataset
-from aitbc_agent_sdk.tasks.bound_task import bind_task
-from aitbc_agent_sdk.tasks.gpt_task import GptParams
-from aitbc_agent_sdk.data.shard_files import TokenData
+from aitbc_agent_sdk.data._datasets import load_dataset
+from aitbc_agent_sdk.tasks._bound_task import bind_task
+from aitbc_agent_sdk.tasks._gpt_task import GptParams
+from aitbc_agent_sdk.data._shard_files import TokenData
 
 from tests.security.provider_rig import WAIT_S, provider_rig, servers  # noqa: F401 (servers: a fixture)
 

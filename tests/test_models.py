@@ -3,8 +3,8 @@ import torch
 
 from aitbc_agent_sdk.errors import UnknownModelError
 from aitbc_agent_sdk.records import ModelSpec
-from aitbc_agent_sdk.data.datasets import LabeledData
-from aitbc_agent_sdk.tasks.networks import MODEL_NAMES, build_model, fit_normalization, model_spec_for
+from aitbc_agent_sdk.data._datasets import LabeledData
+from aitbc_agent_sdk.tasks._networks import MODEL_NAMES, build_model, fit_normalization, model_spec_for
 
 
 def _data(n: int = 40, features: int = 64, classes: int = 10) -> LabeledData:

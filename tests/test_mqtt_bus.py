@@ -12,12 +12,12 @@ import aiomqtt
 import pytest
 from eth_account import Account
 
-from aitbc_agent_sdk.devnet.mosquitto import start_amqtt
-from aitbc_agent_sdk.devnet.service import ServiceProcess, free_port, stop, wait_for_port
+from aitbc_agent_sdk.devnet._mosquitto import start_amqtt
+from aitbc_agent_sdk.devnet._service import ServiceProcess, free_port, stop, wait_for_port
 from aitbc_agent_sdk.errors import MessagingError
 from aitbc_agent_sdk.messaging import Bus, BusMessage, SignedChannel, topics
-from aitbc_agent_sdk.messaging.envelope import EnvelopeSigner
-from aitbc_agent_sdk.messaging.mqtt import MqttBus
+from aitbc_agent_sdk.messaging._envelope import EnvelopeSigner
+from aitbc_agent_sdk.messaging._mqtt import MqttBus
 from aitbc_agent_sdk.records import ContractProposal, ContractReply
 
 HOST = "127.0.0.1"

@@ -260,10 +260,10 @@ def test_recovery_check_fails_when_the_killed_provider_was_paid_or_not_replaced(
 # -- the SDK's part: --host and devnet join ------------------------------------------------------------
 
 def test_servers_bind_one_given_address_never_a_wildcard():
-    from aitbc_agent_sdk.devnet.ipfs import configure
-    from aitbc_agent_sdk.devnet.mosquitto import mosquitto_config
-    from aitbc_agent_sdk.devnet.network import DevnetOptions
-    from aitbc_agent_sdk.devnet.service import ServiceError, check_bind_host
+    from aitbc_agent_sdk.devnet._ipfs import configure
+    from aitbc_agent_sdk.devnet._mosquitto import mosquitto_config
+    from aitbc_agent_sdk.devnet._network import DevnetOptions
+    from aitbc_agent_sdk.devnet._service import ServiceError, check_bind_host
 
     assert check_bind_host("10.231.44.1") == "10.231.44.1"
     for bad in ("0.0.0.0", "localhost", "255.255.255.255", "224.0.0.1", "::", "10.0.0.300"):
@@ -287,7 +287,7 @@ def test_devnet_up_refuses_a_wildcard_host(aitbc_cmd, cli_env):
 
 
 async def test_devnet_join_refuses_a_host_local_store_and_a_dead_chain(tmp_path):
-    from aitbc_agent_sdk.devnet.network import devnet_join
+    from aitbc_agent_sdk.devnet._network import devnet_join
     from aitbc_agent_sdk.errors import ConfigError
     from aitbc_agent_sdk.profile import BusSettings, ChainSettings, Profile, StoreSettings
 

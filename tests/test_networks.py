@@ -12,11 +12,11 @@ from eth_account.signers.local import LocalAccount
 
 from aitbc_agent_sdk import Agent, AgentConfig
 from aitbc_agent_sdk.chain import TransactionSender, connect_rpc
-from aitbc_agent_sdk.chain.deployment import Deployment, deploy_contracts, fund_accounts
+from aitbc_agent_sdk.chain._deployment import Deployment, deploy_contracts, fund_accounts
 from aitbc_agent_sdk.coordinator import CoordinatorSettings
-from aitbc_agent_sdk.devnet.service import ServiceProcess
+from aitbc_agent_sdk.devnet._service import ServiceProcess
 from aitbc_agent_sdk.errors import ConfigError
-from aitbc_agent_sdk.storage.kubo import KuboClient
+from aitbc_agent_sdk.storage._kubo import KuboClient
 
 ETH = 10**18
 

@@ -13,12 +13,12 @@ import torch
 
 from aitbc_agent_sdk.errors import TrainingError
 from aitbc_agent_sdk.records import JobConfig, TaskRef
-from aitbc_agent_sdk.tasks.bound_task import bind_task
-from aitbc_agent_sdk.wire.checkpoint import decode_metadata, decode_state, encode_state
-from aitbc_agent_sdk.data.datasets import LabeledData
-from aitbc_agent_sdk.data.shard_files import TokenData
-from aitbc_agent_sdk.tasks.task_loop import train_step
-from aitbc_agent_sdk.proof.trajectory import encode_boundary, load_boundary, opened_state_problem
+from aitbc_agent_sdk.tasks._bound_task import bind_task
+from aitbc_agent_sdk.wire._checkpoint import decode_metadata, decode_state, encode_state
+from aitbc_agent_sdk.data._datasets import LabeledData
+from aitbc_agent_sdk.data._shard_files import TokenData
+from aitbc_agent_sdk.tasks._task_loop import train_step
+from aitbc_agent_sdk.proof._trajectory import encode_boundary, load_boundary, opened_state_problem
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from aitbc_agent_sdk.errors import TrainingError
-from aitbc_agent_sdk.aggregate.outer import FedAvgOuter, NesterovOuter, outer_for
+from aitbc_agent_sdk.aggregate._outer import FedAvgOuter, NesterovOuter, outer_for
 
 
 def state(seed: int) -> dict[str, torch.Tensor]:

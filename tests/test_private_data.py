@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from aitbc_agent_sdk import Agent, AgentConfig, JobConfig, TrainingPhase, TrainingSpec
-from aitbc_agent_sdk.chain.escrow import training_key
-from aitbc_agent_sdk.chain.keywrap import data_key_info, unwrap_key
+from aitbc_agent_sdk.chain._escrow import training_key
+from aitbc_agent_sdk.chain._keywrap import data_key_info, unwrap_key
 from aitbc_agent_sdk.errors import DecryptionError
 from aitbc_agent_sdk.records import ShardManifest
-from aitbc_agent_sdk.records.datasets import ShardData
-from aitbc_agent_sdk.data.datasets import load_dataset
+from aitbc_agent_sdk.records._datasets import ShardData
+from aitbc_agent_sdk.data._datasets import load_dataset
 
 
 async def test_a_sealed_dataset_trains_and_the_store_holds_only_ciphertext(aitbc_home):

@@ -24,19 +24,19 @@ from aitbc_agent_sdk.chain import (
     DevChain, EscrowClient, TransactionSender, deploy, load_artifact, start_embedded_chain, training_key,
     training_salt,
 )
-from aitbc_agent_sdk.chain.registry import result_digest
+from aitbc_agent_sdk.chain._registry import result_digest
 from aitbc_agent_sdk.messaging import InMemoryBus, SignedChannel, topics
 from aitbc_agent_sdk.records import (
     ContractProposal, ContractReply, Hardware, JobAssignment, JobCancel, JobConfig, JobResult, ModelSpec, Ping,
     Pong, Progress, new_id,
 )
-from aitbc_agent_sdk.provider.node import ProviderAgent, ProviderConfig
-from aitbc_agent_sdk.provider.onchain import ProviderChain
+from aitbc_agent_sdk.provider._node import ProviderAgent, ProviderConfig
+from aitbc_agent_sdk.provider._onchain import ProviderChain
 from aitbc_agent_sdk.storage import LocalContentStore
-from aitbc_agent_sdk.data.datasets import LabeledData, load_dataset
-from aitbc_agent_sdk.tasks.networks import build_model, model_spec_for
-from aitbc_agent_sdk.wire.checkpoint import encode_state
-from aitbc_agent_sdk.coordinator.data.datasets import store_shard
+from aitbc_agent_sdk.data._datasets import LabeledData, load_dataset
+from aitbc_agent_sdk.tasks._networks import build_model, model_spec_for
+from aitbc_agent_sdk.wire._checkpoint import encode_state
+from aitbc_agent_sdk.coordinator.data._datasets import store_shard
 
 TRAINING = "training-under-test"
 PRICE = 10**15
@@ -247,7 +247,7 @@ async def test_a_cancelled_queued_job_never_runs(tmp_path):
 
 
 async def test_cancel_from_a_coordinator_that_does_not_own_the_job_is_ignored(tmp_path, caplog):
-    caplog.set_level(logging.WARNING, logger="aitbc_agent_sdk.provider.node")
+    caplog.set_level(logging.WARNING, logger="aitbc_agent_sdk.provider._node")
     async with open_market(tmp_path) as market, market.provider() as provider:
         job = await market.assign(provider, await market.hire(provider), config=JobConfig(epochs=40, batch_size=8))
         await market.status(job, "running", min_epoch=1)

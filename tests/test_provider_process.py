@@ -7,15 +7,15 @@ from pathlib import Path
 import pytest
 
 from aitbc_agent_sdk.errors import TrainingError
-from aitbc_agent_sdk.host.sandbox_plan import scrubbed_env
+from aitbc_agent_sdk.host._sandbox_plan import scrubbed_env
 from aitbc_agent_sdk.records import JobConfig
-from aitbc_agent_sdk.provider.hardware import detect_hardware
-from aitbc_agent_sdk.provider.process import TrainingProcess
-from aitbc_agent_sdk.provider.worker_process import CHECKPOINT_FILE, WEIGHTS_FILE
-from aitbc_agent_sdk.tasks.networks import build_model, model_spec_for
-from aitbc_agent_sdk.wire.checkpoint import decode_state, encode_state
-from aitbc_agent_sdk.data.datasets import load_dataset
-from aitbc_agent_sdk.data.shard_files import write_shard
+from aitbc_agent_sdk.provider._hardware import detect_hardware
+from aitbc_agent_sdk.provider._process import TrainingProcess
+from aitbc_agent_sdk.provider._worker_process import CHECKPOINT_FILE, WEIGHTS_FILE
+from aitbc_agent_sdk.tasks._networks import build_model, model_spec_for
+from aitbc_agent_sdk.wire._checkpoint import decode_state, encode_state
+from aitbc_agent_sdk.data._datasets import load_dataset
+from aitbc_agent_sdk.data._shard_files import write_shard
 
 
 def test_scrubbed_env_keeps_only_the_allow_list(tmp_path):

@@ -3,10 +3,10 @@
 import asyncio
 from pathlib import Path
 
-from aitbc_agent_sdk.host.sandbox_plan import devices_for_gpu
+from aitbc_agent_sdk.host._sandbox_plan import devices_for_gpu
 from aitbc_agent_sdk.records import GpuInfo, Hardware
-from aitbc_agent_sdk.provider.sandbox import TrainingSandbox, gpu_env, sandbox_spec
-from aitbc_agent_sdk.provider.slots import SlotPlan, TrainingSlots, plan_slots
+from aitbc_agent_sdk.provider._sandbox import TrainingSandbox, gpu_env, sandbox_spec
+from aitbc_agent_sdk.provider._slots import SlotPlan, TrainingSlots, plan_slots
 
 GPU = GpuInfo(name="NVIDIA H100", memory_total_bytes=80 << 30)
 

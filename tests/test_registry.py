@@ -15,8 +15,8 @@ from aitbc_agent_sdk.chain import (
     result_hash,
     sign_result,
 )
-from aitbc_agent_sdk.chain.registry import EvidenceDomain
-from aitbc_agent_sdk.chain.deployment import deploy_contracts, verify_deployment
+from aitbc_agent_sdk.chain._registry import EvidenceDomain
+from aitbc_agent_sdk.chain._deployment import deploy_contracts, verify_deployment
 from aitbc_agent_sdk.errors import ChainError, ContractRevertError
 from test_escrow import (  # noqa: F401  (chain, chain_url and env are fixtures)
     ETH,

@@ -3,9 +3,9 @@ import math
 import pytest
 import torch
 
-from aitbc_agent_sdk.aggregate.aggregation import AggregationStrategy, FedAvg
-from aitbc_agent_sdk.aggregate.clipping import NormClipping
-from aitbc_agent_sdk.aggregate.robust import (
+from aitbc_agent_sdk.aggregate._aggregation import AggregationStrategy, FedAvg
+from aitbc_agent_sdk.aggregate._clipping import NormClipping
+from aitbc_agent_sdk.aggregate._robust import (
     CoordinateMedian,
     Krum,
     MultiKrum,
@@ -14,7 +14,7 @@ from aitbc_agent_sdk.aggregate.robust import (
     median_rows,
     trimmed_mean_rows,
 )
-from aitbc_agent_sdk.aggregate.strategies import STRATEGIES, make_strategy
+from aitbc_agent_sdk.aggregate._strategies import STRATEGIES, make_strategy
 
 
 def _run(agg: AggregationStrategy, states, weights=None):
@@ -349,7 +349,7 @@ def test_make_strategy_errors_are_clear() -> None:
 
 @pytest.mark.parametrize("name", ["fedavg", "median", "trimmed-mean", "krum", "multi-krum", "norm-clip"])
 def test_every_strategy_can_be_picked_for_a_round_of_four_and_shrugs_off_one_boosted_update(name):
-    from aitbc_agent_sdk.aggregate.strategies import strategy_for_round
+    from aitbc_agent_sdk.aggregate._strategies import strategy_for_round
     reference = {"w": torch.zeros(4)}
     honest = [{"w": torch.full((4,), v)} for v in (1.0, 1.1, 0.9)]
     boosted = {"w": torch.full((4,), 100.0)}

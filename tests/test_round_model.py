@@ -6,19 +6,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from aitbc_agent_sdk.coordinator.data.inputs import job_task, new_job
-from aitbc_agent_sdk.coordinator.round.round_model import outer_step
-from aitbc_agent_sdk.coordinator.data.tasks import spec_for_dataset
+from aitbc_agent_sdk.coordinator.data._inputs import job_task, new_job
+from aitbc_agent_sdk.coordinator.round._round_model import outer_step
+from aitbc_agent_sdk.coordinator.data._tasks import spec_for_dataset
 from aitbc_agent_sdk.records import (
     JobConfig, ModelSpec, Shard, TaskRef, TrainingRecord, TrainingSpec, WeightsDelta, WorkerContract,
 )
-from aitbc_agent_sdk.provider.cache import ContentCache
-from aitbc_agent_sdk.provider.weights_delta import rebuilt_weights
+from aitbc_agent_sdk.provider._cache import ContentCache
+from aitbc_agent_sdk.provider._weights_delta import rebuilt_weights
 from aitbc_agent_sdk.storage import LocalContentStore
-from aitbc_agent_sdk.aggregate.aggregation import FedAvg
-from aitbc_agent_sdk.wire.checkpoint import decode_state, encode_state
-from aitbc_agent_sdk.aggregate.outer import NesterovOuter
-from aitbc_agent_sdk.wire.update_codec import encode_update
+from aitbc_agent_sdk.aggregate._aggregation import FedAvg
+from aitbc_agent_sdk.wire._checkpoint import decode_state, encode_state
+from aitbc_agent_sdk.aggregate._outer import NesterovOuter
+from aitbc_agent_sdk.wire._update_codec import encode_update
 
 COORDINATOR = "0x" + "11" * 20
 WORKER = "0x" + "22" * 20

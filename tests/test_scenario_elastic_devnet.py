@@ -22,7 +22,7 @@ import pytest
 
 from aitbc_agent_sdk.chain import EscrowClient, connect_rpc
 from aitbc_agent_sdk.audit import read_log
-from aitbc_agent_sdk.coordinator.service import audit_path
+from aitbc_agent_sdk.coordinator._service import audit_path
 from aitbc_agent_sdk.profile import load_profile
 from conftest import REPO
 from scripts.chaos.extra_provider import add_provider_daemon

@@ -3,7 +3,7 @@ import pytest
 
 from aitbc_agent_sdk.errors import ConfigError
 from aitbc_agent_sdk.market import WeightedScore, meets_min_gpu, rank_workers, reputation_from_history, weighted_scores
-from aitbc_agent_sdk.market.scoring import gpu_key, gpu_performance
+from aitbc_agent_sdk.market._scoring import gpu_key, gpu_performance
 from aitbc_agent_sdk.records import GpuInfo, Hardware, Offer, Worker
 
 

@@ -1,4 +1,4 @@
-"""Sealed content (storage/sealed.py): round trips, random access, and every tampering detected.
+"""Sealed content (storage/_sealed.py): round trips, random access, and every tampering detected.
 
 Tiny chunks (16 bytes) keep every case to a few hundred bytes, so each test flips, cuts or
 moves every byte or chunk there is, in both modes.
@@ -12,7 +12,7 @@ import random
 import pytest
 
 from aitbc_agent_sdk.errors import DecryptionError, IntegrityError
-from aitbc_agent_sdk.storage.sealed import (
+from aitbc_agent_sdk.storage._sealed import (
     DEFAULT_CHUNK_SIZE,
     HEADER_SIZE,
     NONCE_SIZE,

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from aitbc_agent_sdk.coordinator.round.round_slots import ShardSlot, SlotPhase, slot_move
+from aitbc_agent_sdk.coordinator.round._round_slots import ShardSlot, SlotPhase, slot_move
 from aitbc_agent_sdk.errors import PhaseError
 
 S = SlotPhase

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from aitbc_agent_sdk.data.sharding import dirichlet_partition, iid_partition, label_counts
+from aitbc_agent_sdk.data._sharding import dirichlet_partition, iid_partition, label_counts
 
 
 def _assert_partition(parts: list[np.ndarray], n: int) -> None:

@@ -25,7 +25,7 @@ from aitbc_agent_sdk.storage import (
     compute_file_cid,
     scan_directory,
 )
-from aitbc_agent_sdk.storage.kubo import KuboClient, KuboContentStore
+from aitbc_agent_sdk.storage._kubo import KuboClient, KuboContentStore
 from aitbc_cli import ipfs
 
 SHARD_ALL = AddOptions(hamt_threshold=1)  # every directory a HAMT (kubo's sharness forces it the same way)

@@ -14,16 +14,16 @@ import torch
 from aitbc_agent_sdk.errors import ConfigError, DatasetError
 from aitbc_agent_sdk.records import (
     EscrowSummary, JobConfig, RoundReport, TrainingPhase, TrainingReport, TrainingSpec)
-from aitbc_agent_sdk.records.datasets import DatasetManifest
-from aitbc_agent_sdk.storage.unixfs import compute_cid
-from aitbc_agent_sdk.data.array_files import write_class_sorted
-from aitbc_agent_sdk.tasks.bound_task import bind_task, task_ref_of
-from aitbc_agent_sdk.data.dataset_dirs import PreparedDataset, build_manifest
-from aitbc_agent_sdk.data.datasets import LabeledData, detect_target, load_dataset, train_test_split
-from aitbc_agent_sdk.data.file_sharding import array_rows, merge_shards, plan_split, shard_data, sub_shard
-from aitbc_agent_sdk.data.shard_files import load_shard, part_name, write_shard
-from aitbc_agent_sdk.wire.checkpoint import decode_state
-from aitbc_agent_sdk.tasks.task import TrainingTask
+from aitbc_agent_sdk.records._datasets import DatasetManifest
+from aitbc_agent_sdk.storage._unixfs import compute_cid
+from aitbc_agent_sdk.data._array_files import write_class_sorted
+from aitbc_agent_sdk.tasks._bound_task import bind_task, task_ref_of
+from aitbc_agent_sdk.data._dataset_dirs import PreparedDataset, build_manifest
+from aitbc_agent_sdk.data._datasets import LabeledData, detect_target, load_dataset, train_test_split
+from aitbc_agent_sdk.data._file_sharding import array_rows, merge_shards, plan_split, shard_data, sub_shard
+from aitbc_agent_sdk.data._shard_files import load_shard, part_name, write_shard
+from aitbc_agent_sdk.wire._checkpoint import decode_state
+from aitbc_agent_sdk.tasks._task import TrainingTask
 
 CID = "bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy"
 ADDRESS = "0x" + "ab" * 20

@@ -12,21 +12,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from aitbc_agent_sdk.coordinator.data.datasets import DatasetStore
-from aitbc_agent_sdk.coordinator.data.tasks import TaskCache
+from aitbc_agent_sdk.coordinator.data._datasets import DatasetStore
+from aitbc_agent_sdk.coordinator.data._tasks import TaskCache
 from aitbc_agent_sdk.errors import ConfigError, TrainingError
-from aitbc_agent_sdk.flow.tasks import check_task_source
+from aitbc_agent_sdk.flow._tasks import check_task_source
 from aitbc_agent_sdk.limits import TEXT_MAX_LENGTH
 from aitbc_agent_sdk.records import JobConfig, ModelSpec, TaskRef, TrainingSpec
-from aitbc_agent_sdk.provider.process import TASK_FILE, WEIGHTS_FILE
-from aitbc_agent_sdk.provider.worker_process import run_job
-from aitbc_agent_sdk.storage.local import LocalContentStore
-from aitbc_agent_sdk.storage.unixfs import compute_cid
-from aitbc_agent_sdk.wire.checkpoint import encode_state
-from aitbc_agent_sdk.data.datasets import load_dataset
-from aitbc_agent_sdk.tasks.bound_task import bind_task
-from aitbc_agent_sdk.data.shard_files import write_shard
-from aitbc_agent_sdk.tasks.task_package import encode_package, load_task, pack_task
+from aitbc_agent_sdk.provider._process import TASK_FILE, WEIGHTS_FILE
+from aitbc_agent_sdk.provider._worker_process import run_job
+from aitbc_agent_sdk.storage._local import LocalContentStore
+from aitbc_agent_sdk.storage._unixfs import compute_cid
+from aitbc_agent_sdk.wire._checkpoint import encode_state
+from aitbc_agent_sdk.data._datasets import load_dataset
+from aitbc_agent_sdk.tasks._bound_task import bind_task
+from aitbc_agent_sdk.data._shard_files import write_shard
+from aitbc_agent_sdk.tasks._task_package import encode_package, load_task, pack_task
 from aitbc_cli.app import main
 
 HEADER = """\

@@ -18,9 +18,9 @@ from aitbc_agent_sdk.coordinator import Coordinator, CoordinatorSettings, Escrow
 from aitbc_agent_sdk.market import WeightedScore
 from aitbc_agent_sdk.messaging import InMemoryBus, SignedChannel, topics
 from aitbc_agent_sdk.records import Hardware, Offer, TaskPolicy, TaskRef
-from aitbc_agent_sdk.provider.tasks import ProviderTasks
+from aitbc_agent_sdk.provider._tasks import ProviderTasks
 from aitbc_agent_sdk.storage import LocalContentStore
-from aitbc_agent_sdk.tasks.task_package import encode_package, pack_task
+from aitbc_agent_sdk.tasks._task_package import encode_package, pack_task
 
 CID_A = "QmT78zSuBmuS4z925WZfrqQ1qHaJ56DQaTfyMUF7F8ff5o"
 CID_B = "QmbFMke1KXqnYyBBWxB74N4c5SBnJMVAiMNRcGu6x1AwQH"

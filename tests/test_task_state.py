@@ -8,8 +8,8 @@ from torch import nn
 from aitbc_agent_sdk import Agent, AgentConfig, TrainingSpec
 from aitbc_agent_sdk.errors import TrainingError
 from aitbc_agent_sdk.records import JobConfig
-from aitbc_agent_sdk.chain.escrow import training_key
-from aitbc_agent_sdk.wire.task_state import encode_task_state, restore_task_state
+from aitbc_agent_sdk.chain._escrow import training_key
+from aitbc_agent_sdk.wire._task_state import encode_task_state, restore_task_state
 
 TASK = '''
 import torch

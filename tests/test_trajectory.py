@@ -18,21 +18,21 @@ import torch
 
 from aitbc_agent_sdk.errors import TrainingError
 from aitbc_agent_sdk.records import COMMITMENT_KEY, JobConfig, TaskRef
-from aitbc_agent_sdk.provider.process import TRAJECTORY_DIR, TrainingProcess
-from aitbc_agent_sdk.provider.sandbox import TrainingSandbox, take_trajectory
-from aitbc_agent_sdk.provider.worker_process import CHECKPOINT_FILE, WEIGHTS_FILE, write_checkpoint
-from aitbc_agent_sdk.tasks.bound_task import bind_task
-from aitbc_agent_sdk.wire.checkpoint import decode_metadata, decode_state, encode_state
-from aitbc_agent_sdk.data.datasets import LabeledData
-from aitbc_agent_sdk.data.shard_files import TokenData, write_shard
-from aitbc_agent_sdk.tasks.task import TrainingTask
-from aitbc_agent_sdk.tasks.task_loop import train_step, train_task
-from aitbc_agent_sdk.proof.trajectory import (
+from aitbc_agent_sdk.provider._process import TRAJECTORY_DIR, TrainingProcess
+from aitbc_agent_sdk.provider._sandbox import TrainingSandbox, take_trajectory
+from aitbc_agent_sdk.provider._worker_process import CHECKPOINT_FILE, WEIGHTS_FILE, write_checkpoint
+from aitbc_agent_sdk.tasks._bound_task import bind_task
+from aitbc_agent_sdk.wire._checkpoint import decode_metadata, decode_state, encode_state
+from aitbc_agent_sdk.data._datasets import LabeledData
+from aitbc_agent_sdk.data._shard_files import TokenData, write_shard
+from aitbc_agent_sdk.tasks._task import TrainingTask
+from aitbc_agent_sdk.tasks._task_loop import train_step, train_task
+from aitbc_agent_sdk.proof._trajectory import (
     TrajectoryRecorder, boundary_hashes, boundary_name, encode_boundary, kept_boundaries, load_boundary,
     read_commitment, tensor_digest,
 )
-from aitbc_agent_sdk.tasks.trajectory_replay import open_boundaries, reexecute_segment, relative_distance
-from aitbc_agent_sdk.wire.update_codec import decode_update
+from aitbc_agent_sdk.tasks._trajectory_replay import open_boundaries, reexecute_segment, relative_distance
+from aitbc_agent_sdk.wire._update_codec import decode_update
 
 WORKER = "0x" + "ab" * 20
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
@@ -258,7 +258,7 @@ def test_the_trajectory_leaves_the_sandbox_as_regular_files_only(tmp_path, mlp_j
 
 
 async def test_a_sandboxed_job_commits_its_trajectory_and_recomputes_the_boundaries_it_did_not_keep(tmp_path):
-    from aitbc_agent_sdk.host.sandbox import available_backends
+    from aitbc_agent_sdk.host._sandbox import available_backends
     if "bwrap" not in available_backends():
         pytest.skip("bubblewrap does not work here")
     data = synthetic(200)
@@ -296,7 +296,7 @@ async def test_a_sandboxed_job_commits_its_trajectory_and_recomputes_the_boundar
 
 
 def test_several_segments_re_execute_in_one_pass_like_one_at_a_time(mlp_job):
-    from aitbc_agent_sdk.tasks.trajectory_replay import reexecute_segments
+    from aitbc_agent_sdk.tasks._trajectory_replay import reexecute_segments
     spec, _, commitment, directory = mlp_job
     data = synthetic()
     picked = {s: boundary(directory, s) for s in (1, 3, commitment.segments - 1)}

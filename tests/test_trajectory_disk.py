@@ -15,23 +15,23 @@ from pathlib import Path
 import pytest
 import torch
 
-from aitbc_agent_sdk.coordinator.checks.spot_check import measured_step_s, opening_deadline_s
+from aitbc_agent_sdk.coordinator.checks._spot_check import measured_step_s, opening_deadline_s
 from aitbc_agent_sdk.errors import TrainingError
 from aitbc_agent_sdk.records import JobAssignment, JobConfig, TaskRef, TrajectoryChallenge
-from aitbc_agent_sdk.provider.jobs import TrainOutcome
-from aitbc_agent_sdk.provider.kept import MAX_RECOMPUTES, KeptJob, KeptResults
-from aitbc_agent_sdk.provider.owners import TrainingOwner
-from aitbc_agent_sdk.provider.process import TRAJECTORY_DIR
-from aitbc_agent_sdk.storage.local import LocalContentStore
-from aitbc_agent_sdk.tasks.bound_task import bind_task
-from aitbc_agent_sdk.wire.checkpoint import decode_state
-from aitbc_agent_sdk.data.datasets import LabeledData
-from aitbc_agent_sdk.tasks.task_loop import train_task
-from aitbc_agent_sdk.proof.trajectory import (
+from aitbc_agent_sdk.provider._jobs import TrainOutcome
+from aitbc_agent_sdk.provider._kept import MAX_RECOMPUTES, KeptJob, KeptResults
+from aitbc_agent_sdk.provider._owners import TrainingOwner
+from aitbc_agent_sdk.provider._process import TRAJECTORY_DIR
+from aitbc_agent_sdk.storage._local import LocalContentStore
+from aitbc_agent_sdk.tasks._bound_task import bind_task
+from aitbc_agent_sdk.wire._checkpoint import decode_state
+from aitbc_agent_sdk.data._datasets import LabeledData
+from aitbc_agent_sdk.tasks._task_loop import train_task
+from aitbc_agent_sdk.proof._trajectory import (
     KEPT_STATES, TrajectoryRecorder, boundary_hashes, boundary_name, kept_boundaries, recompute_plan,
     recompute_segments,
 )
-from aitbc_agent_sdk.tasks.trajectory_replay import open_boundaries
+from aitbc_agent_sdk.tasks._trajectory_replay import open_boundaries
 
 WORKER = "0x" + "ab" * 20
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -164,7 +164,7 @@ def test_the_opening_deadline_follows_the_steps_to_recompute():
 
 async def test_honest_workers_pass_spot_checks_through_recomputation(aitbc_home, monkeypatch):
     from aitbc_agent_sdk import Agent, AgentConfig, TrainingPhase, TrainingSpec
-    from aitbc_agent_sdk.provider import node
+    from aitbc_agent_sdk.provider import _node as node
     from tests.test_fault_tolerance import events
 
     recomputed: list[tuple[int, ...]] = []

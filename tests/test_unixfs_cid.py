@@ -28,7 +28,7 @@ from aitbc_agent_sdk.storage import (
     parse_cid,
     walk_file,
 )
-from aitbc_agent_sdk.storage.unixfs import read_uvarint, uvarint
+from aitbc_agent_sdk.storage._unixfs import read_uvarint, uvarint
 
 V1 = AddOptions(cid_version=1)
 LOREM = (

@@ -28,10 +28,10 @@ from aitbc_agent_sdk.storage import (
     compute_directory_cid,
     walk_file,
 )
-from aitbc_agent_sdk.storage.cid import DAG_PB, cid_bytes, uvarint
-from aitbc_agent_sdk.storage.hamt import encode_shard, murmur3_x64_64, shard_blocks, slot_of
-from aitbc_agent_sdk.storage.paths import drive, parse_content_path, resolve_steps, walk_steps
-from aitbc_agent_sdk.storage.unixfs_dir import (
+from aitbc_agent_sdk.storage._cid import DAG_PB, cid_bytes, uvarint
+from aitbc_agent_sdk.storage._hamt import encode_shard, murmur3_x64_64, shard_blocks, slot_of
+from aitbc_agent_sdk.storage._paths import drive, parse_content_path, resolve_steps, walk_steps
+from aitbc_agent_sdk.storage._unixfs_dir import (
     HAMT_SHARDING_SIZE,
     Entry,
     directory_blocks,

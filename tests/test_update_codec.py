@@ -7,10 +7,10 @@ import re
 import pytest
 import torch
 
-from aitbc_agent_sdk.coordinator.checks.verification import checkpoint_problem
+from aitbc_agent_sdk.coordinator.checks._verification import checkpoint_problem
 from aitbc_agent_sdk.errors import TrainingError
-from aitbc_agent_sdk.wire.checkpoint import decode_state, encode_state
-from aitbc_agent_sdk.wire.update_codec import (
+from aitbc_agent_sdk.wire._checkpoint import decode_state, encode_state
+from aitbc_agent_sdk.wire._update_codec import (
     DELTA,
     INT8_BLOCK,
     SCALES,

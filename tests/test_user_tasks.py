@@ -17,16 +17,16 @@ import torch
 from pydantic import ValidationError
 
 from aitbc_agent_sdk.errors import ConfigError, TrainingError
-from aitbc_agent_sdk.flow.tasks import check_task_source, parse_task_params
+from aitbc_agent_sdk.flow._tasks import check_task_source, parse_task_params
 from aitbc_agent_sdk.records import MAX_TASK_BYTES, JobConfig, TaskManifest, TaskPackage, TaskRef
-from aitbc_agent_sdk.storage.unixfs import compute_cid
-from aitbc_agent_sdk.tasks.bound_task import bind_task
-from aitbc_agent_sdk.tasks.builtin_tasks import BUILTIN_TASKS
-from aitbc_agent_sdk.data.datasets import LabeledData, load_dataset
-from aitbc_agent_sdk.tasks.networks import MODEL_NAMES, build_model, model_spec_for
-from aitbc_agent_sdk.tasks.task import DataInfo, TrainingTask
-from aitbc_agent_sdk.tasks.task_loop import evaluate_task, train_task
-from aitbc_agent_sdk.tasks.task_package import (
+from aitbc_agent_sdk.storage._unixfs import compute_cid
+from aitbc_agent_sdk.tasks._bound_task import bind_task
+from aitbc_agent_sdk.tasks._builtin_tasks import BUILTIN_TASKS
+from aitbc_agent_sdk.data._datasets import LabeledData, load_dataset
+from aitbc_agent_sdk.tasks._networks import MODEL_NAMES, build_model, model_spec_for
+from aitbc_agent_sdk.tasks._task import DataInfo, TrainingTask
+from aitbc_agent_sdk.tasks._task_loop import evaluate_task, train_task
+from aitbc_agent_sdk.tasks._task_package import (
     decode_package, encode_package, load_task, missing_requirements, pack_task)
 
 TASKS = Path(__file__).resolve().parents[1] / "examples" / "tasks"

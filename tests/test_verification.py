@@ -7,15 +7,15 @@ import torch
 from eth_account import Account
 
 from aitbc_agent_sdk.chain import EvidenceDomain, sign_result, training_key
-from aitbc_agent_sdk.coordinator.checks.verification import (
+from aitbc_agent_sdk.coordinator.checks._verification import (
     Inspection, inspect_result, judge_norms, loss_limit, norm_problem, result_signer, round_median, update_norm,
     validation_loss,
 )
 from aitbc_agent_sdk.records import FaultPolicy, JobConfig, TaskRef
-from aitbc_agent_sdk.tasks.networks import build_model, model_spec_for
-from aitbc_agent_sdk.data.datasets import load_dataset, train_test_split
-from aitbc_agent_sdk.tasks.bound_task import bind_task
-from aitbc_agent_sdk.tasks.task_loop import train_task
+from aitbc_agent_sdk.tasks._networks import build_model, model_spec_for
+from aitbc_agent_sdk.data._datasets import load_dataset, train_test_split
+from aitbc_agent_sdk.tasks._bound_task import bind_task
+from aitbc_agent_sdk.tasks._task_loop import train_task
 
 TID = "training-verify"
 DOMAIN = EvidenceDomain(31337, "0x" + "5" * 40)

@@ -7,11 +7,11 @@ import random
 import pytest
 import torch
 
-from aitbc_agent_sdk.coordinator.checks.work_checks import (
+from aitbc_agent_sdk.coordinator.checks._work_checks import (
     commitment_verdict, missing_work, near_copies, pick_segments, reexecution_verdict, sketch_positions,
     state_norm, update_sketch,
 )
-from aitbc_agent_sdk.proof.trajectory import segment_steps
+from aitbc_agent_sdk.proof._trajectory import segment_steps
 from aitbc_agent_sdk.records import FaultPolicy, TrajectoryCommitment
 
 WORKER = "0x" + "11" * 20

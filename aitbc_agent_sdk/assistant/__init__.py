@@ -1,15 +1,15 @@
 """The assistant: plain-words requests turned into SDK calls, safely.
 
-- :mod:`.tools`: the one registry (``REGISTRY``) of tools, each an SDK operation with a JSON
+- :mod:`._tools`: the one registry (``REGISTRY``) of tools, each an SDK operation with a JSON
   schema (from a pydantic model) and an effect; ``aitbc chat``, the LLM loop and the MCP
   server all use it.
-- :mod:`.understand` / :mod:`.planner`: the offline understanding layer (pure): concepts and
+- :mod:`._understand` / :mod:`._planner`: the offline understanding layer (pure): concepts and
   entities, scored intents, a plan of tool steps.
-- :mod:`.executor`: validation, the confirmation gate, dry runs, the execution trace.
-- :mod:`.audit`: the hash-chained audit trail, with secrets kept out.
-- :mod:`.llm`: tool calling through an OpenAI-compatible chat-completions endpoint.
-- :mod:`.mcp_server`: the same tools as an MCP server (official ``mcp`` SDK) on stdio.
-- :mod:`.session`: ``Assistant``, one request in and one answer out.
+- :mod:`._executor`: validation, the confirmation gate, dry runs, the execution trace.
+- :mod:`._audit`: the hash-chained audit trail, with secrets kept out.
+- :mod:`._llm`: tool calling through an OpenAI-compatible chat-completions endpoint.
+- :mod:`._mcp_server`: the same tools as an MCP server (official ``mcp`` SDK) on stdio.
+- :mod:`._session`: ``Assistant``, one request in and one answer out.
 
 Names are imported on first use, so ``import aitbc_agent_sdk.assistant`` stays light.
 """
@@ -21,22 +21,22 @@ from typing import TYPE_CHECKING
 from .._lazy import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
-    "tools": ("REGISTRY", "Registry"),
-    "base": ("Tool", "ToolContext", "ToolResult"),
-    "planner": ("Plan", "Step", "plan_request"),
-    "executor": ("Executor", "StepOutcome"),
-    "session": ("Assistant", "Reply"),
-    "llm": ("LlmConfig",),
-    "mcp_server": ("serve_stdio",),
-    "reply": ("plan_lines",),
+    "_tools": ("REGISTRY", "Registry"),
+    "_base": ("Tool", "ToolContext", "ToolResult"),
+    "_planner": ("Plan", "Step", "plan_request"),
+    "_executor": ("Executor", "StepOutcome"),
+    "_session": ("Assistant", "Reply"),
+    "_llm": ("LlmConfig",),
+    "_mcp_server": ("serve_stdio",),
+    "_reply": ("plan_lines",),
 }, globals())
 
 if TYPE_CHECKING:
-    from .base import Tool, ToolContext, ToolResult
-    from .executor import Executor, StepOutcome
-    from .llm import LlmConfig
-    from .planner import Plan, Step, plan_request
-    from .session import Assistant, Reply
-    from .tools import REGISTRY, Registry
-    from .mcp_server import serve_stdio
-    from .reply import plan_lines
+    from ._base import Tool, ToolContext, ToolResult
+    from ._executor import Executor, StepOutcome
+    from ._llm import LlmConfig
+    from ._planner import Plan, Step, plan_request
+    from ._session import Assistant, Reply
+    from ._tools import REGISTRY, Registry
+    from ._mcp_server import serve_stdio
+    from ._reply import plan_lines

@@ -1,23 +1,23 @@
 """Trusted multi-host training: cluster specs, hardware inventory, balanced batches, sandboxed runs.
 
-- :mod:`.spec`: ``ClusterSpec`` (the allow-listed hosts, by signing address), saved under
+- :mod:`._spec`: ``ClusterSpec`` (the allow-listed hosts, by signing address), saved under
   ``$AITBC_HOME/clusters/<name>.json``.
-- :mod:`.inventory` / :mod:`.transport`: ``HostInventory`` read through NVML (CPU-only fallback),
+- :mod:`._inventory` / :mod:`._transport`: ``HostInventory`` read through NVML (CPU-only fallback),
   answered by each host's ``InventoryResponder`` and gathered by ``collect_inventory``.
-- :mod:`.balance`: ``plan_batches`` / ``shrink_after_oom`` (pure) and
+- :mod:`._balance`: ``plan_batches`` / ``shrink_after_oom`` (pure) and
   ``weighted_allreduce_gradients`` (torch.distributed), so uneven batches train exactly.
 - the sandbox (``run_sandboxed`` / ``start_sandboxed`` under bubblewrap, or unshare + setpriv) lives in
-  :mod:`aitbc_agent_sdk.host.sandbox`, shared with the provider; its names are re-exported here.
-- :mod:`.protocol`: the wire protocol (topics, control messages, job events) and torchrun log parsing (pure).
-- :mod:`.plan`: ``plan_launch`` / ``torchrun_argv`` / ``torchrun_env`` (pure).
-- :mod:`.launcher` / :mod:`.job_watch` / :mod:`.job`: ``TrainingCoordinator`` (torchrun on N hosts), the
+  :mod:`aitbc_agent_sdk.host._sandbox`, shared with the provider; its names are re-exported here.
+- :mod:`._protocol`: the wire protocol (topics, control messages, job events) and torchrun log parsing (pure).
+- :mod:`._plan`: ``plan_launch`` / ``torchrun_argv`` / ``torchrun_env`` (pure).
+- :mod:`._launcher` / :mod:`._job_watch` / :mod:`._job`: ``TrainingCoordinator`` (torchrun on N hosts), the
   watch of a launched job, and ``TrainRequest`` / ``TrainResult``.
-- :mod:`.host_agent`: ``ClusterAgent`` and ``HostAgentConfig``, the per-host daemon (inventory, preflight,
-  torchrun, mounts), with :mod:`.preflight`, :mod:`.host_job` and :mod:`.rendezvous_port`.
-- :mod:`.recovery`: ``choose_spare`` and ``verify_step_log`` (crash recovery, pure).
-- :mod:`.monitor`: ``ClusterMonitor``, the latest per-rank metrics of the running jobs.
+- :mod:`._host_agent`: ``ClusterAgent`` and ``HostAgentConfig``, the per-host daemon (inventory, preflight,
+  torchrun, mounts), with :mod:`._preflight`, :mod:`._host_job` and :mod:`._rendezvous_port`.
+- :mod:`._recovery`: ``choose_spare`` and ``verify_step_log`` (crash recovery, pure).
+- :mod:`._monitor`: ``ClusterMonitor``, the latest per-rank metrics of the running jobs.
 - :mod:`.mounts`: NFS / s3fs / IPFS datasets with access, hash-manifest and speed checks.
-- :mod:`.ddp`: helpers for training scripts (setup, ``Checkpointer``, ``BalancedStep``, metrics).
+- :mod:`._ddp`: helpers for training scripts (setup, ``Checkpointer``, ``BalancedStep``, metrics).
 
 Names are imported on first use, so reading a spec does not import torch or eth-account.
 """
@@ -29,65 +29,65 @@ from typing import TYPE_CHECKING
 from .._lazy import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
-    "errors": ("BatchPlanError", "ClusterError", "ClusterConfigError"),
+    "_errors": ("BatchPlanError", "ClusterError", "ClusterConfigError"),
     # Relative to this package: ``..host`` is the SDK's host package, below both cluster and provider.
-    ".host.errors": ("SandboxError",),
-    "spec": ("ClusterSpec", "HostSpec", "cluster_path", "list_clusters", "load_cluster", "read_cluster_file",
+    ".host._errors": ("SandboxError",),
+    "_spec": ("ClusterSpec", "HostSpec", "cluster_path", "list_clusters", "load_cluster", "read_cluster_file",
              "save_cluster"),
-    "inventory": ("ClusterInventory", "GpuInventory", "HostInventory", "read_gpus", "read_local_inventory"),
-    "transport": ("InventoryRequest", "InventoryResponder", "collect_inventory", "inventory_reply_topic",
+    "_inventory": ("ClusterInventory", "GpuInventory", "HostInventory", "read_gpus", "read_local_inventory"),
+    "_transport": ("InventoryRequest", "InventoryResponder", "collect_inventory", "inventory_reply_topic",
                   "inventory_topic", "local_host_name", "local_inventory", "DEFAULT_TIMEOUT_S"),
-    "report": ("inventory_html", "gib", "host_status"),
-    "balance": ("BatchPlan", "RankBudget", "budgets_from_inventory", "plan_batches", "shrink_after_oom",
+    "_report": ("inventory_html", "gib", "host_status"),
+    "_balance": ("BatchPlan", "RankBudget", "budgets_from_inventory", "plan_batches", "shrink_after_oom",
                 "weighted_allreduce_gradients"),
-    ".host.sandbox": ("SandboxLimits", "SandboxReport", "SandboxResult", "SandboxSpec", "available_backends",
+    ".host._sandbox": ("SandboxLimits", "SandboxReport", "SandboxResult", "SandboxSpec", "available_backends",
                       "build_command", "run_sandboxed", "start_sandboxed", "verify_sandbox"),
-    "protocol": ("ControlReply", "HostStatus", "JobEvent", "PreflightReport", "TorchrunSpec", "is_torchrun_line",
+    "_protocol": ("ControlReply", "HostStatus", "JobEvent", "PreflightReport", "TorchrunSpec", "is_torchrun_line",
                  "new_job_id"),
-    "plan": ("HostSlot", "LaunchPlan", "plan_launch", "torchrun_argv", "torchrun_env"),
-    "job": ("HostOutcome", "TrainRequest", "TrainResult"),
-    "launcher": ("TrainingCoordinator",),
-    "host_agent": ("ClusterAgent", "HostAgentConfig"),
-    "monitor": ("ClusterMonitor", "MetricRow", "RowSink"),
-    "recovery": ("ContinuityReport", "choose_spare", "verify_step_log"),
+    "_plan": ("HostSlot", "LaunchPlan", "plan_launch", "torchrun_argv", "torchrun_env"),
+    "_job": ("HostOutcome", "TrainRequest", "TrainResult"),
+    "_launcher": ("TrainingCoordinator",),
+    "_host_agent": ("ClusterAgent", "HostAgentConfig"),
+    "_monitor": ("ClusterMonitor", "MetricRow", "RowSink"),
+    "_recovery": ("ContinuityReport", "choose_spare", "verify_step_log"),
     "mounts": ("ClusterMountReport", "Manifest", "MountCommand", "MountReport", "MountSettings", "compare_manifests",
                "hash_manifest", "perform_mount", "summarize_mounts"),
-    "ddp": ("BalancedStep", "Checkpointer", "DistInfo", "emit", "global_batch_indices", "weights_digest"),
+    "_ddp": ("BalancedStep", "Checkpointer", "DistInfo", "emit", "global_batch_indices", "weights_digest"),
 }, globals())
 
 if TYPE_CHECKING:
-    from ..host.errors import SandboxError
-    from ..host.sandbox import (
+    from ..host._errors import SandboxError
+    from ..host._sandbox import (
         SandboxLimits, SandboxReport, SandboxResult, SandboxSpec, available_backends, build_command, run_sandboxed,
         start_sandboxed, verify_sandbox,
     )
-    from .balance import (
+    from ._balance import (
         BatchPlan, RankBudget, budgets_from_inventory, plan_batches, shrink_after_oom, weighted_allreduce_gradients,
     )
-    from .ddp import BalancedStep, Checkpointer, DistInfo, emit, global_batch_indices, weights_digest
-    from .errors import BatchPlanError, ClusterError
-    from .inventory import ClusterInventory, GpuInventory, HostInventory, read_gpus, read_local_inventory
-    from .host_agent import ClusterAgent, HostAgentConfig
-    from .job import HostOutcome, TrainRequest, TrainResult
-    from .launcher import TrainingCoordinator
-    from .monitor import ClusterMonitor
+    from ._ddp import BalancedStep, Checkpointer, DistInfo, emit, global_batch_indices, weights_digest
+    from ._errors import BatchPlanError, ClusterError
+    from ._inventory import ClusterInventory, GpuInventory, HostInventory, read_gpus, read_local_inventory
+    from ._host_agent import ClusterAgent, HostAgentConfig
+    from ._job import HostOutcome, TrainRequest, TrainResult
+    from ._launcher import TrainingCoordinator
+    from ._monitor import ClusterMonitor
     from .mounts import (
         ClusterMountReport, Manifest, MountCommand, MountReport, MountSettings, compare_manifests, hash_manifest,
         perform_mount, summarize_mounts,
     )
-    from .plan import HostSlot, LaunchPlan, plan_launch, torchrun_argv, torchrun_env
-    from .protocol import ControlReply, HostStatus, JobEvent, PreflightReport, TorchrunSpec, new_job_id
-    from .recovery import ContinuityReport, choose_spare, verify_step_log
-    from .report import inventory_html
-    from .spec import (
+    from ._plan import HostSlot, LaunchPlan, plan_launch, torchrun_argv, torchrun_env
+    from ._protocol import ControlReply, HostStatus, JobEvent, PreflightReport, TorchrunSpec, new_job_id
+    from ._recovery import ContinuityReport, choose_spare, verify_step_log
+    from ._report import inventory_html
+    from ._spec import (
         ClusterSpec, HostSpec, cluster_path, list_clusters, load_cluster, read_cluster_file, save_cluster,
     )
-    from .transport import (
+    from ._transport import (
         InventoryRequest, InventoryResponder, collect_inventory, inventory_reply_topic, inventory_topic,
         local_host_name, local_inventory,
     )
-    from .errors import ClusterConfigError
-    from .monitor import MetricRow, RowSink
-    from .protocol import is_torchrun_line
-    from .report import gib, host_status
-    from .transport import DEFAULT_TIMEOUT_S
+    from ._errors import ClusterConfigError
+    from ._monitor import MetricRow, RowSink
+    from ._protocol import is_torchrun_line
+    from ._report import gib, host_status
+    from ._transport import DEFAULT_TIMEOUT_S

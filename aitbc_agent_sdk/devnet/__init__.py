@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING
 from .._lazy import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
-    "network": ("DevnetOptions", "add_broker_accounts", "devnet_down", "devnet_join", "devnet_status", "devnet_up",
+    "_network": ("DevnetOptions", "add_broker_accounts", "devnet_down", "devnet_join", "devnet_status", "devnet_up",
                 "wallet_store"),
 }, globals())
 
 if TYPE_CHECKING:
-    from .network import (
+    from ._network import (
         DevnetOptions, add_broker_accounts, devnet_down, devnet_join, devnet_status, devnet_up, wallet_store,
     )

@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING
 from .._lazy import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
-    "node": ("ProviderAgent", "ProviderConfig", "TrainOutcome"),
-    "process": ("TrainingProcess",),
-    "sandbox": ("TrainingSandbox",),
+    "_node": ("ProviderAgent", "ProviderConfig", "TrainOutcome"),
+    "_process": ("TrainingProcess",),
+    "_sandbox": ("TrainingSandbox",),
 }, globals())
 
 if TYPE_CHECKING:
-    from .node import ProviderAgent, ProviderConfig, TrainOutcome
-    from .process import TrainingProcess
-    from .sandbox import TrainingSandbox
+    from ._node import ProviderAgent, ProviderConfig, TrainOutcome
+    from ._process import TrainingProcess
+    from ._sandbox import TrainingSandbox

@@ -4,16 +4,16 @@ Every record also answers ``record["field"]`` so the seed scenario's dict-style
 access keeps working; attribute access is the primary API.
 """
 
-from .base import Address, Cid, Wei, Fraction, Finite, Text, Name, ID_PATTERN, Id, new_id, id_path, Record  # noqa: F401
-from .sizes import ByteSize, format_size, parse_size  # noqa: F401
-from .tasks import TaskRef, TaskManifest, TaskPackage, TaskPolicy, TaskPolicyName, MAX_TASK_BYTES  # noqa: F401
-from .market import GpuInfo, Hardware, Offer, Worker  # noqa: F401
-from .footprint import ModelFootprint, describe, fit_problem, largest_machine  # noqa: F401
-from .training import TrainingPhase, ModelSpec, JobConfig, Partition, AggregationName, OuterName, UpdateEncoding, FaultPolicy, ElasticPolicy, SampleRange, TrainingSpec, TrainingRecord, Shard, ShardManifest  # noqa: F401
-from .jobs import WorkerContract, MAX_SHARD_BYTES, MAX_WEIGHTS_BYTES, declared_parameters, weights_limit, JobAssignment, WeightsDelta, JobStatus, Progress, JobResult, JobCancel, ResendRequest, Ping, Pong, CheckpointRef, ContractProposal, ContractReply, Heartbeat  # noqa: F401
-from .reports import AggregateResult, RoundMetrics, Payment, EscrowSummary, TrainingStatus, Settlement, WorkerReport, RoundReport, TrainingReport, ChainIntent, reported_accuracy  # noqa: F401
-from .receipts import PaymentReceipt  # noqa: F401
-from .generation import MAX_PROMPT_BYTES, MAX_SAMPLE_TOKENS, SampleResult  # noqa: F401
-from .verification import MAX_SEGMENTS, MAX_CHECKED_SEGMENTS, MAX_COMMITMENT_BYTES, COMMITMENT_KEY, MAX_HARDWARE_PRODUCT, MAX_HARDWARE_FLOPS, TrajectoryCommitment, TrajectoryChallenge, BoundaryState, TrajectoryOpening, HardwareChallenge, HardwareAnswer  # noqa: F401
-from .datasets import TargetKind  # noqa: F401
-from .inert import terminal_markup, visible, visible_values  # noqa: F401
+from ._base import Address, Cid, Wei, Fraction, Finite, Text, Name, ID_PATTERN, Id, new_id, id_path, Record  # noqa: F401
+from ._sizes import ByteSize, format_size, parse_size  # noqa: F401
+from ._tasks import TaskRef, TaskManifest, TaskPackage, TaskPolicy, TaskPolicyName, MAX_TASK_BYTES  # noqa: F401
+from ._market import GpuInfo, Hardware, Offer, Worker  # noqa: F401
+from ._footprint import ModelFootprint, describe, fit_problem, largest_machine  # noqa: F401
+from ._training import TrainingPhase, ModelSpec, JobConfig, Partition, AggregationName, OuterName, UpdateEncoding, FaultPolicy, ElasticPolicy, SampleRange, TrainingSpec, TrainingRecord, Shard, ShardManifest  # noqa: F401
+from ._jobs import WorkerContract, MAX_SHARD_BYTES, MAX_WEIGHTS_BYTES, declared_parameters, weights_limit, JobAssignment, WeightsDelta, JobStatus, Progress, JobResult, JobCancel, ResendRequest, Ping, Pong, CheckpointRef, ContractProposal, ContractReply, Heartbeat  # noqa: F401
+from ._reports import AggregateResult, RoundMetrics, Payment, EscrowSummary, TrainingStatus, Settlement, WorkerReport, RoundReport, TrainingReport, ChainIntent, reported_accuracy  # noqa: F401
+from ._receipts import PaymentReceipt  # noqa: F401
+from ._generation import MAX_PROMPT_BYTES, MAX_SAMPLE_TOKENS, SampleResult  # noqa: F401
+from ._verification import MAX_SEGMENTS, MAX_CHECKED_SEGMENTS, MAX_COMMITMENT_BYTES, COMMITMENT_KEY, MAX_HARDWARE_PRODUCT, MAX_HARDWARE_FLOPS, TrajectoryCommitment, TrajectoryChallenge, BoundaryState, TrajectoryOpening, HardwareChallenge, HardwareAnswer  # noqa: F401
+from ._datasets import TargetKind  # noqa: F401
+from ._inert import terminal_markup, visible, visible_values  # noqa: F401

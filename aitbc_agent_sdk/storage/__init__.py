@@ -4,7 +4,7 @@ The Kubo RPC client is imported on first use (PEP 562): httpx is not needed to c
 
 from .._lazy import lazy_exports
 
-from .bounds import (
+from ._bounds import (
     MAX_BLOCK_BYTES,
     MAX_DAG_DEPTH,
     MAX_NODE_LINKS,
@@ -13,10 +13,10 @@ from .bounds import (
     read_file_node,
     walk_file,
 )
-from .directory_import import scan_directory
-from .local import LocalContentStore, compute_directory_cid, compute_file_cid, read_chunks
-from .paths import parse_content_path
-from .port import (
+from ._directory_import import scan_directory
+from ._local import LocalContentStore, compute_directory_cid, compute_file_cid, read_chunks
+from ._paths import parse_content_path
+from ._port import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_ENTRIES,
@@ -27,7 +27,7 @@ from .port import (
     DirectoryStore,
     DirEntry,
 )
-from .unixfs import (
+from ._unixfs import (
     DAG_PB,
     MAX_LINKS,
     RAW,
@@ -48,8 +48,8 @@ from .unixfs import (
 )
 
 __getattr__, __dir__, _lazy_names = lazy_exports(__name__, {
-    "address": ("parse_api_address",),
-    "kubo": ("KuboClient", "KuboContentStore"),
+    "_address": ("parse_api_address",),
+    "_kubo": ("KuboClient", "KuboContentStore"),
 }, globals())
 
 __all__ = [*_lazy_names,

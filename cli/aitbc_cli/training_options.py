@@ -20,7 +20,7 @@ JOB = JobConfig.model_fields  # the tuned defaults: one place, shared with the a
 
 
 class ModelType(str, Enum):
-    """The SDK's model builders (aitbc_agent_sdk.tasks.networks.MODEL_NAMES; a test keeps the two equal)."""
+    """The SDK's model builders (aitbc_agent_sdk.tasks._networks.MODEL_NAMES; a test keeps the two equal)."""
 
     mlp = "mlp"
     cnn = "cnn"

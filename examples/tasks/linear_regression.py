@@ -29,7 +29,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from aitbc_agent_sdk import DataInfo, TaskParams, TrainingTask
-from aitbc_agent_sdk.tasks.task import regression_metrics
+from aitbc_agent_sdk.tasks import regression_metrics
 
 
 class RegressionParams(TaskParams):

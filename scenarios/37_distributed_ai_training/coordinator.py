@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from aitbc_agent_sdk import Agent, AgentConfig
-from aitbc_agent_sdk.data.datasets import load_dataset
+from aitbc_agent_sdk.data import load_dataset
 
 
 class DistributedTrainingCoordinator:

@@ -25,14 +25,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # changed: the cheats live in scripts/chaos
 
 from aitbc_agent_sdk import Agent, AgentConfig, JobConfig, TrainingSpec  # noqa: E402
-from aitbc_agent_sdk.devnet.network import wallet_store  # noqa: E402
+from aitbc_agent_sdk.devnet import wallet_store  # noqa: E402
 from aitbc_agent_sdk.profile import devnet_password  # noqa: E402
 from aitbc_agent_sdk.audit import read_log  # noqa: E402
 from aitbc_agent_sdk.coordinator import is_terminal  # noqa: E402
-from aitbc_agent_sdk.coordinator.service import audit_path  # noqa: E402
+from aitbc_agent_sdk.coordinator import audit_path  # noqa: E402
 from aitbc_agent_sdk.records import ElasticPolicy, FaultPolicy  # noqa: E402
 from aitbc_agent_sdk.provider import ProviderAgent  # noqa: E402
-from aitbc_agent_sdk.stack import join_embedded_market  # noqa: E402
+from aitbc_agent_sdk._stack import join_embedded_market  # noqa: E402
 from scripts.chaos.byzantine import BEHAVIOURS  # noqa: E402
 
 CHEAPEST_WEI = 9 * 10**15  # below every embedded provider's ask, so the cheat gets hired

@@ -16,12 +16,12 @@ import torch
 from eth_account import Account
 
 from aitbc_agent_sdk.records import ContractProposal, GpuInfo, Hardware, JobAssignment
-from aitbc_agent_sdk.provider.node import EpochReporter, ProviderAgent, TrainOutcome
-from aitbc_agent_sdk.provider.process import CHECKPOINT_FILE, WEIGHTS_FILE
+from aitbc_agent_sdk.provider._node import EpochReporter, ProviderAgent, TrainOutcome
+from aitbc_agent_sdk.provider._process import CHECKPOINT_FILE, WEIGHTS_FILE
 from aitbc_agent_sdk.storage import compute_cid
-from aitbc_agent_sdk.wire.checkpoint import decode_state, encode_state
-from aitbc_agent_sdk.data.shard_files import load_shard
-from aitbc_agent_sdk.wire.update_codec import decode_update, encode_update
+from aitbc_agent_sdk.wire._checkpoint import decode_state, encode_state
+from aitbc_agent_sdk.data._shard_files import load_shard
+from aitbc_agent_sdk.wire._update_codec import decode_update, encode_update
 from scripts.chaos.lazy import LAZY
 
 State = dict[str, torch.Tensor]
@@ -198,7 +198,7 @@ class FakeGpuProvider(ProviderAgent):
                        cuda_version="12.4")
 
     def __init__(self, *args: object, hardware: Hardware | None = None, **kwargs: object) -> None:
-        from aitbc_agent_sdk.provider.hardware import detect_hardware
+        from aitbc_agent_sdk.provider._hardware import detect_hardware
 
         real = hardware or detect_hardware()
         super().__init__(*args, hardware=real.model_copy(update={"gpus": (self.FAKE_GPU,)}),  # type: ignore[arg-type]

@@ -1,4 +1,4 @@
-"""A provider daemon that cheats: ``python -m aitbc_agent_sdk.flow.provider_daemon`` plus ``--behaviour NAME``.
+"""A provider daemon that cheats: ``python -m aitbc_agent_sdk.flow._provider_daemon`` plus ``--behaviour NAME``.
 
 Run from the repository root, either way::
 
@@ -21,7 +21,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file: make ``scripts.chaos`` importable from the repo root
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from aitbc_agent_sdk.flow import provider_daemon as daemon  # noqa: E402
+from aitbc_agent_sdk.flow import _provider_daemon as daemon  # noqa: E402
 from scripts.chaos.byzantine import BEHAVIOURS, IMPOSTORS, TROUBLED, byzantine_factory  # noqa: E402
 
 

@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from aitbc_agent_sdk.chain import TransactionSender, connect_rpc
-from aitbc_agent_sdk.chain.deployment import fund_accounts
-from aitbc_agent_sdk.devnet.anvil import dev_accounts
-from aitbc_agent_sdk.devnet.network import DEVNET_PROVIDER_ARGS, wait_for_offers, wallet_store
-from aitbc_agent_sdk.devnet.service import spawn
+from aitbc_agent_sdk.chain._deployment import fund_accounts
+from aitbc_agent_sdk.devnet._anvil import dev_accounts
+from aitbc_agent_sdk.devnet._network import DEVNET_PROVIDER_ARGS, wait_for_offers, wallet_store
+from aitbc_agent_sdk.devnet._service import spawn
 from aitbc_agent_sdk.errors import ConfigError
 from aitbc_agent_sdk.profile import devnet_password, load_profile, save_profile
 

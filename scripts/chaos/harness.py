@@ -161,7 +161,7 @@ def worker_process_of(daemon_pid: int) -> int | None:
     while pending:
         pid = pending.pop(0)
         line = _cmdline(pid)
-        if "aitbc_agent_sdk.provider.worker_process" not in line or not _alive(pid):
+        if "aitbc_agent_sdk.provider._worker_process" not in line or not _alive(pid):
             continue
         if Path(line.split(" ", 1)[0]).name in ("bwrap", "setpriv"):
             pending += children(pid)
@@ -178,7 +178,7 @@ def _start_time(pid: int) -> int:
 
 
 def _alive(pid: int) -> bool:
-    from aitbc_agent_sdk.devnet.service import pid_alive
+    from aitbc_agent_sdk.devnet._service import pid_alive
     return pid_alive(pid)
 
 
@@ -245,7 +245,7 @@ class BusWatch:
         from eth_account import Account
 
         from aitbc_agent_sdk.messaging import SignedChannel, topics
-        from aitbc_agent_sdk.messaging.settings import connect_bus
+        from aitbc_agent_sdk.messaging._settings import connect_bus
         from aitbc_agent_sdk.records import JobResult, Progress
 
         bus = await self._stack.enter_async_context(
@@ -367,11 +367,11 @@ class ScenarioRun:
     async def add_byzantine(self, behaviour: str, total_providers: int) -> str:
         """A Byzantine provider daemon with its own funded wallet, priced below every honest one."""
         from aitbc_agent_sdk.chain import TransactionSender, connect_rpc
-        from aitbc_agent_sdk.chain.deployment import fund_accounts
+        from aitbc_agent_sdk.chain._deployment import fund_accounts
         from aitbc_agent_sdk.errors import ConfigError
-        from aitbc_agent_sdk.devnet.anvil import dev_accounts
-        from aitbc_agent_sdk.devnet.network import DEVNET_PROVIDER_ARGS, wait_for_offers, wallet_store
-        from aitbc_agent_sdk.devnet.service import spawn
+        from aitbc_agent_sdk.devnet._anvil import dev_accounts
+        from aitbc_agent_sdk.devnet._network import DEVNET_PROVIDER_ARGS, wait_for_offers, wallet_store
+        from aitbc_agent_sdk.devnet._service import spawn
         from aitbc_agent_sdk.profile import PASSWORD_FILE, load_profile, save_profile
 
         profile = load_profile(self.home)
@@ -403,7 +403,7 @@ class ScenarioRun:
     async def start_training(self) -> None:
         import numpy as np
 
-        from aitbc_agent_sdk.data.datasets import load_dataset
+        from aitbc_agent_sdk.data._datasets import load_dataset
 
         c = self.config
         data = await asyncio.to_thread(load_dataset, "digits")
@@ -478,7 +478,7 @@ class ScenarioRun:
         raise ChaosError(f"round {round_} did not end within {timeout:.0f}s")
 
     def diagnostics(self) -> str:
-        from aitbc_agent_sdk.devnet.service import tail
+        from aitbc_agent_sdk.devnet._service import tail
         from aitbc_agent_sdk.profile import training_dir
         parts = []
         if self.tid is not None:
@@ -497,7 +497,7 @@ class ScenarioRun:
             _signal(pid, signal.SIGCONT)
         self.stopped.clear()
         for pid in self.coordinator_pids:  # a finished coordinator has exited by itself
-            if _alive(pid) and "aitbc_agent_sdk.flow.daemon" in _cmdline(pid):
+            if _alive(pid) and "aitbc_agent_sdk.flow._daemon" in _cmdline(pid):
                 self.notes.append(f"coordinator {pid} still running at tear-down: killed")
                 _signal(pid, signal.SIGKILL)
         try:
@@ -505,7 +505,7 @@ class ScenarioRun:
         except ChaosError as exc:
             self.notes.append(f"devnet down failed ({exc}); killing by pid")
             with contextlib.suppress(Exception):
-                from aitbc_agent_sdk.devnet.network import devnet_down
+                from aitbc_agent_sdk.devnet._network import devnet_down
                 await asyncio.to_thread(devnet_down, self.home)
         leftovers = []
         for attempt in range(3):
@@ -585,8 +585,8 @@ async def fault_straggler(run: ScenarioRun) -> None:
 async def fault_mosquitto_restart(run: ScenarioRun) -> None:
     """Restart mosquitto (same port, config and persistence dir) once round 2 is running."""
     assert run.watch is not None
-    from aitbc_agent_sdk.devnet.mosquitto import restart_mosquitto
-    from aitbc_agent_sdk.devnet.service import stop, wait_for_port
+    from aitbc_agent_sdk.devnet._mosquitto import restart_mosquitto
+    from aitbc_agent_sdk.devnet._service import stop, wait_for_port
     from aitbc_agent_sdk.profile import load_profile, save_profile
 
     await run.watch.wait(is_progress(round_=run.config.fault_round, status="running"), run.config.training_timeout_s)

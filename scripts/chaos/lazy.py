@@ -16,20 +16,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from aitbc_agent_sdk.coordinator.checks.work_checks import expected_steps
+from aitbc_agent_sdk.coordinator.checks._work_checks import expected_steps
 from aitbc_agent_sdk.messaging import topics
 from aitbc_agent_sdk.records import COMMITMENT_KEY, JobAssignment, JobResult, TrajectoryCommitment
-from aitbc_agent_sdk.provider.node import EpochReporter, ProviderAgent, TrainOutcome
-from aitbc_agent_sdk.provider.process import CHECKPOINT_FILE, TRAJECTORY_DIR, WEIGHTS_FILE
-from aitbc_agent_sdk.provider.worker_process import warm_up
-from aitbc_agent_sdk.wire.checkpoint import decode_state
-from aitbc_agent_sdk.tasks.bound_task import BoundTask, bind_task, job_task_ref
-from aitbc_agent_sdk.data.shard_files import load_shard
-from aitbc_agent_sdk.tasks.task_loop import train_task
-from aitbc_agent_sdk.proof.trajectory import (
+from aitbc_agent_sdk.provider._node import EpochReporter, ProviderAgent, TrainOutcome
+from aitbc_agent_sdk.provider._process import CHECKPOINT_FILE, TRAJECTORY_DIR, WEIGHTS_FILE
+from aitbc_agent_sdk.provider._worker_process import warm_up
+from aitbc_agent_sdk.wire._checkpoint import decode_state
+from aitbc_agent_sdk.tasks._bound_task import BoundTask, bind_task, job_task_ref
+from aitbc_agent_sdk.data._shard_files import load_shard
+from aitbc_agent_sdk.tasks._task_loop import train_task
+from aitbc_agent_sdk.proof._trajectory import (
     TrajectoryRecorder, boundary_hashes, boundary_name, encode_boundary, hash_batch, segment_steps, tensor_digest,
 )
-from aitbc_agent_sdk.wire.update_codec import encode_update
+from aitbc_agent_sdk.wire._update_codec import encode_update
 
 State = dict[str, torch.Tensor]
 COPY_WAIT_S = 120.0  # how long a copycat waits for someone else's result before it trains itself

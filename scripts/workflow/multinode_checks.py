@@ -84,7 +84,7 @@ async def probe(args: argparse.Namespace) -> str:
     import httpx
 
     from aitbc_agent_sdk.chain import connect_rpc
-    from aitbc_agent_sdk.messaging.settings import connect_bus
+    from aitbc_agent_sdk.messaging._settings import connect_bus
 
     profile = load_profile_file(args.profile)
     result: dict[str, Any] = {"node": args.node, "address": args.address}
@@ -152,7 +152,7 @@ async def heartbeats(args: argparse.Namespace) -> str:
 
     from aitbc_agent_sdk.market import collect_offers
     from aitbc_agent_sdk.messaging import SignedChannel, topics
-    from aitbc_agent_sdk.messaging.settings import connect_bus
+    from aitbc_agent_sdk.messaging._settings import connect_bus
     from aitbc_agent_sdk.records import Heartbeat
 
     profile = load_profile_file(args.profile)
@@ -262,7 +262,7 @@ async def kill_on_progress(args: argparse.Namespace) -> dict[str, Any]:
     from eth_account import Account
 
     from aitbc_agent_sdk.messaging import SignedChannel, topics
-    from aitbc_agent_sdk.messaging.settings import connect_bus
+    from aitbc_agent_sdk.messaging._settings import connect_bus
     from aitbc_agent_sdk.records import Progress
     from aitbc_agent_sdk.profile import load_profile
 
@@ -367,7 +367,7 @@ def recovery(args: argparse.Namespace) -> str:
 
 async def export(args: argparse.Namespace) -> dict[str, Any]:
     """On the coordinator's host: the training's results, as the coordinator recorded them."""
-    from aitbc_agent_sdk.coordinator.training_db import TrainingStore
+    from aitbc_agent_sdk.coordinator._training_db import TrainingStore
 
     async with TrainingStore(Path(args.home) / "aitbc.db") as db:
         record = await db.training(args.training_id)
@@ -536,7 +536,7 @@ async def _coordinator_spending(w3: Any, coordinator: str, first: int, last: int
 async def data(args: argparse.Namespace) -> str:
     """Fetch every shard, the test set, the dataset, each accepted checkpoint and the model by CID."""
     from aitbc_agent_sdk.records import ShardManifest
-    from aitbc_agent_sdk.storage.kubo import KuboClient, KuboContentStore
+    from aitbc_agent_sdk.storage._kubo import KuboClient, KuboContentStore
 
     results = load_json(args.results)
     fetched: dict[str, dict[str, Any]] = {}

@@ -15,8 +15,8 @@ from eth_account.signers.local import LocalAccount
 from web3 import AsyncWeb3
 
 from aitbc_agent_sdk.chain import connect_rpc
-from aitbc_agent_sdk.devnet.anvil import anvil_path, dev_accounts, rpc_url, start_chain_node
-from aitbc_agent_sdk.devnet.service import ServiceError, ServiceProcess, stop, tail
+from aitbc_agent_sdk.devnet._anvil import anvil_path, dev_accounts, rpc_url, start_chain_node
+from aitbc_agent_sdk.devnet._service import ServiceError, ServiceProcess, stop, tail
 
 
 class AnvilNode:

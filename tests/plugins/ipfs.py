@@ -13,9 +13,9 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from aitbc_agent_sdk.devnet.ipfs import jsipfs_path, start_ipfs_daemon
-from aitbc_agent_sdk.devnet.service import ServiceError, free_port, stop
-from aitbc_agent_sdk.storage.kubo import KuboClient
+from aitbc_agent_sdk.devnet._ipfs import jsipfs_path, start_ipfs_daemon
+from aitbc_agent_sdk.devnet._service import ServiceError, free_port, stop
+from aitbc_agent_sdk.storage._kubo import KuboClient
 
 
 @pytest.fixture(scope="session")

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from aitbc_agent_sdk.devnet.mosquitto import start_mosquitto
-from aitbc_agent_sdk.devnet.service import ServiceError, ServiceProcess, stop, tail, wait_for_port
+from aitbc_agent_sdk.devnet._mosquitto import start_mosquitto
+from aitbc_agent_sdk.devnet._service import ServiceError, ServiceProcess, stop, tail, wait_for_port
 
 
 def run_broker(data_dir: Path, port: int | None = None) -> ServiceProcess:
@@ -87,9 +87,9 @@ class SecuredBroker:
 
     def __init__(self, root: Path, usernames: tuple[str, ...] = (), *, tls: bool = False,
                  max_message_bytes: int = 64 * 1024) -> None:
-        from aitbc_agent_sdk.devnet.broker_auth import BrokerAccounts
-        from aitbc_agent_sdk.devnet.mosquitto import BrokerSecurity
-        from aitbc_agent_sdk.devnet.tls import make_broker_tls
+        from aitbc_agent_sdk.devnet._broker_auth import BrokerAccounts
+        from aitbc_agent_sdk.devnet._mosquitto import BrokerSecurity
+        from aitbc_agent_sdk.devnet._tls import make_broker_tls
 
         self.auth = BrokerAccounts(root / "broker-auth")
         self.auth.ensure(usernames)

@@ -9,8 +9,8 @@ import pytest
 from web3 import AsyncWeb3
 
 from aitbc_agent_sdk.chain import connect_rpc
-from aitbc_agent_sdk.devnet.anvil import rpc_url, start_chain_node
-from aitbc_agent_sdk.devnet.service import stop
+from aitbc_agent_sdk.devnet._anvil import rpc_url, start_chain_node
+from aitbc_agent_sdk.devnet._service import stop
 
 
 @pytest.fixture

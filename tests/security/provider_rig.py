@@ -20,21 +20,21 @@ from eth_account import Account
 from pydantic import BaseModel
 
 from aitbc_agent_sdk.chain import TransactionSender, WalletStore
-from aitbc_agent_sdk.chain.deployment import deploy_contracts, fund_accounts
-from aitbc_agent_sdk.chain.escrow import EscrowClient, training_salt
+from aitbc_agent_sdk.chain._deployment import deploy_contracts, fund_accounts
+from aitbc_agent_sdk.chain._escrow import EscrowClient, training_salt
 from aitbc_agent_sdk.messaging import SignedChannel, topics
-from aitbc_agent_sdk.messaging.mqtt import MqttBus
+from aitbc_agent_sdk.messaging._mqtt import MqttBus
 from aitbc_agent_sdk.records import (
     ContractProposal, ContractReply, Hardware, JobAssignment, JobConfig, JobResult, ModelSpec, Progress, new_id,
 )
-from aitbc_agent_sdk.provider.node import ProviderAgent, ProviderConfig
-from aitbc_agent_sdk.flow.provider_daemon import provider_dir
-from aitbc_agent_sdk.provider.onchain import ProviderChain
-from aitbc_agent_sdk.storage.kubo import KuboClient, KuboContentStore
-from aitbc_agent_sdk.tasks.networks import build_model, model_spec_for
-from aitbc_agent_sdk.wire.checkpoint import encode_state
-from aitbc_agent_sdk.data.datasets import load_dataset
-from aitbc_agent_sdk.coordinator.data.datasets import store_shard
+from aitbc_agent_sdk.provider._node import ProviderAgent, ProviderConfig
+from aitbc_agent_sdk.flow._provider_daemon import provider_dir
+from aitbc_agent_sdk.provider._onchain import ProviderChain
+from aitbc_agent_sdk.storage._kubo import KuboClient, KuboContentStore
+from aitbc_agent_sdk.tasks._networks import build_model, model_spec_for
+from aitbc_agent_sdk.wire._checkpoint import encode_state
+from aitbc_agent_sdk.data._datasets import load_dataset
+from aitbc_agent_sdk.coordinator.data._datasets import store_shard
 
 PRICE = 10**15
 HARDWARE = Hardware(cpu_model="test cpu", cpu_cores=1, ram_bytes=1 << 30)

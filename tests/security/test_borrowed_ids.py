@@ -16,16 +16,16 @@ from contextlib import AsyncExitStack
 from eth_account import Account
 
 from aitbc_agent_sdk.chain import TransactionSender
-from aitbc_agent_sdk.chain.deployment import fund_accounts
-from aitbc_agent_sdk.chain.escrow import training_key
+from aitbc_agent_sdk.chain._deployment import fund_accounts
+from aitbc_agent_sdk.chain._escrow import training_key
 from aitbc_agent_sdk.messaging import SignedChannel, topics
-from aitbc_agent_sdk.messaging.mqtt import MqttBus
+from aitbc_agent_sdk.messaging._mqtt import MqttBus
 from aitbc_agent_sdk.records import (
     ContractReply, ResendRequest, TrajectoryChallenge, TrajectoryOpening, new_id,
 )
-from aitbc_agent_sdk.provider.book import BookLimits
-from aitbc_agent_sdk.provider.owners import TrainingOwner
-from aitbc_agent_sdk.provider.process import RESIDUAL_FILE
+from aitbc_agent_sdk.provider._book import BookLimits
+from aitbc_agent_sdk.provider._owners import TrainingOwner
+from aitbc_agent_sdk.provider._process import RESIDUAL_FILE
 
 from tests.security.provider_rig import PRICE, TRAINING, WAIT_S, Rig, provider_rig, servers  # noqa: F401 (a fixture)
 

@@ -18,8 +18,8 @@ from eth_account import Account
 
 from aitbc_agent_sdk.errors import MessagingError
 from aitbc_agent_sdk.messaging import BusMessage, SignedChannel, topics
-from aitbc_agent_sdk.messaging.mqtt import MqttBus
-from aitbc_agent_sdk.messaging.settings import connect_bus
+from aitbc_agent_sdk.messaging._mqtt import MqttBus
+from aitbc_agent_sdk.messaging._settings import connect_bus
 from aitbc_agent_sdk.records import Hardware, Offer
 
 JOBS = 30

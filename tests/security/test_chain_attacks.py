@@ -28,12 +28,12 @@ from aitbc_agent_sdk.chain import (
     ContractArtifact, EscrowClient, EvidenceDomain, RegistryClient, SlashEvidence, TransactionSender, deploy,
     load_artifact, result_hash, sign_consent, sign_result, training_key, training_salt,
 )
-from aitbc_agent_sdk.chain.deployment import fund_accounts
-from aitbc_agent_sdk.chain.registry import HALF_ORDER, result_digest
-from aitbc_agent_sdk.coordinator.checks.verification import result_signer
+from aitbc_agent_sdk.chain._deployment import fund_accounts
+from aitbc_agent_sdk.chain._registry import HALF_ORDER, result_digest
+from aitbc_agent_sdk.coordinator.checks._verification import result_signer
 from aitbc_agent_sdk.errors import ChainError, ContractRevertError
 from aitbc_agent_sdk.market import WeightedScore, rank_workers
-from aitbc_agent_sdk.market.scoring import rate_worker, reputation_unit
+from aitbc_agent_sdk.market._scoring import rate_worker, reputation_unit
 from aitbc_agent_sdk.records import Hardware, Offer
 
 ETH = 10**18

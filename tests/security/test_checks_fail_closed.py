@@ -17,13 +17,13 @@ import torch
 
 from aitbc_agent_sdk import Agent, AgentConfig, JobConfig, TrainingPhase, TrainingSpec
 from aitbc_agent_sdk.chain import training_key
-from aitbc_agent_sdk.coordinator.checks import spot_check
-from aitbc_agent_sdk.coordinator.round.round_work import ended_check
-from aitbc_agent_sdk.coordinator.checks.spot_check import SpotCheck
-from aitbc_agent_sdk.coordinator.checks.work_checks import PASS
+from aitbc_agent_sdk.coordinator.checks import _spot_check as spot_check
+from aitbc_agent_sdk.coordinator.round._round_work import ended_check
+from aitbc_agent_sdk.coordinator.checks._spot_check import SpotCheck
+from aitbc_agent_sdk.coordinator.checks._work_checks import PASS
 from aitbc_agent_sdk.records import FaultPolicy
 from aitbc_agent_sdk.provider import ProviderAgent
-from aitbc_agent_sdk.stack import EMBEDDED_STAKE
+from aitbc_agent_sdk._stack import EMBEDDED_STAKE
 from scripts.chaos.lazy import LazyProvider
 from tests.test_fault_tolerance import events, join_market, warm
 

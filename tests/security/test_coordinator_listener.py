@@ -12,10 +12,10 @@ from contextlib import AsyncExitStack
 
 from eth_account import Account
 
-from aitbc_agent_sdk.coordinator.listener import TrainingListener
-from aitbc_agent_sdk.coordinator.training_db import TrainingStore
+from aitbc_agent_sdk.coordinator._listener import TrainingListener
+from aitbc_agent_sdk.coordinator._training_db import TrainingStore
 from aitbc_agent_sdk.messaging import SignedChannel, topics
-from aitbc_agent_sdk.messaging.mqtt import MqttBus
+from aitbc_agent_sdk.messaging._mqtt import MqttBus
 from aitbc_agent_sdk.records import CheckpointRef, JobAssignment, JobConfig, JobResult, ModelSpec, new_id
 
 TID = "training_listener0test"

@@ -9,12 +9,12 @@ import asyncio
 
 from aitbc_agent_sdk import Agent, AgentConfig, JobConfig, TrainingPhase, TrainingSpec
 from aitbc_agent_sdk.audit import read_log
-from aitbc_agent_sdk.coordinator.service import audit_path
+from aitbc_agent_sdk.coordinator._service import audit_path
 from aitbc_agent_sdk.errors import TrainingError
 from aitbc_agent_sdk.limits import TEXT_MAX_LENGTH
 from aitbc_agent_sdk.records import FaultPolicy
 from aitbc_agent_sdk.provider import ProviderAgent
-from aitbc_agent_sdk.stack import join_embedded_market
+from aitbc_agent_sdk._stack import join_embedded_market
 
 ETH = 10**18
 CHEAPEST = ETH // 100 - ETH // 1000  # below every embedded provider, so the scorer hires it

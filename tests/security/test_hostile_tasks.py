@@ -20,16 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aitbc_agent_sdk.chain.escrow import training_salt
+from aitbc_agent_sdk.chain._escrow import training_salt
 from aitbc_agent_sdk.messaging import topics
 from aitbc_agent_sdk.records import ContractProposal, ContractReply, ModelSpec, TaskPolicy, TaskRef, new_id
 from aitbc_agent_sdk.profile import PASSWORD_FILE
-from aitbc_agent_sdk.provider.process import MAX_LOG_BYTES, WORKER_LOG
-from aitbc_agent_sdk.provider.sandbox import ENTRY_BYTES, TrainingSandbox, disk_problem, disk_usage
-from aitbc_agent_sdk.tasks.networks import build_model
-from aitbc_agent_sdk.wire.checkpoint import encode_state
-from aitbc_agent_sdk.data.datasets import load_dataset
-from aitbc_agent_sdk.tasks.task_package import encode_package, pack_task
+from aitbc_agent_sdk.provider._process import MAX_LOG_BYTES, WORKER_LOG
+from aitbc_agent_sdk.provider._sandbox import ENTRY_BYTES, TrainingSandbox, disk_problem, disk_usage
+from aitbc_agent_sdk.tasks._networks import build_model
+from aitbc_agent_sdk.wire._checkpoint import encode_state
+from aitbc_agent_sdk.data._datasets import load_dataset
+from aitbc_agent_sdk.tasks._task_package import encode_package, pack_task
 
 from tests.security.provider_rig import PRICE, WAIT_S, Rig, provider_rig, servers  # noqa: F401 (servers: a fixture)
 

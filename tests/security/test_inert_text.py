@@ -25,16 +25,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.text import Text
 
-from aitbc_agent_sdk.assistant.base import ToolContext
-from aitbc_agent_sdk.assistant.executor import Executor, StepOutcome
-from aitbc_agent_sdk.assistant.llm import LlmConfig
-from aitbc_agent_sdk.assistant.mcp_server import call_result
-from aitbc_agent_sdk.assistant.reply import answer, plan_lines
-from aitbc_agent_sdk.assistant.session import Assistant
+from aitbc_agent_sdk.assistant._base import ToolContext
+from aitbc_agent_sdk.assistant._executor import Executor, StepOutcome
+from aitbc_agent_sdk.assistant._llm import LlmConfig
+from aitbc_agent_sdk.assistant._mcp_server import call_result
+from aitbc_agent_sdk.assistant._reply import answer, plan_lines
+from aitbc_agent_sdk.assistant._session import Assistant
 from aitbc_agent_sdk.audit import AuditLog
-from aitbc_agent_sdk.coordinator.training_db import TrainingStore
+from aitbc_agent_sdk.coordinator._training_db import TrainingStore
 from aitbc_agent_sdk.records import Payment, Progress, TrainingPhase, TrainingRecord, TrainingSpec, WorkerContract
-from aitbc_agent_sdk.records.inert import html_text, terminal_markup, visible, visible_values
+from aitbc_agent_sdk.records._inert import html_text, terminal_markup, visible, visible_values
 from aitbc_agent_sdk.profile import training_dir
 from aitbc_cli.app import main
 from tests.test_assistant_openai import FakeOpenAI, call, final

@@ -25,10 +25,10 @@ from aitbc_agent_sdk.errors import IntegrityError
 from aitbc_agent_sdk.messaging import topics
 from aitbc_agent_sdk.records import JobAssignment, JobConfig, new_id
 from aitbc_agent_sdk.storage import DAG_PB, LocalContentStore, cid_from_str, cid_to_str, iter_blocks
-from aitbc_agent_sdk.storage.kubo import KuboClient, KuboContentStore
-from aitbc_agent_sdk.storage.unixfs import cid_bytes, encode_file_node
-from aitbc_agent_sdk.coordinator.data.datasets import store_shard
-from aitbc_agent_sdk.wire.checkpoint import encode_state
+from aitbc_agent_sdk.storage._kubo import KuboClient, KuboContentStore
+from aitbc_agent_sdk.storage._unixfs import cid_bytes, encode_file_node
+from aitbc_agent_sdk.coordinator.data._datasets import store_shard
+from aitbc_agent_sdk.wire._checkpoint import encode_state
 from test_provider_agent import TRAINING, open_market
 
 CHUNK = 256 * 1024

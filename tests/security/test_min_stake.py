@@ -24,28 +24,28 @@ from eth_account.signers.local import LocalAccount
 from eth_utils import keccak
 
 from aitbc_agent_sdk import flow
-from aitbc_agent_sdk.agent import Agent
+from aitbc_agent_sdk._agent import Agent
 from aitbc_agent_sdk.chain import EscrowClient, TransactionSender
-from aitbc_agent_sdk.chain.deployment import deploy_contracts, fund_accounts
-from aitbc_agent_sdk.chain.registry import RegistryClient
+from aitbc_agent_sdk.chain._deployment import deploy_contracts, fund_accounts
+from aitbc_agent_sdk.chain._registry import RegistryClient
 from aitbc_agent_sdk.config import AgentConfig
-from aitbc_agent_sdk.coordinator.round.reassign import hire, new_replacement
-from aitbc_agent_sdk.coordinator.service import Coordinator
-from aitbc_agent_sdk.coordinator.settings import CoordinatorSettings
-from aitbc_agent_sdk.coordinator.money.settlement import EscrowAccount
-from aitbc_agent_sdk.coordinator.training_db import TrainingStore
-from aitbc_agent_sdk.devnet.network import DevnetOptions
+from aitbc_agent_sdk.coordinator.round._reassign import hire, new_replacement
+from aitbc_agent_sdk.coordinator._service import Coordinator
+from aitbc_agent_sdk.coordinator._settings import CoordinatorSettings
+from aitbc_agent_sdk.coordinator.money._settlement import EscrowAccount
+from aitbc_agent_sdk.coordinator._training_db import TrainingStore
+from aitbc_agent_sdk.devnet._network import DevnetOptions
 from aitbc_agent_sdk.errors import NotEnoughWorkersError
 from aitbc_agent_sdk.market import WeightedScore
-from aitbc_agent_sdk.market.discovery import (
+from aitbc_agent_sdk.market._discovery import (
     DEFAULT_MIN_STAKE_WEI, collect_offers, resolve_min_stake, split_by_stake, stake_skip_text,
 )
 from aitbc_agent_sdk.messaging import SignedChannel
-from aitbc_agent_sdk.messaging.mqtt import MqttBus
+from aitbc_agent_sdk.messaging._mqtt import MqttBus
 from aitbc_agent_sdk.records import Hardware, Offer, TrainingSpec, Worker, new_id
-from aitbc_agent_sdk.provider.node import ProviderAgent, ProviderConfig
-from aitbc_agent_sdk.provider.onchain import ProviderChain
-from aitbc_agent_sdk.stack import EMBEDDED_STAKE
+from aitbc_agent_sdk.provider._node import ProviderAgent, ProviderConfig
+from aitbc_agent_sdk.provider._onchain import ProviderChain
+from aitbc_agent_sdk._stack import EMBEDDED_STAKE
 from aitbc_agent_sdk.storage import LocalContentStore
 from aitbc_cli.exits import ExitCode
 

@@ -9,7 +9,7 @@ The provider is the daemon's ProviderAgent on mosquitto, js-ipfs and anvil (test
 
 from __future__ import annotations
 
-from aitbc_agent_sdk.chain.escrow import training_salt
+from aitbc_agent_sdk.chain._escrow import training_salt
 from aitbc_agent_sdk.messaging import topics
 from aitbc_agent_sdk.records import ContractReply, new_id
 

@@ -22,16 +22,16 @@ from pathlib import Path
 import pytest
 
 from aitbc_agent_sdk.errors import TrainingError
-from aitbc_agent_sdk.host.errors import SandboxError
-from aitbc_agent_sdk.host.sandbox import available_backends
+from aitbc_agent_sdk.host._errors import SandboxError
+from aitbc_agent_sdk.host._sandbox import available_backends
 from aitbc_agent_sdk.messaging import topics
 from aitbc_agent_sdk.records import JobConfig
 from aitbc_agent_sdk.profile import PASSWORD_FILE
-from aitbc_agent_sdk.flow.provider_daemon import build_parser, provider_dir
-from aitbc_agent_sdk.provider.process import TrainingProcess
-from aitbc_agent_sdk.provider.sandbox import TrainingSandbox
-from aitbc_agent_sdk.data.datasets import load_dataset
-from aitbc_agent_sdk.tasks.networks import model_spec_for
+from aitbc_agent_sdk.flow._provider_daemon import build_parser, provider_dir
+from aitbc_agent_sdk.provider._process import TrainingProcess
+from aitbc_agent_sdk.provider._sandbox import TrainingSandbox
+from aitbc_agent_sdk.data._datasets import load_dataset
+from aitbc_agent_sdk.tasks._networks import model_spec_for
 
 from tests.security.provider_rig import provider_rig, servers  # noqa: F401 (servers: a fixture)
 

@@ -21,19 +21,19 @@ from web3 import AsyncWeb3
 from web3.types import RPCEndpoint
 
 from aitbc_agent_sdk.chain import TransactionSender
-from aitbc_agent_sdk.chain.deployment import fund_accounts
-from aitbc_agent_sdk.chain.escrow import (EscrowClient, EscrowState, HeldFunds, SlotState, sign_receipt,
+from aitbc_agent_sdk.chain._deployment import fund_accounts
+from aitbc_agent_sdk.chain._escrow import (EscrowClient, EscrowState, HeldFunds, SlotState, sign_receipt,
                                           training_key)
-from aitbc_agent_sdk.chain.registry import EvidenceDomain
-from aitbc_agent_sdk.coordinator.logbook import AuditLogs
-from aitbc_agent_sdk.coordinator.money.receipts import ReceiptIssuer, receipt_terms
-from aitbc_agent_sdk.coordinator.money.settlement import EscrowAccount, plan_payouts
-from aitbc_agent_sdk.coordinator.training_db import TrainingStore
+from aitbc_agent_sdk.chain._registry import EvidenceDomain
+from aitbc_agent_sdk.coordinator._logbook import AuditLogs
+from aitbc_agent_sdk.coordinator.money._receipts import ReceiptIssuer, receipt_terms
+from aitbc_agent_sdk.coordinator.money._settlement import EscrowAccount, plan_payouts
+from aitbc_agent_sdk.coordinator._training_db import TrainingStore
 from aitbc_agent_sdk.messaging import Verified, topics
 from aitbc_agent_sdk.records import CheckpointRef, JobAssignment, PaymentReceipt, WorkerContract
-from aitbc_agent_sdk.flow.provider_daemon import build_parser
-from aitbc_agent_sdk.provider.onchain import GRACE_PERIOD_S, ProviderChain, SlotView
-from aitbc_agent_sdk.provider.receipts import (
+from aitbc_agent_sdk.flow._provider_daemon import build_parser
+from aitbc_agent_sdk.provider._onchain import GRACE_PERIOD_S, ProviderChain, SlotView
+from aitbc_agent_sdk.provider._receipts import (
     MAX_RECEIPTS_FILE_BYTES, RECEIPTS_FILE, ProviderReceipts, ReceiptBook, ReceiptFile, SavedReceipt, redeem_due,
     redemption_verdict, restore_receipts, unreceipted_refusal, unreceipted_rounds,
 )

@@ -14,10 +14,10 @@ from aitbc_agent_sdk import limits
 from aitbc_agent_sdk.errors import DatasetError
 from aitbc_agent_sdk.messaging import topics
 from aitbc_agent_sdk.records import ContractReply, JobCancel, ModelSpec, Progress, ShardManifest, new_id
-from aitbc_agent_sdk.provider import node as provider_agent
-from aitbc_agent_sdk.provider.book import BookLimits, contract_key
-from aitbc_agent_sdk.tasks.networks import build_model
-from aitbc_agent_sdk.data.datasets import load_dataset
+from aitbc_agent_sdk.provider import _node as provider_agent
+from aitbc_agent_sdk.provider._book import BookLimits, contract_key
+from aitbc_agent_sdk.tasks._networks import build_model
+from aitbc_agent_sdk.data._datasets import load_dataset
 
 from tests.security.provider_rig import WAIT_S, provider_rig, servers  # noqa: F401 (servers: a fixture)
 

@@ -16,8 +16,8 @@ from collections.abc import AsyncIterator
 from eth_account import Account
 
 from aitbc_agent_sdk.messaging import SignedChannel, Verified
-from aitbc_agent_sdk.messaging.envelope import EnvelopeSigner
-from aitbc_agent_sdk.messaging.settings import BusSettings, connect_bus
+from aitbc_agent_sdk.messaging._envelope import EnvelopeSigner
+from aitbc_agent_sdk.messaging._settings import BusSettings, connect_bus
 from aitbc_agent_sdk.records import Heartbeat
 
 
@@ -91,7 +91,7 @@ def sealed_at(signer: EnvelopeSigner, topic: str, message: Heartbeat, age_s: flo
     """A message its sender's clock dated ``age_s`` ago (re-signed, so only its age differs)."""
     from eth_account.messages import encode_defunct
 
-    from aitbc_agent_sdk.messaging.envelope import canonical_text
+    from aitbc_agent_sdk.messaging._envelope import canonical_text
 
     body = json.loads(signer.seal(topic, message))
     body["sent_at"] = round(body["sent_at"] - age_s, 6)

@@ -14,7 +14,7 @@ import pytest
 from aitbc_agent_sdk.errors import AitbcError, UnsafeNameError
 from aitbc_agent_sdk.messaging import topics
 from aitbc_agent_sdk.records import ContractReply, new_id
-from aitbc_agent_sdk.provider.node import ProviderAgent
+from aitbc_agent_sdk.provider._node import ProviderAgent
 
 from tests.security.provider_rig import provider_rig, servers  # noqa: F401 (servers: a fixture)
 

@@ -16,17 +16,17 @@ from contextlib import AsyncExitStack
 from eth_account import Account
 
 from aitbc_agent_sdk.chain import EscrowClient, RegistryClient, TransactionSender, training_key
-from aitbc_agent_sdk.chain.deployment import deploy_contracts, fund_accounts
+from aitbc_agent_sdk.chain._deployment import deploy_contracts, fund_accounts
 from aitbc_agent_sdk.audit import read_log
 from aitbc_agent_sdk.coordinator import Coordinator, CoordinatorSettings, EscrowAccount, TrainingStore
-from aitbc_agent_sdk.coordinator.round.run import RunRequest, run_training
-from aitbc_agent_sdk.coordinator.service import audit_path
+from aitbc_agent_sdk.coordinator.round._run import RunRequest, run_training
+from aitbc_agent_sdk.coordinator._service import audit_path
 from aitbc_agent_sdk.market import WeightedScore
 from aitbc_agent_sdk.messaging import InMemoryBus, SignedChannel
 from aitbc_agent_sdk.records import FaultPolicy, Hardware, JobConfig, TrainingPhase, TrainingSpec
-from aitbc_agent_sdk.provider.node import ProviderAgent, ProviderConfig
-from aitbc_agent_sdk.provider.onchain import ProviderChain
-from aitbc_agent_sdk.stack import register_provider
+from aitbc_agent_sdk.provider._node import ProviderAgent, ProviderConfig
+from aitbc_agent_sdk.provider._onchain import ProviderChain
+from aitbc_agent_sdk._stack import register_provider
 from aitbc_agent_sdk.storage import LocalContentStore
 from scripts.chaos.byzantine import RandomProvider, ScaledProvider
 

@@ -20,7 +20,7 @@ from web3 import AsyncWeb3
 
 from aitbc_agent_sdk.chain import TransactionSender
 from aitbc_agent_sdk.audit import AuditLog, AuditLogError, read_log, verify_log
-from aitbc_agent_sdk.devnet.anvil import dev_accounts
+from aitbc_agent_sdk.devnet._anvil import dev_accounts
 
 from tests.security.anvil_node import node  # noqa: F401 (a fixture)
 
@@ -67,7 +67,7 @@ async def test_a_crash_after_replace_worker_is_reconciled_on_resume_and_release_
         tmp_path: Path, node: AsyncWeb3, monkeypatch: pytest.MonkeyPatch) -> None:
     from aitbc_agent_sdk.chain import deploy, load_artifact
     from aitbc_agent_sdk.coordinator import TrainingStore
-    from aitbc_agent_sdk.coordinator.round import reassign
+    from aitbc_agent_sdk.coordinator.round import _reassign as reassign
     from aitbc_agent_sdk.records import new_id
 
     account = dev_accounts(3)[2]
@@ -194,7 +194,7 @@ KEY = "0x" + "4c0883a69102937d6231471b5dbb6204fe5129617082792ae468d01a3f362318"
     ("the passphrase is 'open sesame now'. Then list offers", ["open", "sesame", "now"]),
 ])
 async def test_every_word_of_a_secret_is_blanked(tmp_path: Path, request_text: str, secret_words: list[str]) -> None:
-    from aitbc_agent_sdk.assistant.audit import AssistantAudit, assistant_log_path
+    from aitbc_agent_sdk.assistant._audit import AssistantAudit, assistant_log_path
 
     audit = AssistantAudit(tmp_path, source="test")
     await audit.record("request", request=request_text, reply=f"echo: {request_text}")
@@ -205,7 +205,7 @@ async def test_every_word_of_a_secret_is_blanked(tmp_path: Path, request_text: s
 
 
 async def test_ordinary_requests_are_kept(tmp_path: Path) -> None:
-    from aitbc_agent_sdk.assistant.audit import scrub_text
+    from aitbc_agent_sdk.assistant._audit import scrub_text
 
     for text in ("train a small mlp on digits with 2 workers for 3 rounds", "show the payments of my last training",
                  "which token does the escrow use?"):

@@ -19,7 +19,7 @@ from eth_account.signers.local import LocalAccount
 from web3 import AsyncWeb3
 
 from aitbc_agent_sdk.chain import TransactionSender
-from aitbc_agent_sdk.devnet.anvil import dev_accounts
+from aitbc_agent_sdk.devnet._anvil import dev_accounts
 
 from tests.security.anvil_node import node  # noqa: F401 (a fixture)
 
@@ -94,7 +94,7 @@ async def test_a_stuck_transaction_is_replaced_at_a_higher_fee(node: AsyncWeb3, 
 
 
 async def test_a_receipt_is_returned_only_at_the_configured_depth(node: AsyncWeb3, account: LocalAccount) -> None:
-    from aitbc_agent_sdk.chain.tx import default_confirmations
+    from aitbc_agent_sdk.chain._tx import default_confirmations
 
     assert await TransactionSender(node, account).confirmations() == 1  # anvil's chain id: a devnet
     assert default_confirmations(1) > 1  # Ethereum mainnet waits for more

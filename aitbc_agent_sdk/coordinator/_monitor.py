@@ -1,0 +1,81 @@
+"""A read-only snapshot of a training from SQLite, for ``monitor`` in any shell at any time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from ..records import EscrowSummary, Payment, Progress, RoundMetrics, TrainingPhase, id_path
+from ..audit import read_log
+from ._training_db import TrainingStore
+
+
+POOL_EVENTS = ("worker_added", "worker_released", "rebalanced", "scale_up_refused", "worker_replaced",
+               "worker_failed", "result_rejected", "straggler_detected", "speculative_job", "resend_requested",
+               "spot_check", "held_for_checking", "hardware_flagged", "slashed")
+
+
+class WorkerView(BaseModel):
+    worker_id: str
+    role: str = "worker"
+    round: int
+    status: str
+    epoch: int
+    epochs: int
+    progress: float
+    loss: float | None
+    samples_per_s: float | None
+    paid_wei: int
+
+
+class Snapshot(BaseModel):
+    training_id: str
+    phase: TrainingPhase
+    round: int
+    rounds: int
+    model_type: str
+    workers: list[WorkerView]
+    round_metrics: list[RoundMetrics]
+    payments: list[Payment]
+    escrow: EscrowSummary | None
+    target_throughput: float | None = None  # elastic pools: samples/s the pool is sized for
+    events: list[dict[str, Any]] = []  # scaling, rebalancing and fault events from the audit log
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in (TrainingPhase.COMPLETE, TrainingPhase.FAILED)
+
+
+async def snapshot(db: TrainingStore, training_id: str, audit_dir: Path | None = None) -> Snapshot:
+    record = await db.training(training_id)
+    payments = await db.payments(training_id)
+    latest: dict[str, Progress] = {}
+    jobs = await db.jobs(training_id)
+    for job in jobs:  # ordered by round: the last job per worker wins
+        progress = await db.progress(job.job_id)
+        latest[job.worker_id] = progress or Progress(
+            job_id=job.job_id, training_id=training_id, worker_id=job.worker_id, round=job.round,
+            status="assigned", epoch=0, epochs=job.config.epochs, progress=0.0)
+    workers = []
+    for contract in await db.contracts(training_id):
+        p = latest.get(contract.worker_id)
+        workers.append(WorkerView(
+            worker_id=contract.worker_id, role=contract.role, round=p.round if p else 0, status=p.status if p else "contracted",
+            epoch=p.epoch if p else 0, epochs=record.spec.job.epochs, progress=p.progress if p else 0.0,
+            loss=p.loss if p else None, samples_per_s=p.samples_per_s if p else None,
+            paid_wei=sum(pay.amount_wei for pay in payments if pay.worker_id == contract.worker_id)))
+    return Snapshot(training_id=training_id, phase=record.phase, round=record.round, rounds=record.spec.rounds,
+                    model_type=record.spec.model_type, workers=workers, round_metrics=await db.rounds(training_id),
+                    payments=payments, escrow=await db.escrow(training_id),
+                    target_throughput=record.spec.elastic.target_samples_per_s if record.spec.elastic else None,
+                    events=pool_events(audit_dir, training_id))
+
+
+def pool_events(audit_dir: Path | None, training_id: str) -> list[dict[str, Any]]:
+    """The audit log's scaling, rebalancing and fault events, oldest first (none without a log)."""
+    path = id_path(audit_dir, training_id) / "audit.jsonl" if audit_dir else None
+    if path is None or not path.exists():
+        return []
+    return [{"event": e.event, "ts": e.ts, **e.fields} for e in read_log(path) if e.event in POOL_EVENTS]

@@ -1,0 +1,228 @@
+"""Spot checks: re-execute a few segments of a worker's committed trajectory from its committed start.
+
+After a result passed every other check, the coordinator draws segments with the OS's randomness
+(after the commitment arrived, so the worker cannot know which), asks the worker to open the
+boundary states around them, checks each opened state against the commitment's hash, and trains
+each segment again on the shard the job named, with the job's seed. The end state must equal the
+committed one bit for bit when the worker trained on a CPU, or lie within a tolerance relative to
+the segment's own change when it trained on a GPU (whose kernels are not bit-reproducible here).
+
+A mismatch, or a batch order that is not the job's, contradicts the trajectory the worker signed
+(inside the checkpoint's CID): slashable. A worker that does not open its trajectory in time is
+unpaid for the round, but not slashed: it may just be gone. In time follows the work: a worker keeps
+only a few boundary states (:func:`~aitbc_agent_sdk.proof._trajectory.kept_boundaries`) and trains
+segments again to open the others, so its deadline grows with those steps at its measured speed
+(:func:`opening_deadline_s`).
+
+A check that cannot decide fails closed. Every opened state must be one the task's own model,
+optimizer and scheduler could be in (:mod:`~aitbc_agent_sdk.proof._opened_state`) before anything
+is replayed; one that is not, and any error while checking (a hostile state that slipped through, or
+the coordinator's own failure), makes the result unverifiable: unpaid, not slashed, and the audit
+log says why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ...errors import AitbcError
+from ...messaging import SignedChannel, topics
+from ...records import JobAssignment, Shard, TrajectoryChallenge, TrajectoryCommitment, TrajectoryOpening
+from ...wire._checkpoint import decode_state
+from ...proof._trajectory import boundary_hashes, recompute_segments
+from ...tasks._trajectory_replay import Reexecution, reexecute_segments, relative_distance, unfit_states
+from ..round._deadlines import job_deadline, job_work
+from ...storage import ContentStore
+from ..data._datasets import DatasetStore
+from ..data._inputs import RoundInputs
+from .._listener import TrainingListener
+from .._logbook import AuditSink
+from ..round._round_times import RoundTimes
+from .._training_db import TrainingStore
+from ._work_checks import (
+    PASS, WorkVerdict, bounded, check_crashed, pick_segments, reexecution_verdict, unverifiable,
+)
+
+log = logging.getLogger(__name__)
+BOUNDARY_SLACK = 1 << 20  # a boundary file's header and the optimizer's scalars
+RECOMPUTE_SLACK = 2.0  # a worker recomputes at half its measured training speed or better (a busy host)
+
+
+def measured_step_s(train_seconds: float, steps: int, limit_s: float) -> float:
+    """Seconds per step of a job as its worker reported its training time, counted at most ``limit_s`` (the
+    job's deadline): claiming a slower job buys no more time than the deadline allowed."""
+    return min(max(train_seconds, 0.0), limit_s) / max(steps, 1)
+
+
+def opening_deadline_s(floor_s: float, step_s: float, recompute_steps: int, slack: float = RECOMPUTE_SLACK) -> float:
+    """Seconds a worker has to open a spot check: ``floor_s`` (fetch, upload, a process to start) plus the
+    steps it trains again to recompute the boundaries it did not keep, at ``slack`` times ``step_s``."""
+    return floor_s + slack * step_s * recompute_steps
+
+
+@dataclass(frozen=True)
+class SpotCheck:
+    verdict: WorkVerdict
+    segments: tuple[int, ...]
+    seconds: float  # re-execution time on the coordinator: the verification's compute
+
+
+def model_part(blob: bytes) -> dict[str, torch.Tensor]:
+    """The model tensors of a boundary file (``model/<name>``)."""
+    return {k.removeprefix("model/"): v for k, v in decode_state(blob).items() if k.startswith("model/")}
+
+
+# torch's intra-op thread count is process-wide, and a CPU's sums depend on it: re-executions take turns.
+_THREADS = threading.Lock()
+
+
+def reexecute_with_threads(threads: int, *args: Any) -> dict[int, Reexecution]:
+    """:func:`reexecute_segments` with as many intra-op threads as the worker trained with (bit-exact on a CPU)."""
+    with _THREADS:
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            return reexecute_segments(*args)
+        finally:
+            torch.set_num_threads(before)
+
+
+class SpotChecker:
+    """Spot checks for one round; the shards it re-executes on are loaded once and kept for the round."""
+
+    def __init__(self, inputs: RoundInputs, audit: AuditSink, *, db: TrainingStore, store: ContentStore,
+                 data: DatasetStore, channel: SignedChannel, listener: TrainingListener, round_times: RoundTimes,
+                 turn: asyncio.Semaphore, rng: random.Random | None = None) -> None:
+        self.db, self.store, self.data, self.channel = db, store, data, channel
+        self.listener = listener  # the round's own: challenges' openings arrive on it
+        self.round_times = round_times
+        self.turn = turn  # shared by every round of the coordinator, so checks take turns across trainings
+        self.inputs = inputs
+        self.audit = audit
+        self.rng = rng or random.SystemRandom()
+        self.policy = inputs.policy
+        # Optimizer moments are about twice the model: four times its size bounds any boundary file.
+        self.max_bytes = 4 * inputs.checkpoint_limit + BOUNDARY_SLACK
+
+    async def check(self, job: JobAssignment, shard: Shard, commitment: TrajectoryCommitment,
+                    checks: int) -> SpotCheck:
+        segments = pick_segments(commitment.segments, checks, self.rng)
+        cids: dict[str, str] = {}
+        started = time.perf_counter()
+        try:
+            opened = await self._open(job, segments, await self._opening_timeout(job, shard, commitment, segments))
+            started = time.perf_counter()
+            if isinstance(opened, WorkVerdict):
+                verdict = opened
+            else:
+                cids = {str(b): cid for b, cid in opened.items()}
+                # One check at a time holds its opened states (each up to four models): the coordinator's
+                # memory follows the model, not the number of workers checked at once.
+                async with self.turn:
+                    fetched = await self._fetch(opened)
+                    verdict = fetched if isinstance(fetched, WorkVerdict) else \
+                        await self._reexecute(job, shard, commitment, segments, fetched)
+        except Exception as exc:  # fail closed: an error is a verdict, never a pass (cancelling still works)
+            log.warning("spot check of job %s could not run", job.job_id, exc_info=True)
+            verdict = check_crashed(exc)
+        verdict = bounded(verdict)
+        seconds = time.perf_counter() - started
+        # The evidence trail: which segments, and the verdict (the opened states are in the store by CID).
+        await self.audit.append("spot_check", worker=job.worker_id, job_id=job.job_id, round=job.round,
+                                segments=list(segments), passed=verdict.problem is None, reason=verdict.problem,
+                                slashable=verdict.slashable, opened=cids, seconds=round(seconds, 3))
+        return SpotCheck(verdict, segments, seconds)
+
+    async def _opening_timeout(self, job: JobAssignment, shard: Shard, commitment: TrajectoryCommitment,
+                               segments: tuple[int, ...]) -> float:
+        """The opening's deadline: the policy's floor, plus the worker's recomputation at its measured speed."""
+        wanted = {b for s in segments for b in (s, s + 1)}
+        steps = recompute_segments(len(commitment.state_hashes), wanted) * commitment.segment_steps
+        found = await self.db.checkpoint(job.job_id)
+        limit = job_deadline(job_work(shard.samples, job.config.epochs),
+                             self.round_times.of(job.training_id, job.worker_id), self.policy)
+        step_s = measured_step_s(found[0].train_seconds if found is not None else 0.0, commitment.steps, limit)
+        return opening_deadline_s(self.policy.opening_timeout_s, step_s, steps)
+
+    async def _open(self, job: JobAssignment, segments: tuple[int, ...], timeout: float
+                    ) -> dict[int, str] | WorkVerdict:
+        """The CIDs of the boundary states around ``segments``, as the worker opened them."""
+        listener = self.listener
+        waiting = listener.expect_opening(job.job_id)
+        try:
+            await self.channel.publish(topics.challenge(job.worker_id), TrajectoryChallenge(
+                job_id=job.job_id, training_id=job.training_id, round=job.round, segments=segments,
+                deadline_s=timeout))
+            opening: TrajectoryOpening = await asyncio.wait_for(waiting, timeout)
+        except (TimeoutError, AitbcError) as exc:
+            listener.forget_opening(job.job_id)
+            why = "in time" if isinstance(exc, TimeoutError) else f"({exc})"
+            return WorkVerdict(f"missing work: did not open its committed trajectory {why} "
+                               f"(segments {list(segments)}, {timeout:g}s)")
+        cids = {s.boundary: s.cid for s in opening.states}
+        wanted = sorted({b for s in segments for b in (s, s + 1)})
+        if missing := [b for b in wanted if b not in cids]:
+            return WorkVerdict(f"missing work: the opening lacks boundaries {missing}")
+        return {b: cids[b] for b in wanted}
+
+    async def _fetch(self, cids: Mapping[int, str]) -> dict[int, bytes] | WorkVerdict:
+        """The opened boundary states, checked against nothing yet."""
+        blobs = {}
+        try:
+            async with asyncio.timeout(self.policy.fetch_timeout_s * len(cids)):
+                for boundary, cid in cids.items():
+                    blobs[boundary] = await self.store.cat(cid, max_bytes=self.max_bytes)
+        except Exception as exc:  # missing, too big, corrupt or slow: the worker did not open it
+            return WorkVerdict(f"missing work: opened boundary states could not be fetched ({exc})")
+        return blobs
+
+    async def _reexecute(self, job: JobAssignment, shard: Shard, commitment: TrajectoryCommitment,
+                         segments: tuple[int, ...], blobs: Mapping[int, bytes]) -> WorkVerdict:
+        for boundary, blob in blobs.items():
+            try:
+                _, state_hash = await asyncio.to_thread(boundary_hashes, blob)
+            except Exception as exc:  # not a boundary file at all
+                return WorkVerdict(f"missing work: opened boundary {boundary} is malformed ({exc})")
+            if state_hash != commitment.state_hashes[boundary]:
+                return WorkVerdict(f"missing work: opened boundary {boundary} does not match the commitment")
+        data = await self.data.load(shard.cid)
+        # Every opened state, start or end, must be one the task could be in before anything is replayed.
+        unfit = await asyncio.to_thread(unfit_states, self.inputs.task, job.model, data, job.config, blobs)
+        if unfit:
+            boundary, problem = next(iter(unfit.items()))
+            return unverifiable(f"opened boundary {boundary} is not a state of this task: {problem}")
+        again = await asyncio.to_thread(
+            reexecute_with_threads, commitment.threads, self.inputs.task, job.model, data, job.config,
+            job.seed, commitment, {s: blobs[s] for s in segments})
+        return await self._compare(commitment, segments, blobs, again)
+
+    async def _compare(self, commitment: TrajectoryCommitment, segments: tuple[int, ...],
+                       blobs: Mapping[int, bytes], again: Mapping[int, Reexecution]) -> WorkVerdict:
+        """Each re-executed segment against its committed end; a proven contradiction first."""
+        problems = [(s, again[s]) for s in segments if again[s].problem is not None]
+        if lie := next((found for _, found in problems if found.contradicts), None):
+            return WorkVerdict(f"spot check: {lie.problem}", slashable=True)
+        if problems:
+            segment, found = problems[0]
+            return unverifiable(f"segment {segment} could not be re-executed: {found.problem}")
+        exact = commitment.device == "cpu"
+        for segment in segments:
+            distance = None
+            if not exact:
+                distance = await asyncio.to_thread(relative_distance, again[segment].model,
+                                                   model_part(blobs[segment + 1]), model_part(blobs[segment]))
+            verdict = reexecution_verdict(segment, exact=exact, reexecuted_hash=again[segment].state_hash,
+                                          committed_hash=commitment.state_hashes[segment + 1], distance=distance,
+                                          tolerance=self.policy.reexec_tolerance)
+            if verdict.problem is not None:
+                return verdict
+        return PASS

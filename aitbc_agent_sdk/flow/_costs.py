@@ -1,0 +1,88 @@
+"""What funding a training costs, before anything is paid (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..market._discovery import eth_amount, stake_skip_text
+
+WEI_PER_ETH = 10**18
+
+
+def eth_text(wei: int, decimals: int = 4) -> str:
+    """Wei as ETH with a fixed number of decimals, exact (no float rounding of large amounts)."""
+    scale = 10 ** (18 - decimals)
+    rounded = (int(wei) + scale // 2) // scale
+    whole, frac = divmod(rounded, 10**decimals)
+    return f"{whole}.{frac:0{decimals}d}"
+
+
+@dataclass(frozen=True)
+class CostPreview:
+    """The escrow deposit (every worker's price x rounds) and the most the spares can add; the bond every
+    hired provider holds, and how many offers were skipped for holding less."""
+
+    workers: int
+    rounds: int
+    prices_wei: tuple[int, ...]  # per worker, per round
+    spares: int
+    spare_prices_wei: tuple[int, ...]
+    min_stake_wei: int = 0
+    stake_skipped: int = 0
+
+    @property
+    def deposit_wei(self) -> int:
+        return sum(self.prices_wei) * self.rounds
+
+    @property
+    def spares_wei(self) -> int:
+        """A spare's slot is funded only when it steps in; at most its price for every round."""
+        return sum(self.spare_prices_wei) * self.rounds
+
+    @property
+    def most_wei(self) -> int:
+        return self.deposit_wei + self.spares_wei
+
+    def items(self) -> list[tuple[str, int]]:
+        """(what, wei) lines of the preview: the deposit, then what the spares could add."""
+        low, high = min(self.prices_wei, default=0), max(self.prices_wei, default=0)
+        price = eth_text(low) if low == high else f"{eth_text(low)}-{eth_text(high)}"
+        lines = [(f"escrow deposit: {self.workers} workers x {price} ETH x {self.rounds} rounds", self.deposit_wei)]
+        if self.spares:
+            lines.append((f"at most, if the {self.spares} spare(s) step in", self.spares_wei))
+        return lines
+
+    def notes(self) -> list[str]:
+        """Lines that cost nothing but decide who is paid: the minimum bond, and the offers it left out."""
+        lines = [f"hired providers hold at least {eth_amount(self.min_stake_wei)} ETH of bond (--min-stake)"]
+        if self.stake_skipped:
+            lines.append(stake_skip_text(self.stake_skipped, self.min_stake_wei))
+        return lines
+
+    def as_json(self) -> dict[str, object]:
+        return {"workers": self.workers, "rounds": self.rounds, "spares": self.spares,
+                "deposit_wei": str(self.deposit_wei), "spares_wei": str(self.spares_wei),
+                "most_wei": str(self.most_wei), "min_stake_wei": str(self.min_stake_wei),
+                "stake_skipped": self.stake_skipped}
+
+
+def preview(prices_wei: Sequence[int], spare_prices_wei: Sequence[int], rounds: int, *, min_stake_wei: int = 0,
+            stake_skipped: int = 0) -> CostPreview:
+    return CostPreview(workers=len(prices_wei), rounds=rounds, prices_wei=tuple(prices_wei),
+                       spares=len(spare_prices_wei), spare_prices_wei=tuple(spare_prices_wei),
+                       min_stake_wei=min_stake_wei, stake_skipped=stake_skipped)
+
+
+def estimate_text(cost: CostPreview, *, asked: int, hardware: str | None) -> str:
+    """A cost question answered in a sentence: COST is the preview ``run --dry-run`` shows, over the best
+    offers the market has now (fewer than ASKED when it has fewer)."""
+    what = f"{hardware} or faster" if hardware else "any hardware"
+    if cost.workers == 0:
+        return f"No offers for {what} on the market now, so {asked} workers cannot be priced; nothing was spent."
+    (line, wei), *_ = cost.items()
+    short = "" if cost.workers >= asked else (f" The market has only {cost.workers} offers for {what} now, "
+                                              f"so {asked} cannot be hired; this prices {cost.workers}.")
+    return (f"{cost.workers} workers ({what}) for {cost.rounds} rounds would put {eth_text(wei)} ETH into the "
+            f"escrow ({line}), paid out only for accepted rounds; the same estimate as `run --dry-run`. "
+            f"Nothing was spent.{short}")

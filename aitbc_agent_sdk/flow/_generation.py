@@ -1,0 +1,54 @@
+"""Sample a home's training without starting an agent: the record from its database, the model from its store.
+
+Reading a model needs neither the chain nor the bus nor a wallet, so ``sample`` opens only the
+content store the training was stored in: the embedded stack's ``$AITBC_HOME/store`` when it holds
+the training's model (``run``), else the devnet profile's (a Kubo daemon or a local directory) when
+the home has one (the step-by-step flow).
+"""
+
+from __future__ import annotations
+
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..profile import profile_path
+from ._steps import load_training
+
+if TYPE_CHECKING:
+    from ..records import SampleResult, TrainingRecord
+    from ..storage import ContentStore
+
+
+async def home_store(home: Path, record: TrainingRecord, exits: AsyncExitStack) -> ContentStore:
+    """The content store this home keeps ``record``'s model in (closed with ``exits``)."""
+    from ..config import AgentConfig
+    from ..profile import load_profile
+    from .._stack import open_store
+    from ..storage import LocalContentStore
+
+    local = LocalContentStore(home / "store")
+    embedded = record.model_cid is not None and await local.has(record.model_cid)
+    if embedded or not profile_path(home).is_file():
+        return local
+    return await open_store(load_profile(home), AgentConfig(name="aitbc-cli", home=home), exits)
+
+
+async def sample_training(home: Path, training_id: str, prompt: str, *, tokens: int = 200,
+                          temperature: float = 0.8, top_k: int | None = 40, seed: int = 0) -> SampleResult:
+    """Text from the training's current model (see :meth:`Agent.sample_text`); the request is checked first."""
+    from ..coordinator.data._datasets import DatasetStore
+    from ..coordinator.data._generation import SampleRequest, sample_text
+    from ..coordinator.data._tasks import TaskCache
+
+    request = SampleRequest(prompt, tokens, temperature, top_k, seed)
+    request.check()  # a bad option costs no store connection
+    record = await load_training(home, training_id)  # an unknown id: NotFoundError
+    async with AsyncExitStack() as exits:
+        store = await home_store(home, record, exits)
+        # Where an agent of this home keeps its imported tasks and dataset parts.
+        return await sample_text(store, DatasetStore(store, home / "datasets"), TaskCache(store, home / "tasks"),
+                                 record, request)
+
+
+__all__ = ["home_store", "sample_training"]

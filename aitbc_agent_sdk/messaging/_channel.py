@@ -1,0 +1,81 @@
+"""Typed, signed publish/subscribe on top of any Bus adapter."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TypeVar
+
+from eth_account.signers.local import LocalAccount
+from pydantic import BaseModel
+
+from ..errors import MessagingError, SignatureError
+from ._envelope import EnvelopeSigner, EnvelopeVerifier, Verified
+from ._port import Bus
+
+M = TypeVar("M", bound=BaseModel)
+log = logging.getLogger(__name__)
+
+
+class SignedChannel:
+    """One agent's view of the bus: everything it sends is signed, everything it reads is verified."""
+
+    def __init__(self, bus: Bus, account: LocalAccount, *, verifier: EnvelopeVerifier | None = None) -> None:
+        self._bus = bus
+        self._signer = EnvelopeSigner(account)
+        # A bus built from BusSettings knows the market's clock-skew window and where its
+        # session keeps the nonces it has seen; a bare bus gets the defaults, in memory.
+        make = getattr(bus, "make_verifier", None)
+        self.verifier = verifier or (make(account.address) if make is not None else EnvelopeVerifier())
+
+    @property
+    def address(self) -> str:
+        return self._signer.address
+
+    async def publish(self, topic: str, message: BaseModel, *, retain: bool = False) -> None:
+        await self._bus.publish(topic, self._signer.seal(topic, message, retain=retain), retain=retain)
+
+    async def clear_retained(self, topic: str) -> None:
+        await self._bus.publish(topic, b"", retain=True)
+
+    @asynccontextmanager
+    async def subscribe(self, topic_filter: str, model: type[M]) -> AsyncIterator[AsyncIterator[Verified[M]]]:
+        async with self._bus.subscribe(topic_filter) as messages:
+            yield self._verified(messages, model)
+
+    async def _verified(self, messages: AsyncIterator, model: type[M]) -> AsyncIterator[Verified[M]]:
+        # A retained state (an offer) is legitimately delivered again to each subscription, and
+        # again after a reconnect: accept it once per subscription, while it is fresh. Everything
+        # else, retained or not, passes the (persisted) seen-nonce check.
+        retained_here: set[tuple[str, int]] = set()
+        async for raw in messages:
+            if not raw.payload:  # a cleared retained message
+                continue
+            try:
+                verified = self.verifier.open(raw.topic, raw.payload, model, retained=raw.retained,
+                                              check_replay=not raw.retained)
+            except SignatureError as exc:
+                log.warning("%s", exc)
+                continue
+            if raw.retained:
+                key = (verified.sender, verified.nonce)
+                if key in retained_here:
+                    continue
+                retained_here.add(key)
+            yield verified
+
+    async def request(self, topic: str, message: BaseModel, reply_topic: str, reply_model: type[M],
+                      *, timeout: float, expected_sender: str) -> M:
+        """Publish and wait for one verified reply from ``expected_sender`` on ``reply_topic``."""
+        async with self.subscribe(reply_topic, reply_model) as replies:
+            await self.publish(topic, message)
+            try:
+                async with asyncio.timeout(timeout):
+                    async for reply in replies:
+                        if reply.sender == expected_sender:
+                            return reply.message
+            except TimeoutError as exc:
+                raise MessagingError(f"no reply on {reply_topic} within {timeout:.1f}s") from exc
+        raise MessagingError(f"subscription to {reply_topic} ended without a reply")

@@ -1,0 +1,140 @@
+"""What a training reports: rounds, payments, settlements and the final report."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from .. import limits
+from ._base import Address, Cid, Finite, Fraction, Id, Record, Wei
+from ._training import TrainingPhase
+
+
+class AggregateResult(Record):
+    model_id: Cid
+    model: bytes = Field(repr=False, description="the averaged weights as safetensors bytes")
+    round: int = Field(ge=0)
+    samples: int = Field(ge=0)
+    loss: float | None
+    contributors: tuple[Address, ...] = Field(max_length=limits.MAX_WORKERS)
+
+
+class RoundMetrics(Record):
+    round: int = Field(ge=1)
+    accuracy: Fraction | None = Field(description="test accuracy; None when the task reports none (a regression)")
+    loss: float
+    model_cid: Cid
+    workers: int = Field(ge=1)
+    throughput: float | None = Field(default=None, ge=0.0, description="samples trained per second of round time")
+    round_seconds: float | None = Field(default=None, ge=0.0)
+    metrics: dict[Annotated[str, Field(max_length=64)], Finite] = Field(
+        default_factory=dict, max_length=32, description="every metric the task's evaluate() returned")
+    bytes_sent: int | None = Field(default=None, ge=0, description="model bytes the coordinator sent the round's jobs")
+    bytes_received: int | None = Field(default=None, ge=0, description="result bytes it fetched from workers")
+
+
+def reported_accuracy(round_: RoundMetrics) -> float | None:
+    """The round's test accuracy where the task reported one: None for a regression or a language model
+    (their metric is in ``metrics``). Rounds saved before tasks reported metrics were all classifiers."""
+    return round_.accuracy if "accuracy" in round_.metrics or not round_.metrics else None  # old rows held 0.0
+
+
+class Payment(Record):
+    training_id: Id
+    worker_id: Address
+    contract_id: Id
+    amount_wei: Wei
+    tx_hash: str
+    result_hash: str
+
+
+class EscrowSummary(Record):
+    address: Address
+    deposited_wei: Wei
+    paid_wei: Wei
+    refunded_wei: Wei
+    held_wei: Wei = Field(default=0, description="still in the escrow: all that is unpaid while open, what "
+                                                   "payment receipts can claim once refunded")
+    held_until: int | None = Field(default=None, ge=0, description="unix time until which receipts can claim "
+                                                                   "held_wei after the refund (None while open)")
+
+
+class TrainingStatus(Record):
+    training_id: Id
+    phase: TrainingPhase
+    round: int = Field(ge=0, description="rounds completed")
+    rounds: int = Field(ge=1)
+    workers: int = Field(ge=0)
+    accuracy: float | None = None
+    model_cid: Cid | None = None
+
+
+class Settlement(Record):
+    training_id: Id
+    payments: tuple[Payment, ...] = Field(max_length=limits.MAX_WORKERS)
+    refund_wei: Wei
+    refund_tx: str | None
+    escrow: EscrowSummary
+
+
+class WorkerReport(Record):
+    address: Address
+    samples: int = Field(ge=0)
+    rounds_accepted: int = Field(ge=0)
+    paid_wei: Wei
+    tx_hash: str | None
+    status: Literal["paid", "unpaid"]
+    price_wei: Wei
+    gpu_type: str
+    role: Literal["worker", "spare", "replaced", "released"] = "worker"
+
+
+class RoundReport(Record):
+    round: int = Field(ge=1)
+    accuracy: Fraction | None = Field(description="test accuracy; None when the task reports no accuracy (a regression)")
+    loss: float
+    model_cid: Cid
+    worker_losses: dict[str, float]
+    workers: int | None = None
+    throughput: float | None = None
+    metrics: dict[str, float] = Field(default_factory=dict, description="every metric the task's evaluate() returned")
+    bytes_sent: int | None = None
+    bytes_received: int | None = None
+
+
+class TrainingReport(Record):
+    training_id: Id
+    status: TrainingPhase
+    final_accuracy: Fraction | None = Field(description="None when the task reports no accuracy: see final_metric")
+    model_cid: Cid
+    manifest_cid: Cid
+    rounds: tuple[RoundReport, ...] = Field(max_length=limits.MAX_ROUNDS)
+    workers: tuple[WorkerReport, ...] = Field(max_length=limits.MAX_WORKERS)
+    escrow: EscrowSummary
+    refund_tx: str | None
+    wall_seconds: float
+    compute_seconds: float = Field(description="sum over rounds of the slowest worker's training time")
+    metric: str = Field(default="accuracy", max_length=64, description="the task's metric: which model is better")
+    final_metric: float | None = Field(default=None, description="the task's metric after the last round")
+    higher_is_better: bool = True
+    loss_name: str = Field(default="cross-entropy", max_length=64, description="what the task's loss computes")
+
+
+class ChainIntent(Record):
+    """A chain write the coordinator is about to make, saved before it is sent.
+
+    A crash between the transaction and the database writes that follow it leaves the intent
+    ``pending``; on resume it is settled from the chain's events (done, or failed when the
+    transaction never landed), so the database again says what the escrow says.
+    """
+
+    intent_id: str
+    training_id: str
+    kind: Literal["replace"]
+    status: Literal["pending", "done", "failed"] = "pending"
+    old_contract_id: str
+    new_contract_id: str
+    reason: str = ""
+    created_at: float = Field(default_factory=time.time)

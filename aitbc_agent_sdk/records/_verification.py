@@ -1,0 +1,115 @@
+"""Proof of work done: a worker's committed trajectory, the coordinator's spot-check challenge and the
+worker's opening of it, and the timed hardware challenge at hiring. All validated and bounded here:
+every one of them comes from a stranger."""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from ._base import Address, Cid, Finite, Id, Record
+
+MAX_SEGMENTS = 1024  # committed segments in one job: 1025 boundary hashes, about 200 KB of metadata
+MAX_CHECKED_SEGMENTS = 16  # segments one challenge may ask a worker to open
+MAX_COMMITMENT_BYTES = 1 << 20  # the commitment's JSON inside a checkpoint's safetensors metadata
+COMMITMENT_KEY = "trajectory"  # that metadata key
+MAX_HARDWARE_PRODUCT = 1 << 22  # entries of a hardware challenge's product: 16 MiB of int32 to store and fetch
+MAX_HARDWARE_FLOPS = 1 << 41  # a hardware challenge's multiply-adds, twice: a few ms on a data-centre GPU
+Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+class TrajectoryCommitment(Record):
+    """What a worker says it did in one job, inside the checkpoint it signs (so the CID binds it).
+
+    Boundary ``i`` is the training state after ``i * segment_steps`` steps (the last one after
+    ``steps``): ``model_hashes[i]`` covers the model's tensors, ``state_hashes[i]`` everything a
+    re-execution starts from (model, optimizer, scheduler, RNG). ``batch_hashes[j]`` covers the
+    batches of segment ``j``, in order."""
+
+    version: Literal[1] = 1
+    job_id: Id
+    worker: Address
+    steps: int = Field(ge=1, le=10**9)
+    segment_steps: int = Field(ge=1, le=10**9)
+    device: Literal["cpu", "cuda"]
+    threads: int = Field(default=1, ge=1, le=1024, description=(
+        "torch's intra-op threads in training: a CPU's sums (so its bits) depend on them"))
+    model_hashes: tuple[Sha256, ...] = Field(max_length=MAX_SEGMENTS + 1)
+    state_hashes: tuple[Sha256, ...] = Field(max_length=MAX_SEGMENTS + 1)
+    batch_hashes: tuple[Sha256, ...] = Field(max_length=MAX_SEGMENTS)
+
+    @property
+    def segments(self) -> int:
+        return math.ceil(self.steps / self.segment_steps)
+
+    def segment_steps_of(self, segment: int) -> tuple[int, int]:
+        """Steps [start, end) of ``segment``."""
+        start = segment * self.segment_steps
+        return start, min(start + self.segment_steps, self.steps)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrajectoryCommitment:
+        n = self.segments
+        if n > MAX_SEGMENTS:
+            raise ValueError(f"{n} segments, above {MAX_SEGMENTS}")
+        if len(self.model_hashes) != n + 1 or len(self.state_hashes) != n + 1 or len(self.batch_hashes) != n:
+            raise ValueError(f"{self.steps} steps in segments of {self.segment_steps} need {n + 1} boundary and "
+                             f"{n} batch hashes")
+        return self
+
+
+class TrajectoryChallenge(Record):
+    """The coordinator asks a worker to open segments of a committed trajectory (their start and end states)."""
+
+    job_id: Id
+    training_id: Id
+    round: int = Field(ge=1)
+    segments: tuple[Annotated[int, Field(ge=0, lt=MAX_SEGMENTS)], ...] = Field(
+        min_length=1, max_length=MAX_CHECKED_SEGMENTS)
+    deadline_s: Finite = Field(gt=0.0)
+
+    @model_validator(mode="after")
+    def _distinct(self) -> TrajectoryChallenge:
+        if len(set(self.segments)) != len(self.segments):
+            raise ValueError("segments repeat")
+        return self
+
+
+class BoundaryState(Record):
+    """One opened boundary: the state file's CID in the content store."""
+
+    boundary: int = Field(ge=0, le=MAX_SEGMENTS)
+    cid: Cid
+
+
+class TrajectoryOpening(Record):
+    """A worker's answer to a challenge: the boundary states around every segment asked for."""
+
+    job_id: Id
+    training_id: Id
+    worker_id: Address
+    round: int = Field(ge=1)
+    states: tuple[BoundaryState, ...] = Field(max_length=2 * MAX_CHECKED_SEGMENTS, description=(
+        "none: the worker has nothing to open (it answers at once rather than let the check time out)"))
+
+
+class HardwareChallenge(Record):
+    """At hiring: multiply two matrices the seed defines, on the device the offer claims, within a deadline.
+    The answer's CID holds the product; the coordinator checks it cheaply (Freivalds)."""
+
+    nonce: Id  # names the answer's topic level
+    seed: int = Field(ge=0, lt=2**63)
+    rows: int = Field(ge=1, le=8192)
+    inner: int = Field(ge=1, le=1 << 20)
+    cols: int = Field(ge=1, le=8192)
+    gpu_index: int = Field(default=0, ge=0, lt=64)
+    deadline_s: Finite = Field(gt=0.0)
+
+
+class HardwareAnswer(Record):
+    nonce: Id
+    provider: Address
+    cid: Cid | None = None  # None: the provider declined (no such device)
+    reason: str | None = Field(default=None, max_length=256)
