@@ -65,12 +65,12 @@ def timed(owner, name, label):
                 note(start)
     setattr(owner, name, functools.wraps(inner)(outer))
 from aitbc_cli import app
-from aitbc_agent_sdk import agent
-from aitbc_agent_sdk.coordinator import service
-from aitbc_agent_sdk.coordinator.data import datasets
-from aitbc_agent_sdk.coordinator.money import money
-from aitbc_agent_sdk.coordinator.round import run
-from aitbc_agent_sdk.tasks import bound_task
+from aitbc_agent_sdk import _agent as agent
+from aitbc_agent_sdk.coordinator import _service as service
+from aitbc_agent_sdk.coordinator.data import _datasets as datasets
+from aitbc_agent_sdk.coordinator.money import _money as money
+from aitbc_agent_sdk.coordinator.round import _run as run
+from aitbc_agent_sdk.tasks import _bound_task as bound_task
 marks["imported"] = (time.time(), time.time())
 timed(agent.Agent, "start", "stack")
 timed(agent.Agent, "stop", "stop")

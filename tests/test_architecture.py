@@ -101,7 +101,9 @@ FRONT_ENDS = ("aitbc_cli", "aitbc_agent_sdk.assistant")
 # Top-level modules that are themselves a public surface (no package to go through); _lazy is the
 # plumbing every package __init__ uses.
 PUBLIC_MODULES = {"aitbc_agent_sdk.errors", "aitbc_agent_sdk.profile", "aitbc_agent_sdk.settings",
-                  "aitbc_agent_sdk.config", "aitbc_agent_sdk.audit", "aitbc_agent_sdk.limits", "aitbc_agent_sdk._lazy"}
+                  "aitbc_agent_sdk.config", "aitbc_agent_sdk.audit", "aitbc_agent_sdk.limits", "aitbc_agent_sdk._lazy",
+                  # what a user's torchrun script imports (``from aitbc_agent_sdk.cluster import ddp``)
+                  "aitbc_agent_sdk.cluster.ddp"}
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from aitbc_agent_sdk.cluster import _ddp as ddp
+from aitbc_agent_sdk.cluster import ddp
 
 
 def _model(dtype: torch.dtype) -> torch.nn.Module:

@@ -283,7 +283,7 @@ def _reference_weights(data_path: Path, steps: int) -> list[list[float]]:
     """The same training in one process on the whole global batch of every step."""
     import torch
 
-    from aitbc_agent_sdk.cluster import _ddp as ddp
+    from aitbc_agent_sdk.cluster import ddp
 
     data = torch.load(data_path)
     x, y = data["x"], data["y"]
@@ -470,7 +470,7 @@ def test_a_killed_torchrun_alone_takes_its_orphaned_worker_with_it_and_the_job_e
     print(f"killed torchrun: job ended {ended:.1f}s after the kill")
 
 
-# --- the helper (cluster/_ddp.py): exact resume, and an OOM that rebalances instead of killing ----------
+# --- the helper (cluster/ddp.py): exact resume, and an OOM that rebalances instead of killing ----------
 
 def test_checkpointer_resumes_exactly_after_a_crash(tmp_path, monkeypatch):
     """One rank (a world of 1 over gloo): 7 steps, crash, resume from step 5's checkpoint, finish:
@@ -478,7 +478,7 @@ def test_checkpointer_resumes_exactly_after_a_crash(tmp_path, monkeypatch):
     import torch
     import torch.distributed as dist
 
-    from aitbc_agent_sdk.cluster import _ddp as ddp
+    from aitbc_agent_sdk.cluster import ddp
 
     data = _dataset(tmp_path)
     blob = torch.load(data)

@@ -17,7 +17,7 @@
 - :mod:`._recovery`: ``choose_spare`` and ``verify_step_log`` (crash recovery, pure).
 - :mod:`._monitor`: ``ClusterMonitor``, the latest per-rank metrics of the running jobs.
 - :mod:`.mounts`: NFS / s3fs / IPFS datasets with access, hash-manifest and speed checks.
-- :mod:`._ddp`: helpers for training scripts (setup, ``Checkpointer``, ``BalancedStep``, metrics).
+- :mod:`.ddp`: helpers for training scripts (setup, ``Checkpointer``, ``BalancedStep``, metrics).
 
 Names are imported on first use, so reading a spec does not import torch or eth-account.
 """
@@ -52,7 +52,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "_recovery": ("ContinuityReport", "choose_spare", "verify_step_log"),
     "mounts": ("ClusterMountReport", "Manifest", "MountCommand", "MountReport", "MountSettings", "compare_manifests",
                "hash_manifest", "perform_mount", "summarize_mounts"),
-    "_ddp": ("BalancedStep", "Checkpointer", "DistInfo", "emit", "global_batch_indices", "weights_digest"),
+    "ddp": ("BalancedStep", "Checkpointer", "DistInfo", "emit", "global_batch_indices", "weights_digest"),
 }, globals())
 
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ if TYPE_CHECKING:
     from ._balance import (
         BatchPlan, RankBudget, budgets_from_inventory, plan_batches, shrink_after_oom, weighted_allreduce_gradients,
     )
-    from ._ddp import BalancedStep, Checkpointer, DistInfo, emit, global_batch_indices, weights_digest
+    from .ddp import BalancedStep, Checkpointer, DistInfo, emit, global_batch_indices, weights_digest
     from ._errors import BatchPlanError, ClusterError
     from ._inventory import ClusterInventory, GpuInventory, HostInventory, read_gpus, read_local_inventory
     from ._host_agent import ClusterAgent, HostAgentConfig
