@@ -17,7 +17,7 @@ from aitbc_agent_sdk.messaging import topics
 from aitbc_agent_sdk.records import JobCancel, new_id
 from aitbc_agent_sdk.records._datasets import ShardData
 from aitbc_agent_sdk.provider._cache import ContentCache, cache_key
-from aitbc_agent_sdk.provider._cache_files import ENTRIES_DIR, PARTIAL_DIR, meta_path
+from aitbc_agent_sdk.provider._cache import ENTRIES_DIR, PARTIAL_DIR, meta_path
 from aitbc_agent_sdk.provider._node import ProviderAgent, ProviderConfig
 from aitbc_agent_sdk.provider._sandbox import TrainingSandbox
 from aitbc_agent_sdk.storage import InvalidCidError, LocalContentStore

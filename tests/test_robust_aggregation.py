@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from aitbc_agent_sdk.aggregate._aggregation import AggregationStrategy, FedAvg
-from aitbc_agent_sdk.aggregate._clipping import NormClipping
+from aitbc_agent_sdk.aggregate._robust import NormClipping
 from aitbc_agent_sdk.aggregate._robust import (
     CoordinateMedian,
     Krum,

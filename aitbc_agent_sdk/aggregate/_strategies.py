@@ -8,8 +8,7 @@ from collections.abc import Callable, Mapping
 import torch
 
 from aitbc_agent_sdk.aggregate._aggregation import AggregationStrategy, FedAvg
-from aitbc_agent_sdk.aggregate._clipping import NormClipping
-from aitbc_agent_sdk.aggregate._robust import CoordinateMedian, Krum, MultiKrum, TrimmedMean
+from aitbc_agent_sdk.aggregate._robust import CoordinateMedian, Krum, MultiKrum, NormClipping, TrimmedMean
 
 __all__ = ["STRATEGIES", "make_strategy", "strategy_for_round"]
 

@@ -24,7 +24,7 @@ from ..errors import AitbcError, DatasetError, DecryptionError, FetchLimitError,
 from ..records import MAX_SHARD_BYTES, JobAssignment
 from ..records._datasets import ShardData
 from ..storage import ContentStore, fetch_timeout_s
-from ..storage._sealed_slices import HEADER_SIZE, open_slice, slice_span
+from ..storage._sealed import HEADER_SIZE, open_slice, slice_span
 from ..data._shard_files import part_name
 from ._cache import CacheLease, ContentCache
 from ._process import SHARD_FILE, WEIGHTS_FILE

@@ -21,7 +21,7 @@ from ...records import JobAssignment
 from ...records._datasets import FileSlice, SealedLayout, ShardData
 from ...storage import ContentStore
 from ...storage._sealed import DEFAULT_CHUNK_SIZE, seal_file, sealed_size
-from ...storage._sealed_slices import HEADER_SIZE, open_slice, slice_span
+from ...storage._sealed import HEADER_SIZE, open_slice, slice_span
 from ...data._dataset_dirs import visible_files
 
 if TYPE_CHECKING:
