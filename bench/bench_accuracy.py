@@ -29,7 +29,7 @@ from aitbc_agent_sdk.tasks._networks import build_model, fit_normalization, mode
 from aitbc_agent_sdk.tasks._evaluation import evaluate
 from aitbc_agent_sdk.data._sharding import iid_partition
 from aitbc_agent_sdk.tasks._bound_task import bind_task
-from aitbc_agent_sdk.tasks._task_loop import LocalTrainResult, train_task
+from aitbc_agent_sdk.tasks._task_loop import LocalTrainResult
 
 from quick import parse_args
 
@@ -47,7 +47,7 @@ MAX_GAP = 0.015
 def train_mlp(model, data: LabeledData, config: JobConfig, seed: int) -> LocalTrainResult:
     """The workers' own loop with the built-in mlp task."""
     mlp = bind_task(TaskRef(name="mlp", params={"hidden": 128}))
-    return train_task(mlp.task, model, data, mlp.params, config, seed=seed)
+    return mlp.train(model, data, config, seed=seed)
 
 
 def federated(train: LabeledData, test: LabeledData, batch_size: int, lr: float, seed: int) -> list[float]:

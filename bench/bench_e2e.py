@@ -93,7 +93,6 @@ from aitbc_agent_sdk.records import JobConfig, TaskRef
 from aitbc_agent_sdk.data._datasets import load_dataset, train_test_split
 from aitbc_agent_sdk.tasks._bound_task import bind_task
 from aitbc_agent_sdk.tasks._evaluation import evaluate
-from aitbc_agent_sdk.tasks._task_loop import train_task
 from aitbc_agent_sdk.tasks._networks import build_model, fit_normalization, model_spec_for
 torch.set_num_threads(1)
 data = load_dataset("digits")
@@ -101,7 +100,7 @@ train, test = train_test_split(data, 0.2, {seed})
 model = build_model(model_spec_for("mlp", train), seed={seed})
 fit_normalization(model, train)
 mlp = bind_task(TaskRef(name="mlp"))
-train_task(mlp.task, model, train, mlp.params, JobConfig(batch_size={batch}, learning_rate={lr}, epochs={epochs}), seed={seed})
+mlp.train(model, train, JobConfig(batch_size={batch}, learning_rate={lr}, epochs={epochs}), seed={seed})
 print(json.dumps({{"accuracy": evaluate(model, test).accuracy}}))
 """
 

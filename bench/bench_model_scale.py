@@ -222,7 +222,6 @@ def child(rung: str, args: argparse.Namespace) -> dict[str, Any]:
     from aitbc_agent_sdk.tasks._bound_task import bind_task
     from aitbc_agent_sdk.tasks._gpt_task import draw_windows
     from aitbc_agent_sdk.data._shard_files import TokenData
-    from aitbc_agent_sdk.tasks._task_loop import train_task
     from aitbc_agent_sdk.wire._task_state import encode_task_state, restore_task_state
 
     torch.set_num_threads(args.threads)
@@ -249,7 +248,7 @@ def child(rung: str, args: argparse.Namespace) -> dict[str, Any]:
     params_count = sum(t.numel() for t in base.values())
     model_bytes = 4 * params_count
     model = warm_task.loaded(spec, base)
-    warm = train_task(warm_task.task, model, data, warm_task.params, config, seed=1, device=torch.device("cpu"))
+    warm = warm_task.train(model, data, config, seed=1, device=torch.device("cpu"))
     kept_state = warm.task_state
     write_checkpoint({k: v.detach() for k, v in model.state_dict().items()}, base, job, job,
                      {"update_encoding": "int8", "job_id": "round0"})
@@ -280,12 +279,12 @@ def child(rung: str, args: argparse.Namespace) -> dict[str, Any]:
     gc.collect()
     plain_s = plain_loop(fresh(), windows, args.batch, args.lr)
     gc.collect()
-    sdk = train_task(bound.task, fresh(), data, bound.params, config, seed=2, device=torch.device("cpu"),
+    sdk = bound.train(fresh(), data, config, seed=2, device=torch.device("cpu"),
                      kept_state=kept_state)
     gc.collect()
     recorder = make_recorder_class()(job / TRAJECTORY_DIR, config.segments)
     model = fresh()
-    recorded = train_task(bound.task, model, data, bound.params, config, seed=2, device=torch.device("cpu"),
+    recorded = bound.train(model, data, config, seed=2, device=torch.device("cpu"),
                           kept_state=kept_state, trajectory=recorder)
     trajectory_disk = sum(p.stat().st_size for p in (job / TRAJECTORY_DIR).iterdir())
     phases.add("trajectory", recorder.own_s, 3 * len(recorder.boundaries), threads=args.threads)

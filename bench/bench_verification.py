@@ -78,7 +78,7 @@ def train(bound, data, config, directory: Path | None, record: bool):
     model = bound.build(spec, samples=len(data), seed=1)
     recorder = TrajectoryRecorder(directory, config.segments) if record else None
     started = time.perf_counter()
-    train_task(bound.task, model, data, bound.params, config, seed=7, trajectory=recorder)
+    bound.train(model, data, config, seed=7, trajectory=recorder)
     seconds = time.perf_counter() - started
     return spec, seconds, recorder.commitment("job-1", WORKER, "cpu") if recorder else None
 

@@ -13,7 +13,7 @@ from aitbc_agent_sdk.records import JobConfig, TaskRef
 from aitbc_agent_sdk.data._datasets import load_dataset, train_test_split
 from aitbc_agent_sdk.tasks._bound_task import BoundTask, bind_task
 from aitbc_agent_sdk.data._datasets import LabeledData
-from aitbc_agent_sdk.tasks._task_loop import evaluate_task, train_task
+from aitbc_agent_sdk.tasks._task_loop import evaluate_task
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tasks" / "resnet_small.py"
 SOME_CID = "QmR1zGB5tUrV4ceRtsWq4NfNAN4zQjDgCqjyDrwDVdG3VM"
@@ -52,7 +52,7 @@ def colour_digits_8x8() -> tuple[LabeledData, LabeledData]:
 def accuracy(task: BoundTask, train: LabeledData, test: LabeledData, lr: float) -> float:
     model = task.build(task.model_spec(train), samples=len(train), seed=0)
     task.task.prepare(model, train, task.params)
-    train_task(task.task, model, train, task.params, JobConfig(epochs=2, learning_rate=lr, batch_size=32), seed=0)
+    task.train(model, train, JobConfig(epochs=2, learning_rate=lr, batch_size=32), seed=0)
     return evaluate_task(task.task, model, test, task.params)["accuracy"]
 
 

@@ -20,7 +20,7 @@ from aitbc_agent_sdk.data._datasets import load_dataset
 from aitbc_agent_sdk.tasks._gpt import GPT, GptConfig, generate
 from aitbc_agent_sdk.tasks._gpt_task import GptTask, draw_windows, warmup_cosine
 from aitbc_agent_sdk.data._shard_files import TokenData
-from aitbc_agent_sdk.tasks._task_loop import evaluate_task, train_task
+from aitbc_agent_sdk.tasks._task_loop import evaluate_task
 from aitbc_agent_sdk.wire._task_state import restore_task_state
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
@@ -124,8 +124,8 @@ def test_a_few_dozen_steps_on_python_sources_lower_the_test_loss_and_the_state_r
     before = evaluate_task(bound.task, model, test, bound.params)
     assert before["perplexity"] == pytest.approx(math.exp(before["loss"]))
     config = JobConfig(batch_size=16, learning_rate=3e-3, epochs=2, rounds=3)
-    first = train_task(bound.task, model, train, bound.params, config, seed=2)
-    second = train_task(bound.task, model, train, bound.params, config, seed=3, kept_state=first.task_state)
+    first = bound.train(model, train, config, seed=2)
+    second = bound.train(model, train, config, seed=3, kept_state=first.task_state)
     after = evaluate_task(bound.task, model, test, bound.params)
     assert after["loss"] < before["loss"] - 1.5, (before, after)  # 32 steps: from ~ln(256) to well below
     assert after["bits_per_token"] == pytest.approx(after["loss"] / math.log(2))

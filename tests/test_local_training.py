@@ -5,7 +5,7 @@ from aitbc_agent_sdk.records import JobConfig, TaskRef
 from aitbc_agent_sdk.data._datasets import load_dataset, train_test_split
 from aitbc_agent_sdk.tasks._evaluation import evaluate
 from aitbc_agent_sdk.tasks._bound_task import bind_task
-from aitbc_agent_sdk.tasks._task_loop import EpochStats, LocalTrainResult, train_task
+from aitbc_agent_sdk.tasks._task_loop import EpochStats, LocalTrainResult
 from aitbc_agent_sdk.tasks._networks import build_model, fit_normalization, model_spec_for
 from aitbc_agent_sdk.data._sharding import iid_partition
 
@@ -13,7 +13,7 @@ from aitbc_agent_sdk.data._sharding import iid_partition
 def train_builtin(name, model, data, config, *, seed, on_epoch=None, **params) -> LocalTrainResult:
     """The production loop with a built-in task, as a worker runs it."""
     bound = bind_task(TaskRef(name=name, params=params))
-    return train_task(bound.task, model, data, bound.params, config, seed=seed, on_epoch=on_epoch)
+    return bound.train(model, data, config, seed=seed, on_epoch=on_epoch)
 
 
 @pytest.fixture(scope="module")

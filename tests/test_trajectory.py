@@ -58,7 +58,7 @@ def record(bound, data, config, directory: Path | None, seed: int = 5, kept: byt
     spec = bound.model_spec(data)
     model = bound.build(spec, samples=len(data), seed=1)
     recorder = TrajectoryRecorder(directory, config.segments)
-    result = train_task(bound.task, model, data, bound.params, config, seed=seed, kept_state=kept,
+    result = bound.train(model, data, config, seed=seed, kept_state=kept,
                         trajectory=recorder)
     return spec, model, recorder.commitment("job-1", WORKER, "cpu"), result
 
@@ -176,7 +176,7 @@ def test_without_a_recorder_training_is_as_before_and_the_recorder_leaves_the_rn
     config = MLP_CONFIG
     data = synthetic()
     plain = MLP.build(MLP.model_spec(data), samples=len(data), seed=1)
-    train_task(MLP.task, plain, data, MLP.params, config, seed=5)
+    MLP.train(plain, data, config, seed=5)
     rng = torch.get_rng_state()
     _, recorded, _, _ = record(MLP, data, config, None)
     assert torch.equal(rng, torch.get_rng_state())

@@ -26,7 +26,6 @@ from aitbc_agent_sdk.storage._local import LocalContentStore
 from aitbc_agent_sdk.tasks._bound_task import bind_task
 from aitbc_agent_sdk.wire._checkpoint import decode_state
 from aitbc_agent_sdk.data._datasets import LabeledData
-from aitbc_agent_sdk.tasks._task_loop import train_task
 from aitbc_agent_sdk.proof._trajectory import (
     KEPT_STATES, TrajectoryRecorder, boundary_hashes, boundary_name, kept_boundaries, recompute_plan,
     recompute_segments,
@@ -53,7 +52,7 @@ def long_job(tmp_path_factory):
     spec = WIDE.model_spec(data)
     model = WIDE.build(spec, samples=len(data), seed=1)
     recorder = TrajectoryRecorder(directory, LONG.segments)
-    train_task(WIDE.task, model, data, WIDE.params, LONG, seed=5, trajectory=recorder)
+    WIDE.train(model, data, LONG, seed=5, trajectory=recorder)
     return spec, data, model, recorder.commitment("job-1", WORKER, "cpu"), directory
 
 

@@ -25,7 +25,7 @@ from aitbc_agent_sdk.tasks._builtin_tasks import BUILTIN_TASKS
 from aitbc_agent_sdk.data._datasets import LabeledData, load_dataset
 from aitbc_agent_sdk.tasks._networks import MODEL_NAMES, build_model, model_spec_for
 from aitbc_agent_sdk.tasks._task import DataInfo, TrainingTask
-from aitbc_agent_sdk.tasks._task_loop import evaluate_task, train_task
+from aitbc_agent_sdk.tasks._task_loop import evaluate_task
 from aitbc_agent_sdk.tasks._task_package import (
     decode_package, encode_package, load_task, missing_requirements, pack_task)
 
@@ -238,7 +238,7 @@ def test_builtin_tasks_train_bit_identically_to_plain_pytorch(name, one_thread):
     old_loss = plain_adam_loop(old, data, config, seed=11)
     torch.manual_seed(0)
     task = bind_task(TaskRef(name=name, params={"hidden": 32}))
-    new_result = train_task(task.task, new, data, task.params, config, seed=11)
+    new_result = task.train(new, data, config, seed=11)
     assert old_loss == new_result.loss
     old_state, new_state = old.state_dict(), new.state_dict()
     assert old_state.keys() == new_state.keys()

@@ -284,7 +284,7 @@ def _record_boundary(parts: tuple[dict[str, torch.Tensor], dict[str, torch.Tenso
 
 
 class TrajectoryRecorder:
-    """Records one job's trajectory while :func:`~.task_loop.train_task` runs it; ``directory=None``
+    """Records one job's trajectory while :func:`~aitbc_agent_sdk.tasks.train_task` runs it; ``directory=None``
     keeps only the hashes. The loop calls :meth:`start`, then per batch :meth:`consume` and
     :meth:`stepped` (after the optimizer's and the scheduler's step), then :meth:`finish`."""
 

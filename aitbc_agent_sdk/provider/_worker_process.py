@@ -27,7 +27,7 @@ from ..errors import AitbcError, TrainingError
 from ..tasks._bound_task import BoundTask, bind_task, job_task_ref
 from ..data._shard_files import load_shard
 from ..tasks._task import TrainingTask
-from ..tasks._task_loop import EpochStats, train_task, training_device
+from ..tasks._task_loop import EpochStats, training_device
 from ..tasks._task_checks import TaskOrigin, describe_task_error
 from ..tasks._task_package import decode_package, load_task
 from ..proof._trajectory import TrajectoryRecorder, boundary_name
@@ -97,7 +97,7 @@ def _train_job(request: dict[str, Any], task: BoundTask, job_dir: Path, out_dir:
     kept = (job_dir / STATE_FILE).read_bytes() if (job_dir / STATE_FILE).is_file() else None
     worker = str(request.get("worker") or "")  # an old caller names none: no commitment
     recorder = TrajectoryRecorder(out_dir / TRAJECTORY_DIR, config.segments) if worker else None
-    result = train_task(task.task, model, data, task.params, config, seed=int(request["seed"]), device=device,
+    result = task.train(model, data, config, seed=int(request["seed"]), device=device,
                         on_epoch=on_epoch, kept_state=kept, trajectory=recorder)
     if result.task_state is not None:
         (out_dir / STATE_FILE).write_bytes(result.task_state)
@@ -177,7 +177,7 @@ def warm_up() -> None:
     task = bind_task(TaskRef(name="mlp"))
     for device in {torch.device("cpu"), training_device()}:
         model = task.build(spec)
-        train_task(task.task, model, data, task.params, JobConfig(epochs=1, batch_size=2), seed=0, device=device)
+        task.train(model, data, JobConfig(epochs=1, batch_size=2), seed=0, device=device)
         decode_state(encode_state({k: v.detach() for k, v in model.state_dict().items()}))
 
 

@@ -25,7 +25,7 @@ from aitbc_agent_sdk.tasks._footprint import measure_footprint
 from aitbc_agent_sdk.tasks._networks import model_spec_for
 from aitbc_agent_sdk.tasks._task import DataInfo, TaskParams, TrainingTask
 from aitbc_agent_sdk.tasks._task_checks import TaskOrigin, check_metric, describe_task_error
-from aitbc_agent_sdk.tasks._task_loop import evaluate_task, task_loss, task_metrics, train_task
+from aitbc_agent_sdk.tasks._task_loop import LocalTrainResult, evaluate_task, task_loss, task_metrics, train_task
 
 REHEARSAL_SAMPLES = 64  # what the dry run before funding trains and evaluates on
 REHEARSAL_TOKENS = 1 << 16  # a token stream's rehearsal: enough for a few windows of context
@@ -47,6 +47,12 @@ class BoundTask:
     # forward pass at 85M parameters). Not copied by ``replace``: each bound task has its own.
     _scorer: dict[str, nn.Module] = field(default_factory=dict, init=False, repr=False, compare=False)
     _scoring: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
+
+    def train(self, model: nn.Module, data: LabeledData, config: JobConfig, *, seed: int,
+              **options: Any) -> LocalTrainResult:
+        """``train_task`` with this task and its parameters (``options``: device, on_epoch, kept_state,
+        trajectory)."""
+        return train_task(self.task, model, data, self.params, config, seed=seed, **options)
 
     def model_spec(self, data: LabeledData) -> ModelSpec:
         """The data's shape as jobs carry it (and, for a registry classifier, its model); another task

@@ -2,7 +2,7 @@
 
 The coordinator opens a segment's start state (a boundary file the worker sends, bound to the
 commitment by its hash), builds the task's model, optimizer and scheduler as the worker's
-:func:`~.task_loop.train_task` did, replays the job's seeded batch stream from its start (checking
+:func:`~aitbc_agent_sdk.tasks.train_task` did, replays the job's seeded batch stream from its start (checking
 each segment's batches against the commitment on the way) and trains the segment's steps with the
 loop's own step function. On equal CPUs the end state must equal the committed one bit for bit.
 

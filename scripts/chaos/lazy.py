@@ -25,7 +25,6 @@ from aitbc_agent_sdk.provider._worker_process import warm_up
 from aitbc_agent_sdk.wire._checkpoint import decode_state
 from aitbc_agent_sdk.tasks._bound_task import BoundTask, bind_task, job_task_ref
 from aitbc_agent_sdk.data._shard_files import load_shard
-from aitbc_agent_sdk.tasks._task_loop import train_task
 from aitbc_agent_sdk.proof._trajectory import (
     TrajectoryRecorder, boundary_hashes, boundary_name, encode_boundary, hash_batch, segment_steps, tensor_digest,
 )
@@ -122,7 +121,7 @@ class LazyProvider(SkippingProvider):
         model = task.build(job.model, samples=len(data))
         model.load_state_dict(sent)
         part = data.subset(np.arange(max(1, int(len(data) * self.FRACTION))))
-        train_task(task.task, model, part, task.params, job.config, seed=job.seed)
+        task.train(model, part, job.config, seed=job.seed)
         trained = {key: v.detach().clone() for key, v in model.state_dict().items()}
         directory = job_dir / TRAJECTORY_DIR
         directory.mkdir(exist_ok=True)
@@ -160,7 +159,7 @@ class LazyHonestProvider(SkippingProvider):
         model.load_state_dict(decode_state((job_dir / WEIGHTS_FILE).read_bytes()))
         part = data.subset(np.arange(max(1, int(len(data) * self.FRACTION))))
         recorder = TrajectoryRecorder(job_dir / TRAJECTORY_DIR, job.config.segments)
-        train_task(task.task, model, part, task.params, job.config, seed=job.seed, trajectory=recorder)
+        task.train(model, part, job.config, seed=job.seed, trajectory=recorder)
         state = {key: v.detach().clone() for key, v in model.state_dict().items()}
         _write_checkpoint(job_dir, job, state, recorder.commitment(job.job_id, self.address, "cpu"))
         return len(data)

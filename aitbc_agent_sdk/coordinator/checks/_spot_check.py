@@ -156,15 +156,14 @@ class SpotChecker:
     async def _open(self, job: JobAssignment, segments: tuple[int, ...], timeout: float
                     ) -> dict[int, str] | WorkVerdict:
         """The CIDs of the boundary states around ``segments``, as the worker opened them."""
-        listener = self.listener
-        waiting = listener.expect_opening(job.job_id)
+        waiting = self.listener.expect_opening(job.job_id)
         try:
             await self.channel.publish(topics.challenge(job.worker_id), TrajectoryChallenge(
                 job_id=job.job_id, training_id=job.training_id, round=job.round, segments=segments,
                 deadline_s=timeout))
             opening: TrajectoryOpening = await asyncio.wait_for(waiting, timeout)
         except (TimeoutError, AitbcError) as exc:
-            listener.forget_opening(job.job_id)
+            self.listener.forget_opening(job.job_id)
             why = "in time" if isinstance(exc, TimeoutError) else f"({exc})"
             return WorkVerdict(f"missing work: did not open its committed trajectory {why} "
                                f"(segments {list(segments)}, {timeout:g}s)")

@@ -21,9 +21,6 @@ class RoundTimes:
     def of(self, training_id: str, worker_id: str) -> list[float]:
         return self._seconds.get(training_id, {}).get(worker_id, [])
 
-    def of_training(self, training_id: str) -> dict[str, list[float]]:
-        return {worker: list(times) for worker, times in self._seconds.get(training_id, {}).items()}
-
     async def record(self, training_id: str, worker_id: str, seconds: float) -> None:
         self._seconds.setdefault(training_id, {}).setdefault(worker_id, []).append(seconds)
         await self.db.save_round_time(training_id, worker_id, seconds)

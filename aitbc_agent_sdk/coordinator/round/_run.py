@@ -174,7 +174,7 @@ async def drive_training(coordinator: Coordinator, tid: str, *,
 async def round_ports(coordinator: Coordinator, tid: str) -> RoundPorts:
     """The coordinator's connections a round of ``tid`` uses, the training's listener already subscribed."""
     async def hire_spare(exclude: Collection[str]) -> WorkerContract:
-        spec = (await coordinator.db.training(tid)).spec
+        spec = (await coordinator.db.training(tid)).spec  # read when a spare is needed, not every round
         return await new_replacement(coordinator, tid, exclude, max_price_wei=spec.max_price_wei)
 
     c = coordinator
