@@ -118,7 +118,7 @@ class Agent:
     async def run_distributed_training(self, spec: TrainingSpec, *, dataset: str | Path = "digits",
                                        label_column: str | None = None, min_gpu: str | None = None,
                                        prepared: Prepared | None = None) -> TrainingReport:
-        """``prepared``: what :func:`~.coordinator.run.prepare` returned for a cost preview, so the
+        """``prepared``: what :func:`~.coordinator._run.prepare` returned for a cost preview, so the
         workers priced are the workers hired (and the market is not asked twice)."""
         return await run_training(self.coordinator, RunRequest(spec=spec, dataset=dataset,
                                                                label_column=label_column, min_gpu=min_gpu),

@@ -2,7 +2,7 @@
 
 They make the SDK calls ``aitbc cluster train|mount`` make: a :class:`TrainingCoordinator` over
 the cluster's signed control channel, the same job directory (``$AITBC_HOME/clusters/jobs/JOB``)
-and mount audit log. Recovery is in :mod:`.cluster_recover`.
+and mount audit log. Recovery is in :mod:`._cluster_recover`.
 """
 
 from __future__ import annotations

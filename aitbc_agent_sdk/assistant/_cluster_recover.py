@@ -1,6 +1,6 @@
 """Recovering a cluster job after a crashed node.
 
-While a job runs, its coordinator (:mod:`..cluster.launcher`) already handles a crash: a spare
+While a job runs, its coordinator (:mod:`..cluster._launcher`) already handles a crash: a spare
 takes the slot, or the others re-rendezvous while ``min_hosts`` remain. What it cannot survive
 is losing its master (the c10d store), or more hosts than it may lose: then the job ends failed.
 This tool handles that case. It reads the job's audit log, asks every host whether it answers,

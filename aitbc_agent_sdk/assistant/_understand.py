@@ -2,7 +2,7 @@
 
 Each intent is a small rule: groups of features it *needs* (every group must have one
 feature present), and weights for the features that speak for it or against it. A
-feature is a concept from :mod:`.concepts` ("NODE", "CRASH", ...) or an extracted entity
+feature is a concept from :mod:`._concepts` ("NODE", "CRASH", ...) or an extracted entity
 ("training_id", "price", ...). Features are a set, so word order does not matter, and a
 paraphrase only has to use some synonym of each idea. The best-scoring intent wins if
 it reaches :data:`THRESHOLD`; below that the request is reported as not understood.

@@ -2,10 +2,10 @@
 
 ``aitbc cluster serve`` runs it. Over the signed MQTT channel it
 
-* answers inventory requests (:class:`~.transport.InventoryResponder`);
-* takes control requests (:mod:`.protocol`) from the cluster's allow-listed
+* answers inventory requests (:class:`~._transport.InventoryResponder`);
+* takes control requests (:mod:`._protocol`) from the cluster's allow-listed
   coordinators only: reserve a rendezvous port, preflight, launch, stop, mount;
-* runs torchrun in the sandbox (:mod:`.sandbox`, network shared so the ranks reach each
+* runs torchrun in the sandbox (:mod:`._sandbox`, network shared so the ranks reach each
   other) or, with ``sandbox=False``, in a pid namespace of its own; either way it owns every
   process of the job: when torchrun exits, is stopped, or the coordinator falls silent, the
   whole tree goes (a pid namespace dies with its first process), so no worker is left

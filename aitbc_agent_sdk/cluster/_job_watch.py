@@ -1,8 +1,8 @@
-"""A launched job, watched: events in, recovery decisions out (:mod:`.recovery`), every decision in the
+"""A launched job, watched: events in, recovery decisions out (:mod:`._recovery`), every decision in the
 hash-chained audit log.
 
 One :class:`JobWatch` per job. Its inputs are public: the signed channel, the hosts' control
-(:class:`HostControl`, which :class:`~.launcher.TrainingCoordinator` implements), the coordinator's
+(:class:`HostControl`, which :class:`~._launcher.TrainingCoordinator` implements), the coordinator's
 settings (:class:`WatchSettings`) and the prepared job (:class:`PreparedJob`).
 """
 

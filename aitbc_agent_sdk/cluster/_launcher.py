@@ -2,12 +2,12 @@
 
 The engine is ``torch.distributed`` started by ``torchrun`` with the c10d rendezvous (gloo on
 CPU, NCCL on GPU); nothing here is a collective or a rendezvous of its own. The
-:class:`TrainingCoordinator` takes a :class:`~.job.TrainRequest` through inventory, the plan
-(:mod:`.plan`), a port reserved on the master, preflight on every host (TCP to the master's port,
-script and dataset readable, checkpoint directory writable) and launch; :class:`~.job_watch.JobWatch`
+:class:`TrainingCoordinator` takes a :class:`~._job.TrainRequest` through inventory, the plan
+(:mod:`._plan`), a port reserved on the master, preflight on every host (TCP to the master's port,
+script and dataset readable, checkpoint directory writable) and launch; :class:`~._job_watch.JobWatch`
 then confirms that the rendezvous formed with the expected world size, streams the events and
-handles crashes (:mod:`.recovery`), every decision in the hash-chained audit log. The messages
-are those of :mod:`.protocol`.
+handles crashes (:mod:`._recovery`), every decision in the hash-chained audit log. The messages
+are those of :mod:`._protocol`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The cluster's wire protocol: topics, the signed control messages and job events, and parsing
 what torchrun and the ranks print (pure).
 
-* **control**: signed requests from a coordinator (:mod:`.launcher`) to each host's agent
-  (:mod:`.host_agent`) on ``aitbc/v1/cluster/{cluster}/control/{host}`` (reserve a port,
+* **control**: signed requests from a coordinator (:mod:`._launcher`) to each host's agent
+  (:mod:`._host_agent`) on ``aitbc/v1/cluster/{cluster}/control/{host}`` (reserve a port,
   preflight, launch, stop, mount) and their replies;
 * **events**: what a host's agent streams back about a job (log lines, metric lines,
   rendezvous results, exit status), the coordinator's heartbeat, and a host's retained status;

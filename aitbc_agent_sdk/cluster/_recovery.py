@@ -3,7 +3,7 @@ whether the optimizer steps after a restart continue exactly from the last check
 
 What recovers a job is torchrun's elastic agent (``--nnodes MIN:MAX --max-restarts R``): when a
 node dies the others' workers fail, their agents re-rendezvous and restart the workers, which
-load the last checkpoint. The coordinator (:mod:`.job_watch`) only adds the decisions here:
+load the last checkpoint. The coordinator (:mod:`._job_watch`) only adds the decisions here:
 
 * :func:`choose_spare`: the first healthy, unused spare (spares are kept most capable first);
   it is launched with the same rendezvous id and joins as a new node;

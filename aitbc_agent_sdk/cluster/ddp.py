@@ -16,7 +16,7 @@ Exactness after a crash comes from three things: the checkpoint holds the model,
 optimizer state and the step, written atomically (a temporary file, fsync, ``os.replace``);
 the batch of step *k* is a function of *k* only (:func:`global_batch_indices`), whatever the
 world size; and the gradient is the mean over that global batch (:class:`BalancedStep` uses
-:func:`~.balance.weighted_allreduce_gradients`). A restart then repeats steps
+:func:`~._balance.weighted_allreduce_gradients`). A restart then repeats steps
 ``checkpoint+1 ...`` exactly as they would have run.
 
 Metric lines are ``AITBC_METRIC {json}`` on stdout; the host agent streams them to the
@@ -316,15 +316,15 @@ class StepResult:
 
 
 class BalancedStep:
-    """One optimizer step on a global batch split by memory (:func:`~.balance.plan_batches`).
+    """One optimizer step on a global batch split by memory (:func:`~._balance.plan_batches`).
 
     Each rank runs forward/backward on its slice (offset = the sizes of the ranks before it).
     If any rank runs out of memory (``torch.OutOfMemoryError``) every rank learns it from one
-    all_reduce, shrinks that rank's share (:func:`~.balance.shrink_after_oom`, the others take
+    all_reduce, shrinks that rank's share (:func:`~._balance.shrink_after_oom`, the others take
     the rest) and redoes the step from zeroed gradients: the job goes on, no optimizer step is
     lost or doubled, and the result is the same as on the unsplit batch. ``model`` must be the
     plain module, not a DDP wrapper: gradients are combined by
-    :func:`~.balance.weighted_allreduce_gradients`.
+    :func:`~._balance.weighted_allreduce_gradients`.
 
     ``inject_oom`` raises a *simulated* OutOfMemoryError (for tests on CPU-only machines, where
     no real allocator can run out); every OOM is reported in a metric line with ``simulated``.

@@ -1,7 +1,7 @@
 """Labelled arrays read in chunks and written as flat files, rows sorted by class. Blocking, bounded memory.
 
 Sources: ``.npy`` pairs are not a format users bring, so the inputs are the ones of
-:mod:`.datasets`: ``.npz`` (members read as streams, nothing unpickled), ``.pt`` (memory-mapped,
+:mod:`._datasets`: ``.npz`` (members read as streams, nothing unpickled), ``.pt`` (memory-mapped,
 ``weights_only``), ``.csv`` (the stdlib reader, twice). Memory holds the labels (8 bytes a row)
 and one chunk of features; the features go straight to a memory-mapped output file.
 Within a class rows keep a seeded shuffle, so a split that takes a class's tail is a random one. A values

@@ -2,7 +2,7 @@
 
 Byte-level tokens (the default): a byte is its own token (0..255) and 256 separates documents, so
 the vocabulary is 257 and tokens are ``uint16``. With a ``vocab_size``, a byte-level BPE is learnt on
-the corpus first (:mod:`.bpe`) and written beside the token files as ``tokenizer.json``; its tokens
+the corpus first (:mod:`._bpe`) and written beside the token files as ``tokenizer.json``; its tokens
 are ``uint16`` up to 65536 of them, ``uint32`` above. A document is read in blocks and written as it is
 read, so memory is one block whatever the corpus size. Token files are cut at document
 boundaries once they reach ``file_tokens`` (a longer document is cut where it must), so a test
@@ -150,7 +150,7 @@ def encode_bytes(text: str) -> np.ndarray:
 
 
 class ByteCodec:
-    """Byte-level tokens as a :class:`~.bpe.TextCodec`: what ``sample`` uses for a corpus without a BPE."""
+    """Byte-level tokens as a :class:`~._bpe.TextCodec`: what ``sample`` uses for a corpus without a BPE."""
 
     def encode(self, text: str) -> list[int]:
         return [int(t) for t in encode_bytes(text)]

@@ -1,8 +1,8 @@
 """What a user brings, made into a dataset directory: which kind it is, what is staged, the manifest. Blocking.
 
 * a ``.npz``/``.pt``/``.csv`` file (or a directory holding just one), or a bundled name: labelled
-  arrays, rewritten once into ``x.f32``/``y.i64`` sorted by class (:mod:`.array_files`);
-* a directory of ``*.txt`` files: a text corpus, tokenized once into token files (:mod:`.corpus`);
+  arrays, rewritten once into ``x.f32``/``y.i64`` sorted by class (:mod:`._array_files`);
+* a directory of ``*.txt`` files: a text corpus, tokenized once into token files (:mod:`._corpus`);
 * a directory of ``CLASS/*.png|jpg``: an image folder, stored as it is (no copy, no re-encoding);
 * any other directory: files the user's own task reads, stored as they are.
 

@@ -6,7 +6,7 @@ Jobs train in the bwrap sandbox (:mod:`aitbc_agent_sdk.provider._sandbox`); with
 bwrap the daemon refuses to start unless given ``--no-sandbox``.
 
 It wires a provider to the bus, store and chain that :mod:`aitbc_agent_sdk._stack` opens, so it
-lives above the services layer, beside the coordinator daemon (:mod:`.daemon`).
+lives above the services layer, beside the coordinator daemon (:mod:`._daemon`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Run a training command isolated from the host: its own filesystem view, no network, no capabilities.
 
-Backends, best first (one adapter each, in :data:`.sandbox_runners.SANDBOX_RUNNERS`):
+Backends, best first (one adapter each, in :data:`._sandbox_runners.SANDBOX_RUNNERS`):
 
 * **bwrap** (bubblewrap): a private root holding only /usr, a few /etc files, the Python
   environment (read-only), the work directory (read-write) and optional extra read-only
@@ -11,7 +11,7 @@ Backends, best first (one adapter each, in :data:`.sandbox_runners.SANDBOX_RUNNE
   filesystem remounted read-only in a private mount namespace except the work directory, the
   same hidden paths, new pid/ipc/uts/net namespaces, then no capabilities and no new privileges.
 
-Both scrub the environment (:func:`.sandbox_plan.scrubbed_env`) and set
+Both scrub the environment (:func:`._sandbox_plan.scrubbed_env`) and set
 rlimits before exec. :func:`verify_sandbox` checks from inside what is really in effect.
 """
 

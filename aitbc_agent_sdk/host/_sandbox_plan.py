@@ -1,7 +1,7 @@
 """What a sandbox is made of, as data: the spec, its environment, the mount plan, and each backend's argv.
 
 Nothing here starts or changes anything; it only looks at which paths exist. So the exact
-command lines are testable on their own. :mod:`.sandbox` gathers the host facts (paths to
+command lines are testable on their own. :mod:`._sandbox` gathers the host facts (paths to
 hide, the interpreter, GPU devices) and runs them.
 
 Mount order is by depth of the destination, parents first: a tmpfs over ``/root`` comes

@@ -1,8 +1,8 @@
 """The programs that can start a sandbox, best first, each behind one small adapter.
 
-* **bwrap** (bubblewrap) builds a private root (:func:`.sandbox_plan.bwrap_argv`).
+* **bwrap** (bubblewrap) builds a private root (:func:`._sandbox_plan.bwrap_argv`).
 * **unshare** + **setpriv** (util-linux) remount the host read-only in a private mount
-  namespace (:func:`.sandbox_plan.unshare_argv`): the fallback where bwrap is missing or cannot start.
+  namespace (:func:`._sandbox_plan.unshare_argv`): the fallback where bwrap is missing or cannot start.
 
 :data:`SANDBOX_RUNNERS` lists them in order of preference; :func:`available_backends` keeps
 the ones that really start here, and :func:`choose_runner` picks one.

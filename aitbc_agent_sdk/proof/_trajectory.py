@@ -5,14 +5,14 @@ optimizer, scheduler) and each segment's batches as they are consumed; its
 :meth:`~TrajectoryRecorder.commitment` goes into the checkpoint the worker signs. Only the states of
 :func:`kept_boundaries` (boundary 0 and evenly spaced ones: three at most, so a job's disk is at
 most three times its weights and optimizer) are written as safetensors files. The coordinator later
-asks for a few boundary files and re-executes the segments between them (:mod:`.trajectory_replay`);
+asks for a few boundary files and re-executes the segments between them (:mod:`._trajectory_replay`);
 the worker recomputes one it did not keep from the kept one before it (:func:`recompute_plan`).
 Each segment starts with the global RNG seeded from the job's seed and the segment's index, so
 dropout replays from the boundary state alone.
 
 Boundary files arrive from strangers: decoding bounds the header, never unpickles, and a file
 whose tensors or JSON are not a state the task's own model, optimizer and scheduler could be in
-(shapes, fields, and values within bounds: :mod:`.opened_state`) is refused before it is loaded.
+(shapes, fields, and values within bounds: :mod:`._opened_state`) is refused before it is loaded.
 """
 
 from __future__ import annotations
@@ -242,7 +242,7 @@ def _fit_problem(parts: OpenedParts, model: nn.Module, optimizer: torch.optim.Op
 def opened_state_problem(blob: bytes, model: nn.Module, optimizer: torch.optim.Optimizer,
                          scheduler: Scheduler | None) -> str | None:
     """Why the task's model, optimizer and scheduler (built by its own code) could not be in the boundary
-    state ``blob`` (:mod:`.opened_state`); None when they could. Loads nothing."""
+    state ``blob`` (:mod:`._opened_state`); None when they could. Loads nothing."""
     try:
         return _fit_problem(_opened_parts(blob), model, optimizer, scheduler)
     except TrainingError as exc:

@@ -1,6 +1,6 @@
 """Async handle on the provider's training process: a separate OS process with a scrubbed environment.
 
-With a :class:`~.sandbox.TrainingSandbox` the process runs in bubblewrap (see :mod:`.sandbox`).
+With a :class:`~._sandbox.TrainingSandbox` the process runs in bubblewrap (see :mod:`._sandbox`).
 Sandboxed or not, a process serves one training only, named by its on-chain identity (the
 escrow's key, which binds the coordinator: an id string is anybody's to reuse). A job of another
 training always gets a fresh process, checked twice (when the job is taken and again just before

@@ -4,7 +4,7 @@ It speaks JSON lines: one request per line on stdin, events on stdout. It reads 
 safetensors files and (for a user task) the task package from the job directory, so nothing
 a stranger sent is unpickled; the customer's task code is imported here and nowhere else on
 the provider. It holds no keys: its environment is scrubbed by the parent, and on a provider
-it runs in the bwrap sandbox of :mod:`.sandbox`.
+it runs in the bwrap sandbox of :mod:`._sandbox`.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ depth first, links in order, and sends each CID once: a block seen before is ski
 
 :class:`CarFileReader` holds such a stream to one UnixFS file: every section must be the block the
 walk needs next (one that a verified parent links to), its bytes must hash to its CID, and every
-node passes :class:`~.bounds.DagBudget` before its children are expected. A block the exporter
+node passes :class:`~._bounds.DagBudget` before its children are expected. A block the exporter
 skipped as a repeat comes from a small cache, or is asked for (:attr:`CarFileReader.wants`).
 Sizes are bounded before anything is buffered: varints, the header, each section, and the whole
 stream (the file size the root declares, itself held to the caller's ``max_bytes``, plus slack).

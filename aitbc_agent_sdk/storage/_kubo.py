@@ -1,9 +1,9 @@
 """IPFS through a Kubo RPC daemon: the ContentStore adapter, verifying everything it reads.
 
-``KuboClient`` (:mod:`.kubo_rpc`) is the transport and trusts the daemon. ``KuboContentStore``
+``KuboClient`` (:mod:`._kubo_rpc`) is the transport and trusts the daemon. ``KuboContentStore``
 does not: ``add`` recomputes the CID locally, and ``stream``/``cat`` check every block against its
 CID before a byte is yielded. A whole file comes as one ``dag/export`` CAR stream, checked block by
-block as it arrives (:mod:`.car`); a range, or a daemon without ``dag/export``, is read block by
+block as it arrives (:mod:`._car`); a range, or a daemon without ``dag/export``, is read block by
 block with ``block/get``.
 """
 

@@ -7,7 +7,7 @@ Layout under ``root``::
     packs/<id>.idx      where each block of that pack is; written (renamed into place) last
     pins/<key>          one empty file per pinned root
 
-An ``add`` of at least ``pack_min_bytes`` goes to one pack (:mod:`.packs`), not a file per
+An ``add`` of at least ``pack_min_bytes`` goes to one pack (:mod:`._packs`), not a file per
 block: 1 GB is one sequential write, not 4,000 files. Pack and index are renamed into place
 when the import is done, index last: an interrupted import leaves nothing a reader uses.
 

@@ -1,4 +1,4 @@
-"""UnixFS files as kubo's ``ipfs add`` builds them (CIDs themselves: :mod:`.cid`). Pure: no I/O.
+"""UnixFS files as kubo's ``ipfs add`` builds them (CIDs themselves: :mod:`._cid`). Pure: no I/O.
 
 Layout facts this module reproduces (boxo ``importer/balanced`` + go-codec-dagpb):
 

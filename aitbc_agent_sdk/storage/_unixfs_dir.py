@@ -5,7 +5,7 @@ Writing (boxo ``ipld/unixfs/io/directory.go`` + go-merkledag, kubo's default set
 * a basic directory is one dag-pb node: links ``{Hash, Name, Tsize}`` sorted by the name's
   bytes (go's ``strings.Compare``), then Data = UnixFS ``{Type=Directory}``; a link's
   Tsize is the child's cumulative DAG size (its block plus its children's Tsizes);
-* it becomes a HAMT (:mod:`.hamt`) when its estimated size, the sum over its links of
+* it becomes a HAMT (:mod:`._hamt`) when its estimated size, the sum over its links of
   ``len(name) + len(binary CID)``, is *over* ``HAMTShardingSize`` (256 KiB). kubo >= 0.40
   (boxo >= 0.36) compares with ``>``; kubo 0.12 to 0.39 used ``>=``, which differs only for
   a directory exactly at 262,144 bytes of estimate. An import only adds entries, so the
@@ -13,7 +13,7 @@ Writing (boxo ``ipld/unixfs/io/directory.go`` + go-merkledag, kubo's default set
 
 Reading: every name is checked (no ``/``, no NUL, not ``.``/``..``, not empty, at most
 ``MAX_NAME_BYTES``), names are unique, a block holds at most ``MAX_DIR_LINKS`` links, and HAMT
-headers must agree with their links (:func:`.hamt.read_shard_links`).
+headers must agree with their links (:func:`._hamt.read_shard_links`).
 """
 
 from __future__ import annotations

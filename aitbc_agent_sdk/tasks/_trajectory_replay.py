@@ -7,7 +7,7 @@ each segment's batches against the commitment on the way) and trains the segment
 loop's own step function. On equal CPUs the end state must equal the committed one bit for bit.
 
 The worker's side uses the same replay: :func:`recompute_boundaries` recomputes a boundary it did not keep
-(:func:`~.trajectory.kept_boundaries`) by training on from the kept state before it, and checks the
+(:func:`~._trajectory.kept_boundaries`) by training on from the kept state before it, and checks the
 result against its own commitment before it lets it out.
 """
 
@@ -70,7 +70,7 @@ def reexecute_segments(task: BoundTask, spec: ModelSpec, data: Any, config: JobC
     """:func:`reexecute_segment` for several segments in one pass over the job's batch stream (the batches
     before the last one are drawn and hashed once, not once per segment). Every opened start state is
     checked against the task's freshly built model, optimizer and scheduler before anything is replayed
-    (:func:`~.trajectory.opened_state_problem`). A problem found on the way (the stream, the batch order)
+    (:func:`~._trajectory.opened_state_problem`). A problem found on the way (the stream, the batch order)
     ends the pass: it and every segment not reached carry it."""
     for segment in starts:
         if not 0 <= segment < commitment.segments:

@@ -16,7 +16,7 @@ and answers a :class:`MountReport`; the coordinator compares the hosts' reports 
 
 Each source kind has its own backend, picked from :data:`MOUNT_BACKENDS`:
 
-* **s3** (:mod:`.s3fs`): ``s3fs BUCKET MOUNTPOINT -f -o url=ENDPOINT -o use_path_request_style``,
+* **s3** (:mod:`._s3fs`): ``s3fs BUCKET MOUNTPOINT -f -o url=ENDPOINT -o use_path_request_style``,
   run as the agent's child (so the agent owns and unmounts it); credentials come from a file
   on the host (``MountSettings.s3_credentials_file`` or s3fs's own defaults), never over the bus.
 * **nfs** (:mod:`._nfs`): a kernel mount (``mount -t nfs``) where the kernel has an NFS client.

@@ -1,10 +1,10 @@
 """The checks a result passes when it arrives, in order: one small interface, applied by the round.
 
-The round (:class:`~.rounds.RoundRunner`) fetches a result and decodes it (a result it cannot fetch
+The round (:class:`~._rounds.RoundRunner`) fetches a result and decodes it (a result it cannot fetch
 may be re-sent; one it cannot decode is rejected), then runs :func:`check_arrival` over its list of
 :class:`ResultCheck` objects. The first that rejects decides and the later ones do not run (the work
 check records a result's commitment only for results that got that far). The pure rules are in
-:mod:`.verification` and :mod:`.work_checks`; what needs the whole round (the norm, the lower bound,
+:mod:`._verification` and :mod:`._work_checks`; what needs the whole round (the norm, the lower bound,
 near copies) or runs beside the loop (the spot check) follows in ``rounds`` and ``round_work``.
 """
 
@@ -71,7 +71,7 @@ async def check_arrival(checks: Sequence[ResultCheck], result: Arrival) -> Inspe
 
 class SoundResult:
     """Signed by its worker, not a replay, shaped like the model, finite, and no worse on validation data
-    (:func:`~.verification.inspect_result`). A label-skewed (dirichlet) training judges a result on a
+    (:func:`~._verification.inspect_result`). A label-skewed (dirichlet) training judges a result on a
     sample of its own shard instead, where it must also lower the loss."""
 
     def __init__(self, escrow: EscrowAccount, inputs: RoundInputs, work: RoundWork) -> None:

@@ -1,6 +1,6 @@
 """Was the work done? Rules over a result's committed trajectory and its update (no I/O).
 
-:mod:`.verification` catches broken and hostile results; these catch missing work:
+:mod:`._verification` catches broken and hostile results; these catch missing work:
 
 * a result without a trajectory commitment, or one committing to fewer steps than its job has, is
   missing work (unpaid, not slashable: an honest worker that stopped early committed honestly);
@@ -12,7 +12,7 @@
 * a check that cannot decide (it crashed, the opening is missing, late or not a state the task could
   be in) fails closed: the result is *unverifiable*, unpaid but not slashed, since it proves nothing.
 
-The re-execution that settles a spot check is :mod:`.spot_check`'s.
+The re-execution that settles a spot check is :mod:`._spot_check`'s.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The seed's ``collect_checkpoint``, ``checkpoint_fits`` and ``federated_average`` take results one by
 one and decode them as their jobs asked (whole weights, or changes from the job's model in any update
-encoding). :class:`SeedResults` does them with the ports it uses; :class:`~.service.Coordinator`
+encoding). :class:`SeedResults` does them with the ports it uses; :class:`~._service.Coordinator`
 holds one and keeps the seed's methods as calls to it. :func:`fold` is shared with the round loop.
 """
 

@@ -184,7 +184,7 @@ class RoundRunner:
             await self._judge_norms()
 
     async def _inspect(self, slot: ShardSlot, ref: CheckpointRef) -> Inspection:
-        """Fetch and decode the result, then run the round's checks on arrival (:mod:`.arrival`)."""
+        """Fetch and decode the result, then run the round's checks on arrival (:mod:`._arrival`)."""
         try:
             async with asyncio.timeout(self.policy.fetch_timeout_s):
                 blob = await self.ports.store.cat(ref.cid, max_bytes=self.inputs.checkpoint_limit)
