@@ -16,7 +16,7 @@ from typing import Any
 
 from .config import AgentConfig, default_home
 from .coordinator import (
-    Coordinator, EscrowAccount, RunRequest, TrainingStore, is_terminal, resume_training,
+    Coordinator, EscrowAccount, RunRequest, TrainingDatabase, is_terminal, resume_training,
     run_training,
 )
 from .coordinator.round._liveness import ping
@@ -60,7 +60,7 @@ class Agent:
         try:
             cfg = self.config
             stack = await build_stack(cfg, self._account, exits)
-            db = await exits.enter_async_context(TrainingStore(cfg.home / "aitbc.db"))
+            db = await exits.enter_async_context(TrainingDatabase(cfg.home / "aitbc.db"))
             settings = cfg.coordinator
             if settings.audit_dir is None:  # an agent keeps its trainings' audit logs in its home
                 settings = settings.model_copy(update={"audit_dir": cfg.home / "trainings"})

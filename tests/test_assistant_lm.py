@@ -16,7 +16,7 @@ from aitbc_agent_sdk.assistant._executor import Executor
 from aitbc_agent_sdk.assistant._market_tools import InitArgs, UploadArgs, training_spec, upload_data
 from aitbc_agent_sdk.assistant._planner import plan_request
 from aitbc_agent_sdk.assistant._session import Assistant
-from aitbc_agent_sdk.coordinator._training_db import TrainingStore
+from aitbc_agent_sdk.coordinator._training_db import TrainingDatabase
 from aitbc_agent_sdk.errors import DatasetError
 from aitbc_agent_sdk.records import TaskRef, TrainingRecord, TrainingSpec
 from aitbc_agent_sdk.tasks._builtin_tasks import BUILTIN_TASKS
@@ -122,7 +122,7 @@ async def test_uploading_other_data_to_a_gpt_training_is_refused_before_connecti
     home.mkdir()
     tid = "training_00aa11bb22cc33dd"
     spec = TrainingSpec(model_type="gpt", task=TaskRef(name="gpt"), target_workers=2)
-    async with TrainingStore(home / "aitbc.db") as db:
+    async with TrainingDatabase(home / "aitbc.db") as db:
         await db.save_training(TrainingRecord(training_id=tid, spec=spec, coordinator="0x" + "11" * 20))
     with pytest.raises(DatasetError, match="tables is not a text corpus"):  # no devnet runs: it stops first
         await upload_data(ToolContext(home=home), UploadArgs(training_id=tid, data_path=str(corpus_dir / "tables")))

@@ -22,7 +22,7 @@ from aitbc_agent_sdk import Agent, AgentConfig
 from aitbc_agent_sdk.coordinator.data._datasets import DatasetStore
 from aitbc_agent_sdk.coordinator.data._generation import SampleRequest, load_codec, prompt_tokens, sample_text
 from aitbc_agent_sdk.coordinator.data._sharding import publish_shards
-from aitbc_agent_sdk.coordinator._training_db import TrainingStore
+from aitbc_agent_sdk.coordinator._training_db import TrainingDatabase
 from aitbc_agent_sdk.coordinator.data._tasks import TaskCache
 from aitbc_agent_sdk.errors import DatasetError
 from aitbc_agent_sdk.flow import check_dataset
@@ -239,7 +239,7 @@ async def store_lm_training(corpus: Path, home: Path, **options) -> tuple[Traini
     record = TrainingRecord(training_id="training_bpe", spec=spec, coordinator="0x" + "ab" * 20,
                             dataset_cid=dataset_cid, model_cid=await store.add(encode_state(model.state_dict())),
                             phase=TrainingPhase.TRAINING, round=2)
-    async with TrainingStore(home / "aitbc.db") as db:
+    async with TrainingDatabase(home / "aitbc.db") as db:
         await db.save_training(record)
     return record, model
 

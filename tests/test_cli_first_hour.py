@@ -24,7 +24,7 @@ import typer.main
 from aitbc_agent_sdk import flow
 from aitbc_agent_sdk.audit import AuditLog
 from aitbc_agent_sdk.coordinator._monitor import Snapshot, WorkerView
-from aitbc_agent_sdk.coordinator._training_db import TrainingStore
+from aitbc_agent_sdk.coordinator._training_db import TrainingDatabase
 from aitbc_agent_sdk.records import Payment, RoundMetrics, TrainingPhase, TrainingRecord, TrainingSpec
 from aitbc_cli.app import SUB_COMMANDS, app, load_sub_command, main, split_debug
 from aitbc_cli.exits import unexpected_message
@@ -46,7 +46,7 @@ def record(training_id: str, created_at: float, phase: TrainingPhase = TrainingP
 
 
 async def save(home: Path, *records: TrainingRecord, rounds: tuple[RoundMetrics, ...] = ()) -> None:
-    async with TrainingStore(flow.db_path(home)) as db:
+    async with TrainingDatabase(flow.db_path(home)) as db:
         for r in records:
             await db.save_training(r)
         for m in rounds:

@@ -129,11 +129,11 @@ def test_a_home_that_is_a_file_is_refused(tmp_path: Path) -> None:
 
 
 async def test_the_database_file_is_made_by_the_first_write(tmp_path: Path) -> None:
-    from aitbc_agent_sdk.coordinator import TrainingStore
+    from aitbc_agent_sdk.coordinator import TrainingDatabase
     from aitbc_agent_sdk.records import TrainingRecord, TrainingSpec
 
     path = tmp_path / "home" / "aitbc.db"
-    async with TrainingStore(path) as db:
+    async with TrainingDatabase(path) as db:
         assert await db.trainings() == []
         with pytest.raises(NotFoundError):
             await db.training("training-nope")
@@ -141,11 +141,11 @@ async def test_the_database_file_is_made_by_the_first_write(tmp_path: Path) -> N
 
     record = TrainingRecord(training_id="training-1", spec=TrainingSpec(model_type="mlp", target_workers=2),
                             coordinator="0x" + "11" * 20)
-    async with TrainingStore(path) as db:
+    async with TrainingDatabase(path) as db:
         assert await db.trainings() == []
         await db.save_training(record)
         assert [r.training_id for r in await db.trainings()] == ["training-1"]
     with sqlite3.connect(path) as raw:
         assert raw.execute("SELECT training_id FROM trainings").fetchall() == [("training-1",)]
-    async with TrainingStore(path) as db:
+    async with TrainingDatabase(path) as db:
         assert (await db.training("training-1")).training_id == "training-1"

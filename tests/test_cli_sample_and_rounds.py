@@ -19,7 +19,7 @@ from aitbc_agent_sdk import Agent, AgentConfig
 from aitbc_agent_sdk.coordinator.data._datasets import DatasetStore
 from aitbc_agent_sdk.coordinator._monitor import Snapshot
 from aitbc_agent_sdk.coordinator.data._generation import NotSampleableError, SampleRequest, prompt_tokens, sample_text
-from aitbc_agent_sdk.coordinator._training_db import TrainingStore
+from aitbc_agent_sdk.coordinator._training_db import TrainingDatabase
 from aitbc_agent_sdk.coordinator.data._tasks import TaskCache
 from aitbc_agent_sdk.errors import ConfigError
 from aitbc_agent_sdk.records import (
@@ -80,7 +80,7 @@ async def store_training(home: Path, *, language_model: bool = True, with_model:
     record = TrainingRecord(training_id=f"training_{'lm' if language_model else 'mlp'}{int(with_model)}",
                             spec=spec, coordinator=ADDRESS, dataset_cid=dataset_cid, model_cid=model_cid,
                             phase=TrainingPhase.TRAINING, round=3 if with_model else 0)
-    async with TrainingStore(home / "aitbc.db") as db:
+    async with TrainingDatabase(home / "aitbc.db") as db:
         await db.save_training(record)
     return record
 

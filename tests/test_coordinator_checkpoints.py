@@ -7,7 +7,7 @@ import torch
 from eth_account import Account
 
 from aitbc_agent_sdk.chain import EvidenceDomain, sign_result, training_key
-from aitbc_agent_sdk.coordinator import Coordinator, EscrowAccount, TrainingStore
+from aitbc_agent_sdk.coordinator import Coordinator, EscrowAccount, TrainingDatabase
 from aitbc_agent_sdk.errors import TrainingError
 from aitbc_agent_sdk.market import WeightedScore
 from aitbc_agent_sdk.records import CheckpointRef, TrainingRecord, TrainingSpec
@@ -24,7 +24,7 @@ DOMAIN = EvidenceDomain(31337, "0x" + "5" * 40)
 
 @pytest.fixture
 async def coordinator(tmp_path):
-    async with TrainingStore(tmp_path / "db.sqlite") as db:
+    async with TrainingDatabase(tmp_path / "db.sqlite") as db:
         store = LocalContentStore(tmp_path / "store")
         # The channel is not used by these steps; of the escrow only the evidence domain and the key.
         escrow = EscrowAccount(SimpleNamespace(address=COORD), None, DOMAIN)  # type: ignore[arg-type]

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from aitbc_agent_sdk import Agent, AgentConfig, JobConfig, TrainingPhase, TrainingSpec
-from aitbc_agent_sdk.coordinator import Coordinator, RunRequest, TrainingStore, resume_training, run_training
+from aitbc_agent_sdk.coordinator import Coordinator, RunRequest, TrainingDatabase, resume_training, run_training
 from aitbc_agent_sdk.records import RoundMetrics, TrainingRecord
 from aitbc_agent_sdk.storage import ContentStore
 
@@ -50,7 +50,7 @@ class CountingStore:
         return getattr(self.inner, name)
 
 
-class CountingTrainingStore(TrainingStore):
+class CountingTrainingDatabase(TrainingDatabase):
     """Instrumentation wrapper, not a mock: the real SQLite store, counting reads of training records."""
 
     def __init__(self, path: Path) -> None:
@@ -62,7 +62,7 @@ class CountingTrainingStore(TrainingStore):
         return await super().training(training_id)
 
 
-def twin(agent: Agent, store: ContentStore, db: TrainingStore, observer: Any = None) -> Coordinator:
+def twin(agent: Agent, store: ContentStore, db: TrainingDatabase, observer: Any = None) -> Coordinator:
     """A second coordinator on the agent's stack (bus, chain, providers): what a restarted process builds."""
     c = agent.coordinator
     return Coordinator(channel=c.channel, store=store, db=db, escrow=c.escrow, scoring=c.scoring,
@@ -72,7 +72,7 @@ def twin(agent: Agent, store: ContentStore, db: TrainingStore, observer: Any = N
 async def test_a_round_fetches_the_manifest_once_and_nothing_per_job(aitbc_home: Path) -> None:
     async with Agent(AgentConfig(home=aitbc_home, providers=3)) as agent:
         store = CountingStore(agent.stack.store)
-        async with CountingTrainingStore(aitbc_home / "counted.db") as db:
+        async with CountingTrainingDatabase(aitbc_home / "counted.db") as db:
             coordinator = twin(agent, store, db)
             try:
                 report = await run_training(coordinator, RunRequest(spec=SPEC, round_timeout_s=300))
@@ -112,7 +112,7 @@ async def test_a_resumed_coordinator_keeps_the_round_times_of_before_the_restart
         before = {w: list(first.round_times.of(record.training_id, w)) for w in workers}
         assert record.round == 1 and all(len(t) == 1 for t in before.values()), before
 
-        async with TrainingStore(aitbc_home / "aitbc.db") as db:  # the restarted process's own connection
+        async with TrainingDatabase(aitbc_home / "aitbc.db") as db:  # the restarted process's own connection
             resumed = twin(agent, agent.stack.store, db)
             try:
                 outcome = await resume_training(resumed, record.training_id, round_timeout_s=300)
@@ -128,5 +128,5 @@ async def test_a_resumed_coordinator_keeps_the_round_times_of_before_the_restart
 
 
 async def agent_db_phase(home: Path, training_id: str) -> TrainingPhase:
-    async with TrainingStore(home / "aitbc.db") as db:
+    async with TrainingDatabase(home / "aitbc.db") as db:
         return (await db.training(training_id)).phase

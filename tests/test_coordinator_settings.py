@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from aitbc_agent_sdk import AgentConfig
-from aitbc_agent_sdk.coordinator import CoordinatorSettings, TrainingStore
+from aitbc_agent_sdk.coordinator import CoordinatorSettings, TrainingDatabase
 
 
 def test_the_agent_config_carries_the_coordinator_settings_it_is_given(tmp_path: Path) -> None:
@@ -30,12 +30,12 @@ def test_the_settings_are_frozen() -> None:
 
 async def test_round_times_outlive_the_connection_that_wrote_them_and_stay_with_their_training(
         tmp_path: Path) -> None:
-    async with TrainingStore(tmp_path / "aitbc.db") as db:
+    async with TrainingDatabase(tmp_path / "aitbc.db") as db:
         for seconds in (1.0, 2.0, 3.0):
             await db.save_round_time("t1", "0xA", seconds)
         await db.save_round_time("t1", "0xB", 9.0)
         await db.save_round_time("t2", "0xA", 40.0)  # another training: another model, another deadline
-    async with TrainingStore(tmp_path / "aitbc.db") as db:
+    async with TrainingDatabase(tmp_path / "aitbc.db") as db:
         assert await db.round_times("t1") == {"0xA": [1.0, 2.0, 3.0], "0xB": [9.0]}
         assert await db.round_times("t1", last=2) == {"0xA": [2.0, 3.0], "0xB": [9.0]}
         assert await db.round_times("t2") == {"0xA": [40.0]}

@@ -8,7 +8,7 @@ import pytest
 
 from aitbc_agent_sdk import flow
 from aitbc_agent_sdk.audit import AuditLog
-from aitbc_agent_sdk.coordinator._training_db import TrainingStore
+from aitbc_agent_sdk.coordinator._training_db import TrainingDatabase
 from aitbc_agent_sdk.records import JobConfig, TrainingPhase, TrainingRecord, TrainingSpec
 from aitbc_agent_sdk.tasks._networks import MODEL_NAMES
 
@@ -62,7 +62,7 @@ def test_the_cli_model_choices_are_the_sdks_models():
 
 
 async def _save(home, tid: str, phase: TrainingPhase) -> None:
-    async with TrainingStore(home / "aitbc.db") as db:
+    async with TrainingDatabase(home / "aitbc.db") as db:
         await db.save_training(TrainingRecord(training_id=tid, spec=TrainingSpec(model_type="mlp", target_workers=2),
                                               coordinator=COORD, phase=phase))
 

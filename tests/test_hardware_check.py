@@ -17,7 +17,7 @@ from eth_account import Account
 from aitbc_agent_sdk.coordinator._service import Coordinator
 from aitbc_agent_sdk.coordinator._settings import CoordinatorSettings
 from aitbc_agent_sdk.coordinator.money._settlement import EscrowAccount
-from aitbc_agent_sdk.coordinator._training_db import TrainingStore
+from aitbc_agent_sdk.coordinator._training_db import TrainingDatabase
 from aitbc_agent_sdk.market import WeightedScore, rank_workers
 from aitbc_agent_sdk.market import _hardware_check as hc
 from aitbc_agent_sdk.market._hardware_check import (
@@ -183,7 +183,7 @@ async def market(tmp_path: Path, **settings: object) -> AsyncIterator[SimpleName
         return channel.address
 
     try:
-        async with TrainingStore(tmp_path / "db.sqlite") as db:
+        async with TrainingDatabase(tmp_path / "db.sqlite") as db:
             account = Account.create()
             escrow = EscrowAccount(SimpleNamespace(address=account.address), None, None)  # type: ignore[arg-type]
             coordinator = Coordinator(channel=SignedChannel(bus, account), store=store, db=db, escrow=escrow,

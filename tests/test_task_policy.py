@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 from eth_account import Account
 
-from aitbc_agent_sdk.coordinator import Coordinator, CoordinatorSettings, EscrowAccount, TrainingStore
+from aitbc_agent_sdk.coordinator import Coordinator, CoordinatorSettings, EscrowAccount, TrainingDatabase
 from aitbc_agent_sdk.market import WeightedScore
 from aitbc_agent_sdk.messaging import InMemoryBus, SignedChannel, topics
 from aitbc_agent_sdk.records import Hardware, Offer, TaskPolicy, TaskRef
@@ -151,7 +151,7 @@ async def test_discovery_skips_offers_whose_policy_does_not_permit_the_task(tmp_
         providers[channel.address] = name
     settings = CoordinatorSettings(discovery_timeout_s=1.0, min_stake_wei=0)  # no registry: no bonds to require
     try:
-        async with TrainingStore(tmp_path / "db.sqlite") as db:
+        async with TrainingDatabase(tmp_path / "db.sqlite") as db:
             account = Account.create()
             # Discovery reads offers and the local history; the escrow is not used.
             escrow = EscrowAccount(SimpleNamespace(address=account.address), None, None)  # type: ignore[arg-type]

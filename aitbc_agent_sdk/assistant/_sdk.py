@@ -61,12 +61,12 @@ async def resolve_training(ctx: ToolContext, training_id: str | None) -> str:
         return training_id
     if ctx.training_id:
         return ctx.training_id
-    from ..coordinator import TrainingStore
+    from ..coordinator import TrainingDatabase
 
     if not db_path(ctx.home).exists():
         raise NotFoundError(f"no trainings yet in {ctx.home}; start one first (for example: "
                             "'find 3 workers and train an mlp on digits')")
-    async with TrainingStore(db_path(ctx.home)) as db:
+    async with TrainingDatabase(db_path(ctx.home)) as db:
         records = await db.trainings()
     if not records:
         raise NotFoundError(f"no trainings yet in {ctx.home}")
@@ -81,9 +81,9 @@ async def wallet_of(home: Path, training_id: str) -> str:
 
 async def snapshot_of(home: Path, training_id: str) -> Snapshot:
     from ..coordinator import snapshot
-    from ..coordinator import TrainingStore
+    from ..coordinator import TrainingDatabase
 
-    async with TrainingStore(db_path(home)) as db:
+    async with TrainingDatabase(db_path(home)) as db:
         return await snapshot(db, training_id, audit_dir=home / "trainings")
 
 

@@ -10,7 +10,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "_service": ("Coordinator", "audit_path"),
     "_settings": ("CoordinatorSettings",),
     "money._settlement": ("EscrowAccount", "Payout", "earned_wei", "plan_payouts"),
-    "_training_db": ("TrainingStore",),
+    "_training_db": ("TrainingDatabase",),
     "data._tasks": ("spec_for_dataset",),
     "_monitor": ("Snapshot", "snapshot",),
     "_lock": ("is_driven", "training_lock",),
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from ._service import Coordinator
     from ._settings import CoordinatorSettings
     from .money._settlement import EscrowAccount, Payout, earned_wei, plan_payouts
-    from ._training_db import TrainingStore
+    from ._training_db import TrainingDatabase
     from .data._tasks import spec_for_dataset
     from ._monitor import Snapshot, snapshot
     from ._lock import is_driven, training_lock

@@ -12,7 +12,7 @@ from typing import Any
 from ..errors import NotFoundError
 from ..messaging import SignedChannel, Verified, topics
 from ..records import CheckpointRef, JobResult, Progress, TrajectoryOpening
-from ._training_db import TrainingStore
+from ._training_db import TrainingDatabase
 
 log = logging.getLogger(__name__)
 
@@ -20,7 +20,7 @@ Observer = Callable[[object], None]
 
 
 class TrainingListener:
-    def __init__(self, channel: SignedChannel, db: TrainingStore, training_id: str,
+    def __init__(self, channel: SignedChannel, db: TrainingDatabase, training_id: str,
                  observer: Observer | None = None) -> None:
         self._channel = channel
         self._db = db

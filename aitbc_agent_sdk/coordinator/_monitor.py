@@ -9,7 +9,7 @@ from pydantic import BaseModel
 
 from ..records import EscrowSummary, Payment, Progress, RoundMetrics, TrainingPhase, id_path
 from ..audit import read_log
-from ._training_db import TrainingStore
+from ._training_db import TrainingDatabase
 
 
 POOL_EVENTS = ("worker_added", "worker_released", "rebalanced", "scale_up_refused", "worker_replaced",
@@ -48,7 +48,7 @@ class Snapshot(BaseModel):
         return self.phase in (TrainingPhase.COMPLETE, TrainingPhase.FAILED)
 
 
-async def snapshot(db: TrainingStore, training_id: str, audit_dir: Path | None = None) -> Snapshot:
+async def snapshot(db: TrainingDatabase, training_id: str, audit_dir: Path | None = None) -> Snapshot:
     record = await db.training(training_id)
     payments = await db.payments(training_id)
     latest: dict[str, Progress] = {}

@@ -52,7 +52,7 @@ from .money._settlement import EscrowAccount
 from .data._sharding import publish_shards
 from .data._tasks import TaskCache, spec_for_dataset
 from .round._stats import RoundStats
-from ._training_db import TrainingStore
+from ._training_db import TrainingDatabase
 
 __all__ = ["Coordinator", "CoordinatorSettings", "audit_path"]  # audit_path: where tests and tools read a log
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ log = logging.getLogger(__name__)
 class Coordinator:
     channel: SignedChannel
     store: ContentStore
-    db: TrainingStore
+    db: TrainingDatabase
     escrow: EscrowAccount
     scoring: ScoringStrategy
     aggregation: Callable[[], AggregationStrategy] = FedAvg

@@ -60,9 +60,11 @@ class _FirstWrite(Exception):
     """A transaction on the empty stand-in database wrote: it is rolled back and run on the file."""
 
 
-class TrainingStore:
-    """The database file is created by the first write, not by opening: a command that only reads
-    (or fails before writing) leaves no file behind. Until then reads see an empty schema."""
+class TrainingDatabase:
+    """A coordinator's trainings in SQLite (records, contracts, jobs, checkpoints, payments); the content
+    itself lives in the ContentStore. The database file is created by the first write, not by opening:
+    a command that only reads (or fails before writing) leaves no file behind. Until then reads see an
+    empty schema."""
 
     def __init__(self, path: Path) -> None:
         self._path = path
@@ -70,7 +72,7 @@ class TrainingStore:
         self._on_disk = False
         self._lock = asyncio.Lock()
 
-    async def open(self) -> TrainingStore:
+    async def open(self) -> TrainingDatabase:
         self._conn = await asyncio.to_thread(self._connect_disk if self._path.exists() else self._connect_empty)
         return self
 
@@ -100,7 +102,7 @@ class TrainingStore:
             await asyncio.to_thread(self._conn.close)
             self._conn = None
 
-    async def __aenter__(self) -> TrainingStore:
+    async def __aenter__(self) -> TrainingDatabase:
         return await self.open()
 
     async def __aexit__(self, *exc: object) -> None:
@@ -108,7 +110,7 @@ class TrainingStore:
 
     async def _run(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
         if self._conn is None:
-            raise RuntimeError("TrainingStore is not open")
+            raise RuntimeError("TrainingDatabase is not open")
 
         def attempt(conn: sqlite3.Connection) -> Any:
             with conn:  # BEGIN/COMMIT, ROLLBACK on error: nothing half-written

@@ -40,11 +40,11 @@ def coordinator_log(home: Path, training_id: str) -> Path:
 
 
 async def load_training(home: Path, training_id: str) -> TrainingRecord:
-    from ..coordinator._training_db import TrainingStore
+    from ..coordinator._training_db import TrainingDatabase
 
     if not db_path(home).exists():  # opening would create an empty database
         raise NotFoundError(f"no training {training_id!r}: no trainings yet in {home}")
-    async with TrainingStore(db_path(home)) as db:
+    async with TrainingDatabase(db_path(home)) as db:
         return await db.training(training_id)
 
 
@@ -183,11 +183,11 @@ async def hire_workers(agent: Agent, training_id: str, required: int | None = No
 
 async def distribution_cost(home: Path, training_id: str) -> CostPreview:
     """What ``distribute`` will deposit, from the contracts signed (no chain, no writes)."""
-    from ..coordinator._training_db import TrainingStore
+    from ..coordinator._training_db import TrainingDatabase
 
     record = await load_training(home, training_id)
     _check_distributable(record)
-    async with TrainingStore(db_path(home)) as db:
+    async with TrainingDatabase(db_path(home)) as db:
         workers = await db.contracts(training_id, "worker")
         spares = await db.contracts(training_id, "spare")
     if not workers:

@@ -48,12 +48,12 @@ def is_driven_now(home: Path, training_id: str) -> bool:
 
 async def list_trainings(home: Path) -> list[TrainingSummary]:
     """Every training of this home, newest first; an empty home stays empty (no database made)."""
-    from ..coordinator._training_db import TrainingStore
+    from ..coordinator._training_db import TrainingDatabase
 
     if not db_path(home).exists():
         return []
     out = []
-    async with TrainingStore(db_path(home)) as db:
+    async with TrainingDatabase(db_path(home)) as db:
         for r in await db.trainings():
             workers = len(await db.contracts(r.training_id, "worker"))
             out.append(TrainingSummary(r.training_id, r.phase.value, r.round, r.spec.rounds, workers,

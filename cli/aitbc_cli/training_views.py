@@ -229,10 +229,10 @@ def audit(
 
 
 async def _snapshot(home: Path, training_id: str) -> Snapshot:
-    from aitbc_agent_sdk.coordinator import TrainingStore
+    from aitbc_agent_sdk.coordinator import TrainingDatabase
 
     await flow.load_training(home, training_id)  # no database yet: say so, do not create one
-    async with TrainingStore(flow.db_path(home)) as db:
+    async with TrainingDatabase(flow.db_path(home)) as db:
         return await snapshot(db, training_id, audit_dir=home / "trainings")
 
 

@@ -367,9 +367,9 @@ def recovery(args: argparse.Namespace) -> str:
 
 async def export(args: argparse.Namespace) -> dict[str, Any]:
     """On the coordinator's host: the training's results, as the coordinator recorded them."""
-    from aitbc_agent_sdk.coordinator._training_db import TrainingStore
+    from aitbc_agent_sdk.coordinator._training_db import TrainingDatabase
 
-    async with TrainingStore(Path(args.home) / "aitbc.db") as db:
+    async with TrainingDatabase(Path(args.home) / "aitbc.db") as db:
         record = await db.training(args.training_id)
         contracts = await db.contracts(args.training_id)
         accepted = await db.checkpoints(args.training_id)

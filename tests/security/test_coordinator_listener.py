@@ -13,7 +13,7 @@ from contextlib import AsyncExitStack
 from eth_account import Account
 
 from aitbc_agent_sdk.coordinator._listener import TrainingListener
-from aitbc_agent_sdk.coordinator._training_db import TrainingStore
+from aitbc_agent_sdk.coordinator._training_db import TrainingDatabase
 from aitbc_agent_sdk.messaging import SignedChannel, topics
 from aitbc_agent_sdk.messaging._mqtt import MqttBus
 from aitbc_agent_sdk.records import CheckpointRef, JobAssignment, JobConfig, JobResult, ModelSpec, new_id
@@ -33,7 +33,7 @@ def result(job: JobAssignment, **fields) -> JobResult:
 async def test_one_poisoned_result_neither_breaks_the_store_nor_stops_the_listener(tmp_path, mosquitto):
     worker = Account.create()
     async with AsyncExitStack() as exits:
-        db = await exits.enter_async_context(TrainingStore(tmp_path / "coordinator.db"))
+        db = await exits.enter_async_context(TrainingDatabase(tmp_path / "coordinator.db"))
         bus = await exits.enter_async_context(MqttBus("127.0.0.1", mosquitto.port, client_id=new_id("coord"),
                                                       persistent=False))
         worker_bus = await exits.enter_async_context(MqttBus("127.0.0.1", mosquitto.port,

@@ -32,7 +32,7 @@ from aitbc_agent_sdk.assistant._mcp_server import call_result
 from aitbc_agent_sdk.assistant._reply import answer, plan_lines
 from aitbc_agent_sdk.assistant._session import Assistant
 from aitbc_agent_sdk.audit import AuditLog
-from aitbc_agent_sdk.coordinator._training_db import TrainingStore
+from aitbc_agent_sdk.coordinator._training_db import TrainingDatabase
 from aitbc_agent_sdk.records import Payment, Progress, TrainingPhase, TrainingRecord, TrainingSpec, WorkerContract
 from aitbc_agent_sdk.records._inert import html_text, terminal_markup, visible, visible_values
 from aitbc_agent_sdk.profile import training_dir
@@ -110,7 +110,7 @@ def test_the_escapes_are_spelled_as_python_writes_them() -> None:
 async def store_hostile_training(home: Path) -> None:
     """The training as the coordinator leaves it after replacing a worker whose jobs failed with ``HOSTILE``."""
     spec = TrainingSpec(model_type=MODEL_TYPE, target_workers=1, rounds=3)
-    async with TrainingStore(home / "aitbc.db") as db:
+    async with TrainingDatabase(home / "aitbc.db") as db:
         await db.save_training(TrainingRecord(training_id=TRAINING_ID, spec=spec, coordinator=COORDINATOR,
                                               phase=TrainingPhase.TRAINING, round=1))
         await db.save_contract(WorkerContract(contract_id="contract_1", training_id=TRAINING_ID, worker_id=WORKER,

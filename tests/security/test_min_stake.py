@@ -33,7 +33,7 @@ from aitbc_agent_sdk.coordinator.round._reassign import hire, new_replacement
 from aitbc_agent_sdk.coordinator._service import Coordinator
 from aitbc_agent_sdk.coordinator._settings import CoordinatorSettings
 from aitbc_agent_sdk.coordinator.money._settlement import EscrowAccount
-from aitbc_agent_sdk.coordinator._training_db import TrainingStore
+from aitbc_agent_sdk.coordinator._training_db import TrainingDatabase
 from aitbc_agent_sdk.devnet._network import DevnetOptions
 from aitbc_agent_sdk.errors import NotEnoughWorkersError
 from aitbc_agent_sdk.market import WeightedScore
@@ -137,7 +137,7 @@ async def market(home: Path, port: int, w3, funder: LocalAccount) -> AsyncIterat
             await exits.enter_async_context(provider)
         bus = await exits.enter_async_context(
             MqttBus("127.0.0.1", port, client_id=f"coordinator-{new_id('t')}", persistent=False))
-        db = await exits.enter_async_context(TrainingStore(home / "aitbc.db"))
+        db = await exits.enter_async_context(TrainingDatabase(home / "aitbc.db"))
         coordinator = Coordinator(
             channel=SignedChannel(bus, coordinator_key), store=LocalContentStore(home / "store"), db=db,
             escrow=EscrowAccount(TransactionSender(w3, coordinator_key), escrow), scoring=WeightedScore(),

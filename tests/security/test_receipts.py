@@ -28,7 +28,7 @@ from aitbc_agent_sdk.chain._registry import EvidenceDomain
 from aitbc_agent_sdk.coordinator._logbook import AuditLogs
 from aitbc_agent_sdk.coordinator.money._receipts import ReceiptIssuer, receipt_terms
 from aitbc_agent_sdk.coordinator.money._settlement import EscrowAccount, plan_payouts
-from aitbc_agent_sdk.coordinator._training_db import TrainingStore
+from aitbc_agent_sdk.coordinator._training_db import TrainingDatabase
 from aitbc_agent_sdk.messaging import Verified, topics
 from aitbc_agent_sdk.records import CheckpointRef, JobAssignment, PaymentReceipt, WorkerContract
 from aitbc_agent_sdk.flow._provider_daemon import build_parser
@@ -197,7 +197,7 @@ async def test_a_coordinator_that_refunds_without_paying_still_pays_what_it_sign
         job, cid = await _deliver(rig, contract_id, round=1)
 
         # The coordinator's own issuer accepts round 1 and sends its receipt.
-        async with TrainingStore(tmp_path / "coordinator.db") as db:
+        async with TrainingDatabase(tmp_path / "coordinator.db") as db:
             contract = WorkerContract(contract_id=contract_id, training_id=TRAINING, worker_id=rig.provider.address,
                                       coordinator=rig.attacker.address, price_wei=PRICE, rounds=5,
                                       accepted_at=time.time())

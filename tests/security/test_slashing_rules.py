@@ -18,7 +18,7 @@ from eth_account import Account
 from aitbc_agent_sdk.chain import EscrowClient, RegistryClient, TransactionSender, training_key
 from aitbc_agent_sdk.chain._deployment import deploy_contracts, fund_accounts
 from aitbc_agent_sdk.audit import read_log
-from aitbc_agent_sdk.coordinator import Coordinator, CoordinatorSettings, EscrowAccount, TrainingStore
+from aitbc_agent_sdk.coordinator import Coordinator, CoordinatorSettings, EscrowAccount, TrainingDatabase
 from aitbc_agent_sdk.coordinator.round._run import RunRequest, run_training
 from aitbc_agent_sdk.coordinator._service import audit_path
 from aitbc_agent_sdk.market import WeightedScore
@@ -58,7 +58,7 @@ async def test_loss_and_norm_rejections_cost_pay_and_reputation_never_the_bond(t
                             hardware=HARDWARE, chain=chain)
             await register_provider(registry, TransactionSender(anvil_w3, key), provider, STAKE)
             providers.append(await exits.enter_async_context(provider))
-        db = await exits.enter_async_context(TrainingStore(tmp_path / "db.sqlite"))
+        db = await exits.enter_async_context(TrainingDatabase(tmp_path / "db.sqlite"))
         sender = TransactionSender(anvil_w3, coordinator_key)
         coordinator = Coordinator(channel=SignedChannel(bus, coordinator_key), store=store, db=db,
                                   escrow=EscrowAccount(sender, escrow), scoring=WeightedScore(),

@@ -66,14 +66,14 @@ class SimulatedCrash(BaseException):
 async def test_a_crash_after_replace_worker_is_reconciled_on_resume_and_release_pays(
         tmp_path: Path, node: AsyncWeb3, monkeypatch: pytest.MonkeyPatch) -> None:
     from aitbc_agent_sdk.chain import deploy, load_artifact
-    from aitbc_agent_sdk.coordinator import TrainingStore
+    from aitbc_agent_sdk.coordinator import TrainingDatabase
     from aitbc_agent_sdk.coordinator.round import _reassign as reassign
     from aitbc_agent_sdk.records import new_id
 
     account = dev_accounts(3)[2]
     address = await deploy(TransactionSender(node, account), load_artifact("TrainingEscrow"))
     failed, spare = Account.create(), Account.create()
-    db = await TrainingStore(tmp_path / "aitbc.db").open()
+    db = await TrainingDatabase(tmp_path / "aitbc.db").open()
     coordinator = coordinator_on(tmp_path, node, account, address, db)
     tid = new_id("training")
     old = contract_for(failed, tid, coordinator, "worker", 0)
@@ -98,7 +98,7 @@ async def test_a_crash_after_replace_worker_is_reconciled_on_resume_and_release_
     await db.close()
 
     # Restart: a new process opens the same database and resumes the training.
-    db = await TrainingStore(tmp_path / "aitbc.db").open()
+    db = await TrainingDatabase(tmp_path / "aitbc.db").open()
     try:
         resumed = coordinator_on(tmp_path, node, account, address, db)
         reconcile = getattr(reassign.reassigner_for(resumed, tid), "reconcile", None)  # the unfixed code had none

@@ -122,7 +122,7 @@ PRICE = 10**15
 async def funded_training(tmp_path: Path, w3: AsyncWeb3, workers: list[LocalAccount], rounds: int):
     """A real Coordinator (SQLite store, escrow on the test's anvil) with one funded slot per worker."""
     from aitbc_agent_sdk.chain import EscrowClient, deploy, load_artifact, sign_consent
-    from aitbc_agent_sdk.coordinator import Coordinator, CoordinatorSettings, EscrowAccount, TrainingStore
+    from aitbc_agent_sdk.coordinator import Coordinator, CoordinatorSettings, EscrowAccount, TrainingDatabase
     from aitbc_agent_sdk.market import WeightedScore
     from aitbc_agent_sdk.messaging import InMemoryBus, SignedChannel
     from aitbc_agent_sdk.records import WorkerContract, new_id
@@ -132,7 +132,7 @@ async def funded_training(tmp_path: Path, w3: AsyncWeb3, workers: list[LocalAcco
     sender = TransactionSender(w3, coordinator_account, poll_interval=0.05)
     address = await deploy(sender, load_artifact("TrainingEscrow"))
     escrow = EscrowAccount(sender, EscrowClient(w3, address))
-    db = await TrainingStore(tmp_path / "aitbc.db").open()
+    db = await TrainingDatabase(tmp_path / "aitbc.db").open()
     coordinator = Coordinator(channel=SignedChannel(InMemoryBus(), coordinator_account),
                               store=LocalContentStore(tmp_path / "store"), db=db, escrow=escrow,
                               scoring=WeightedScore(), settings=CoordinatorSettings(audit_dir=tmp_path / "trainings"))

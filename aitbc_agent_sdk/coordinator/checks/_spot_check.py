@@ -47,7 +47,7 @@ from ..data._inputs import RoundInputs
 from .._listener import TrainingListener
 from .._logbook import AuditSink
 from ..round._round_times import RoundTimes
-from .._training_db import TrainingStore
+from .._training_db import TrainingDatabase
 from ._work_checks import (
     PASS, WorkVerdict, bounded, check_crashed, pick_segments, reexecution_verdict, unverifiable,
 )
@@ -99,7 +99,7 @@ def reexecute_with_threads(threads: int, *args: Any) -> dict[int, Reexecution]:
 class SpotChecker:
     """Spot checks for one round; the shards it re-executes on are loaded once and kept for the round."""
 
-    def __init__(self, inputs: RoundInputs, audit: AuditSink, *, db: TrainingStore, store: ContentStore,
+    def __init__(self, inputs: RoundInputs, audit: AuditSink, *, db: TrainingDatabase, store: ContentStore,
                  data: DatasetStore, channel: SignedChannel, listener: TrainingListener, round_times: RoundTimes,
                  turn: asyncio.Semaphore, rng: random.Random | None = None) -> None:
         self.db, self.store, self.data, self.channel = db, store, data, channel

@@ -26,7 +26,7 @@ from ...tasks._networks import MODEL_NAMES
 from ...data._shard_files import drawn_samples
 from ._datasets import DatasetStore
 from ._tasks import TaskCache
-from .._training_db import TrainingStore
+from .._training_db import TrainingDatabase
 from ..checks._verification import validation_loss
 
 CHECKPOINT_HEADER_SLACK = 64 * 1024  # safetensors headers differ in offsets' digits and metadata
@@ -86,7 +86,7 @@ class RoundInputs:
         return self.sizes[self.model_cid] + CHECKPOINT_HEADER_SLACK
 
 
-async def load_round_inputs(db: TrainingStore, store: ContentStore, datasets: DatasetStore, tasks: TaskCache,
+async def load_round_inputs(db: TrainingDatabase, store: ContentStore, datasets: DatasetStore, tasks: TaskCache,
                             training_id: str) -> RoundInputs:
     """One read of the record, one fetch of the manifest, one of the model: everything a round reads first."""
     record = await db.training(training_id)

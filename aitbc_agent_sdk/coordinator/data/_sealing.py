@@ -26,7 +26,7 @@ from ...data._dataset_dirs import visible_files
 
 if TYPE_CHECKING:
     from ..money._settlement import EscrowAccount
-    from .._training_db import TrainingStore
+    from .._training_db import TrainingDatabase
 
 KEY_BYTES = 32
 SEALED_LAYOUT = SealedLayout(chunk_size=DEFAULT_CHUNK_SIZE)
@@ -125,7 +125,7 @@ class SealedShards(Protocol):
 class JobKeys:
     """Puts the wrapped dataset key into each job of a sealed training (once per training and worker)."""
 
-    def __init__(self, db: TrainingStore, data: SealedShards, escrow: EscrowAccount) -> None:
+    def __init__(self, db: TrainingDatabase, data: SealedShards, escrow: EscrowAccount) -> None:
         self._db, self._data, self._escrow = db, data, escrow
         self._wrapped: dict[tuple[str, str], str] = {}
 

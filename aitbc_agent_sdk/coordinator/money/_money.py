@@ -14,11 +14,11 @@ from ...records import Payment, Settlement, WorkerContract
 from .._listener import Observer
 from .._logbook import AuditLogs
 from ._settlement import EscrowAccount, plan_payouts
-from .._training_db import TrainingStore
+from .._training_db import TrainingDatabase
 
 
 class EscrowSteps:
-    def __init__(self, db: TrainingStore, escrow: EscrowAccount, logs: AuditLogs, *, gas_reserve_wei: int,
+    def __init__(self, db: TrainingDatabase, escrow: EscrowAccount, logs: AuditLogs, *, gas_reserve_wei: int,
                  observer: Observer | None = None) -> None:
         self.db = db
         self.escrow = escrow

@@ -16,7 +16,7 @@ from ...messaging import SignedChannel, topics
 from ...records import CheckpointRef, PaymentReceipt, WorkerContract
 from .._logbook import AuditLogs
 from ._settlement import EscrowAccount, accepted_earnings
-from .._training_db import TrainingStore
+from .._training_db import TrainingDatabase
 
 __all__ = ["ReceiptIssuer", "receipt_terms"]
 
@@ -36,7 +36,7 @@ def receipt_terms(contract: WorkerContract, accepted: Sequence[CheckpointRef],
 class ReceiptIssuer:
     """Signs with the coordinator's escrow key and publishes each worker's cumulative receipt."""
 
-    def __init__(self, channel: SignedChannel, db: TrainingStore, escrow: EscrowAccount, logs: AuditLogs) -> None:
+    def __init__(self, channel: SignedChannel, db: TrainingDatabase, escrow: EscrowAccount, logs: AuditLogs) -> None:
         self.channel = channel
         self.db = db
         self.escrow = escrow

@@ -22,7 +22,7 @@ from ...records import ChainIntent, JobCancel, Worker, WorkerContract, new_id
 from ...records._base import clipped
 from .._logbook import AuditSink
 from ..money._settlement import EscrowAccount
-from .._training_db import TrainingStore
+from .._training_db import TrainingDatabase
 
 if TYPE_CHECKING:  # hiring asks the market through the coordinator; the rest of this module does not
     from .._service import Coordinator
@@ -76,7 +76,7 @@ def reassigner_for(coordinator: Coordinator, training_id: str) -> Reassigner:
 class Reassigner:
     """One training's slot moves, job cancels and slashes, with its own connections and audit log."""
 
-    def __init__(self, training_id: str, *, channel: SignedChannel, db: TrainingStore, escrow: EscrowAccount,
+    def __init__(self, training_id: str, *, channel: SignedChannel, db: TrainingDatabase, escrow: EscrowAccount,
                  audit: AuditSink, registry: RegistryClient | None = None) -> None:
         self.training_id = training_id
         self.channel = channel

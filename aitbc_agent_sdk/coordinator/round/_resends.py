@@ -12,7 +12,7 @@ from ...messaging import SignedChannel, topics
 from ...records import CheckpointRef, ResendRequest
 from ...records._base import clipped
 from .._logbook import AuditSink
-from .._training_db import TrainingStore
+from .._training_db import TrainingDatabase
 from ..checks._verification import Inspection
 
 log = logging.getLogger(__name__)
@@ -23,7 +23,7 @@ class ResendRequests:
     (:meth:`overdue` asks); rejecting a result that came too late is the round's too."""
 
     def __init__(self, *, training_id: str, round: int, timeout_s: float, channel: SignedChannel,
-                 db: TrainingStore, audit: AuditSink) -> None:
+                 db: TrainingDatabase, audit: AuditSink) -> None:
         self.training_id = training_id
         self.round = round
         self.timeout_s = timeout_s

@@ -22,7 +22,7 @@ from .._logbook import AuditLogs
 from ..money._receipts import ReceiptIssuer
 from ._round_model import decoded
 from ..money._settlement import EscrowAccount
-from .._training_db import TrainingStore
+from .._training_db import TrainingDatabase
 from ..checks._verification import checkpoint_problem, result_signer
 
 Decode = Callable[[bytes], dict[str, Any]]
@@ -36,7 +36,7 @@ async def fold(store: ContentStore, strategy: AggregationStrategy, ref: Checkpoi
     await asyncio.to_thread(lambda: strategy.accumulate(decode(blob), weight))
 
 
-async def checkpoint_limit(db: TrainingStore, store: ContentStore, training_id: str) -> int:
+async def checkpoint_limit(db: TrainingDatabase, store: ContentStore, training_id: str) -> int:
     """The most a result's checkpoint may hold: it has the current model's tensors, so its size
     (exact: the coordinator stored that model) plus room for a different safetensors header."""
     try:
@@ -51,7 +51,7 @@ async def checkpoint_limit(db: TrainingStore, store: ContentStore, training_id: 
 class SeedResults:
     """The seed's checks of single results and its aggregation over them."""
 
-    def __init__(self, *, store: ContentStore, db: TrainingStore, escrow: EscrowAccount, logs: AuditLogs,
+    def __init__(self, *, store: ContentStore, db: TrainingDatabase, escrow: EscrowAccount, logs: AuditLogs,
                  receipts: ReceiptIssuer, aggregation: Callable[[], AggregationStrategy]) -> None:
         self.store = store
         self.db = db

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .._training_db import TrainingStore
+from .._training_db import TrainingDatabase
 
 ROUND_TIMES_KEPT = 256  # per provider, loaded on start: its adaptive deadline needs recent rounds only
 
@@ -11,7 +11,7 @@ class RoundTimes:
     """Kept in memory for the round loop and written through to the database, so a resumed coordinator
     keeps the history of the one before it."""
 
-    def __init__(self, db: TrainingStore) -> None:
+    def __init__(self, db: TrainingDatabase) -> None:
         self.db = db
         self._seconds: dict[str, dict[str, list[float]]] = {}  # training -> provider -> seconds per round
 

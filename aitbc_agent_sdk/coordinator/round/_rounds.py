@@ -28,7 +28,7 @@ from .._listener import TrainingListener
 from ..money._money import EscrowSteps
 from ..money._receipts import ReceiptIssuer
 from ..money._settlement import EscrowAccount
-from .._training_db import TrainingStore
+from .._training_db import TrainingDatabase
 from ._deadlines import job_deadline, job_work
 from ._health import confirmed_stragglers
 from ..data._inputs import RoundInputs, new_job
@@ -55,7 +55,7 @@ class RoundPorts:
     (its jobs out, its listener in), the escrow and the payments made from it. The market comes in as one
     call that hires a spare; the coordinator itself never does."""
 
-    db: TrainingStore
+    db: TrainingDatabase
     store: ContentStore
     data: DatasetStore
     channel: SignedChannel
