@@ -7,7 +7,11 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ..errors import ConfigError
-from . import _cluster_ops as cluster_ops, _cluster_recover as cluster_recover, _cluster_tools as cluster_tools, _ledger_tools as ledger_tools, _market_tools as market_tools
+from . import _cluster_ops as cluster_ops
+from . import _cluster_recover as cluster_recover
+from . import _cluster_tools as cluster_tools
+from . import _ledger_tools as ledger_tools
+from . import _market_tools as market_tools
 from ._base import Tool
 
 
