@@ -175,7 +175,8 @@ async def hire_workers(agent: Agent, training_id: str, required: int | None = No
     scores = dict(zip([w.worker_id for w in workers], agent.scoring.score(workers), strict=True))
     ranked = await agent.select_best_workers(workers, wanted + record.spec.spare_workers)
     by_id = {w.worker_id: w for w in ranked}
-    contracts = await hire(agent.coordinator, training_id, ranked[:wanted], ranked[wanted:])
+    audit = agent.coordinator.logs.of(training_id)
+    contracts = await hire(agent.coordinator, audit, training_id, ranked[:wanted], ranked[wanted:])
     return [HiredWorker(c.worker_id, c.role, by_id[c.worker_id].gpu_type, c.price_wei,
                         by_id[c.worker_id].reputation, float(scores[c.worker_id]), c.contract_id)
             for c in contracts]

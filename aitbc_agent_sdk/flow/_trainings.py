@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Literal
 from ..errors import AitbcError, ConfigError
 from ..records import TrainingPhase
 from ..profile import training_dir
-from ..coordinator.round._stopping import STOPPED_REASON, wind_down
+from ..coordinator.round._run import wind_down
+from ..coordinator.round._stopping import STOPPED_REASON
 from ._steps import coordinator_log, db_path, devnet_agent, load_training
 
 if TYPE_CHECKING:

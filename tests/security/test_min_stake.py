@@ -162,13 +162,13 @@ async def test_the_bonded_provider_is_hired_and_the_cheaper_unbonded_one_skipped
     assert [w.worker_id for w in found] == [bonded.address] and found[0].stake_wei == DEFAULT_MIN_STAKE_WEI
     assert c.stake_skipped == {cheap.address: 0}
     assert c.stake_skips(record.spec.min_stake_wei) == "1 offer skipped: stake below 0.01 ETH"
-    (contract,) = await hire(c, record.training_id, c.select(found, 1))
+    (contract,) = await hire(c, c.logs.of(record.training_id), record.training_id, c.select(found, 1))
     assert contract.worker_id == bonded.address
 
     # A replacement is hired through the same discovery: the unbonded offer is never taken, and the
     # error says why nobody was and which flag lowers the bar.
     with pytest.raises(NotEnoughWorkersError, match=r"1 offer skipped: stake below 0\.01 ETH \(--min-stake\)"):
-        await new_replacement(c, record.training_id, {bonded.address}, max_price_wei=None)
+        await new_replacement(c, record.spec, record.training_id, {bonded.address}, max_price_wei=None)
     assert {x.worker_id for x in await c.db.contracts(record.training_id)} == {bonded.address}
 
 
@@ -178,7 +178,7 @@ async def test_a_training_that_asks_for_no_bond_gets_the_cheapest(stake_market):
     record = await c.initialize(TrainingSpec(model_type="mlp", target_workers=1, min_stake_wei=0))
     found = await c.discover(min_stake_wei=record.spec.min_stake_wei)
     assert c.stake_skipped == {} and c.select(found, 1)[0].worker_id == stake_market.cheap.address
-    (contract,) = await hire(c, record.training_id, c.select(found, 1))
+    (contract,) = await hire(c, c.logs.of(record.training_id), record.training_id, c.select(found, 1))
     assert contract.worker_id == stake_market.cheap.address
 
 

@@ -67,7 +67,7 @@ async def test_a_crash_after_replace_worker_is_reconciled_on_resume_and_release_
         tmp_path: Path, node: AsyncWeb3, monkeypatch: pytest.MonkeyPatch) -> None:
     from aitbc_agent_sdk.chain import deploy, load_artifact
     from aitbc_agent_sdk.coordinator import TrainingDatabase
-    from aitbc_agent_sdk.coordinator.round import _reassign as reassign
+    from aitbc_agent_sdk.coordinator.round._run import reassigner_for
     from aitbc_agent_sdk.records import new_id
 
     account = dev_accounts(3)[2]
@@ -92,7 +92,7 @@ async def test_a_crash_after_replace_worker_is_reconciled_on_resume_and_release_
 
     monkeypatch.setattr(coordinator.escrow, "replace", replace_then_crash)
     with pytest.raises(SimulatedCrash):
-        await reassign.reassigner_for(coordinator, tid).take_over_slot(old, new, "silent")
+        await reassigner_for(coordinator, tid).take_over_slot(old, new, "silent")
     slot = await coordinator.escrow.escrow.slot(coordinator.escrow.key(tid), spare.address)
     assert slot.amount == 3 * PRICE  # the chain moved the slot; the database did not hear of it
     await db.close()
@@ -101,7 +101,7 @@ async def test_a_crash_after_replace_worker_is_reconciled_on_resume_and_release_
     db = await TrainingDatabase(tmp_path / "aitbc.db").open()
     try:
         resumed = coordinator_on(tmp_path, node, account, address, db)
-        reconcile = getattr(reassign.reassigner_for(resumed, tid), "reconcile", None)  # the unfixed code had none
+        reconcile = getattr(reassigner_for(resumed, tid), "reconcile", None)  # the unfixed code had none
         if reconcile is not None:
             [settled] = await reconcile()
             assert settled.status == "done"

@@ -11,66 +11,74 @@ earned is refunded to the coordinator when the training closes.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Collection, Mapping, Sequence
+from typing import Protocol
 
 from ...chain import SlashEvidence
 from ...chain._registry import RegistryClient
 from ...errors import AitbcError, ContractRevertError, MessagingError, NotEnoughWorkersError
 from ...messaging import SignedChannel, topics
-from ...records import ChainIntent, JobCancel, Worker, WorkerContract, new_id
+from ...records import ChainIntent, JobCancel, TaskRef, TrainingSpec, Worker, WorkerContract, new_id
 from ...records._base import clipped
 from .._logbook import AuditSink
 from ..money._settlement import EscrowAccount
 from .._training_db import TrainingDatabase
 
-if TYPE_CHECKING:  # hiring asks the market through the coordinator; the rest of this module does not
-    from .._service import Coordinator
-
 log = logging.getLogger(__name__)
 
 
-async def hire(coordinator: Coordinator, training_id: str, workers: Sequence[Worker],
+class Hiring(Protocol):
+    """The market as hiring needs it: offers that fit, ranked, and a contract agreed over the bus; with
+    why the latest discovery passed offers over. The Coordinator is one."""
+
+    hardware_flags: Mapping[str, str]  # provider -> why the hardware challenge flagged its offer
+
+    async def discover(self, *, min_gpu: str | None = None, max_price_wei: int | None = None,
+                       include_busy: bool = False, task: TaskRef | None = None,
+                       min_stake_wei: int | None = None, fit: TrainingSpec | None = None) -> list[Worker]: ...
+
+    def select(self, workers: Sequence[Worker], count: int) -> list[Worker]: ...
+
+    async def negotiate(self, worker_id: str, training_id: str, price_wei: int, *, role: str = "worker",
+                        shard_index: int | None = None, rounds: int | None = None) -> WorkerContract: ...
+
+    def stake_note(self, requested_wei: int | None = None) -> str: ...
+
+
+async def hire(market: Hiring, audit: AuditSink, training_id: str, workers: Sequence[Worker],
                spares: Sequence[Worker] = ()) -> list[WorkerContract]:
     """Contract ``workers`` (one shard each, in order) and ``spares`` (unfunded until they replace someone).
 
     The offers the latest discovery flagged (the hardware challenge) go into the training's audit log
     first, with whether one was hired anyway (nothing else was there)."""
-    audit, hiring = coordinator.logs.of(training_id), {w.worker_id for w in (*workers, *spares)}
-    for worker_id, reason in coordinator.hardware_flags.items():
+    hiring = {w.worker_id for w in (*workers, *spares)}
+    for worker_id, reason in market.hardware_flags.items():
         await audit.append("hardware_flagged", worker=worker_id, reason=reason, hired=worker_id in hiring)
     contracts = []
     for index, worker in enumerate(workers):
-        contracts.append(await coordinator.negotiate(worker.worker_id, training_id, worker.price,
-                                                     role="worker", shard_index=index))
+        contracts.append(await market.negotiate(worker.worker_id, training_id, worker.price,
+                                                role="worker", shard_index=index))
     for spare in spares:
         try:
-            contracts.append(await coordinator.negotiate(spare.worker_id, training_id, spare.price, role="spare"))
+            contracts.append(await market.negotiate(spare.worker_id, training_id, spare.price, role="spare"))
         except MessagingError as exc:  # a spare is a bonus: hire the others anyway
             log.warning("spare %s not hired: %s", spare.worker_id, exc)
     return contracts
 
 
-async def new_replacement(coordinator: Coordinator, training_id: str, exclude: Collection[str], *,
+async def new_replacement(market: Hiring, spec: TrainingSpec, training_id: str, exclude: Collection[str], *,
                           max_price_wei: int | None) -> WorkerContract:
-    """Discover a provider not yet in this training and contract it as a spare."""
-    spec = (await coordinator.db.training(training_id)).spec
-    found = [w for w in await coordinator.discover(max_price_wei=max_price_wei, task=spec.task,
-                                                   min_stake_wei=spec.min_stake_wei, fit=spec)
+    """Discover a provider not yet in this training (``spec``) and contract it as a spare."""
+    found = [w for w in await market.discover(max_price_wei=max_price_wei, task=spec.task,
+                                              min_stake_wei=spec.min_stake_wei, fit=spec)
              if w.worker_id not in exclude]
-    for worker in coordinator.select(found, len(found)):
+    for worker in market.select(found, len(found)):
         try:
-            return await coordinator.negotiate(worker.worker_id, training_id, worker.price, role="spare")
+            return await market.negotiate(worker.worker_id, training_id, worker.price, role="spare")
         except MessagingError as exc:
             log.warning("replacement candidate %s declined: %s", worker.worker_id, exc)
     raise NotEnoughWorkersError(f"no provider is available to replace a worker in training {training_id}"
-                                f"{coordinator.stake_note(spec.min_stake_wei)}")
-
-
-def reassigner_for(coordinator: Coordinator, training_id: str) -> Reassigner:
-    """The training's :class:`Reassigner`, on the coordinator's connections and the training's audit log."""
-    return Reassigner(training_id, channel=coordinator.channel, db=coordinator.db, escrow=coordinator.escrow,
-                      audit=coordinator.logs.of(training_id), registry=coordinator.registry)
+                                f"{market.stake_note(spec.min_stake_wei)}")
 
 
 class Reassigner:

@@ -26,11 +26,11 @@ from ...tasks._task import TrainingTask
 from ...data._dataset_dirs import manifest_shape
 from ._deadlines import job_work, round_timeout
 from ..data._inputs import RoundInputs
-from ._stopping import wind_down
+from ._stopping import settle_stopped
 from ._liveness import LivenessWatch
-from ._pool import adapt_pool
+from ._pool import PoolPorts, adapt_pool
 from .._phases import is_terminal
-from ._reassign import hire, new_replacement, reassigner_for
+from ._reassign import Reassigner, hire, new_replacement
 from ._rounds import RoundPorts, RoundRunner
 from ..data._tasks import spec_for_dataset
 from .._service import Coordinator
@@ -111,7 +111,7 @@ async def run_training(coordinator: Coordinator, request: RunRequest, prepared: 
     try:
         await coordinator.use_dataset(tid, dataset_cid)
         await coordinator.create_shards(tid, len(selected))
-        await hire(coordinator, tid, selected, spares)
+        await hire(coordinator, coordinator.logs.of(tid), tid, selected, spares)
         await coordinator.money.fund_escrow(tid)
     except (AitbcError, asyncio.CancelledError) as exc:
         await fail_training(coordinator, tid, str(exc) or type(exc).__name__)
@@ -155,7 +155,7 @@ async def drive_training(coordinator: Coordinator, tid: str, *,
                 await coordinator.save_results(tid, stats.model_cid, stats=stats, inputs=inputs)
                 record = await coordinator.db.training(tid)
                 if record.spec.elastic is not None and record.round < record.spec.rounds:
-                    await adapt_pool(coordinator, tid, stats, inputs.manifest)
+                    await adapt_pool(pool_ports(coordinator), tid, stats, inputs.manifest)
         settlement = await coordinator.money.settle(tid)
         await coordinator.update_phase(tid, P.COMPLETE)
         return settlement, compute
@@ -171,11 +171,30 @@ async def drive_training(coordinator: Coordinator, tid: str, *,
         raise
 
 
+def reassigner_for(coordinator: Coordinator, training_id: str) -> Reassigner:
+    """The training's :class:`Reassigner`, on the coordinator's connections and the training's audit log."""
+    return Reassigner(training_id, channel=coordinator.channel, db=coordinator.db, escrow=coordinator.escrow,
+                      audit=coordinator.logs.of(training_id), registry=coordinator.registry)
+
+
+def pool_ports(coordinator: Coordinator) -> PoolPorts:
+    """The coordinator's connections the elastic pool uses; the coordinator itself hires."""
+    c = coordinator
+    return PoolPorts(db=c.db, store=c.store, data=c.data, logs=c.logs, money=c.money, escrow=c.escrow, market=c)
+
+
+async def wind_down(coordinator: Coordinator, training_id: str) -> tuple[int, int, str | None]:
+    """Stop ``training_id`` now: the open round's jobs cancelled, the accepted work paid, the rest refunded."""
+    c = coordinator
+    return await settle_stopped(training_id, db=c.db, escrow=c.escrow, money=c.money,
+                                reassign=reassigner_for(c, training_id), update_phase=c.update_phase)
+
+
 async def round_ports(coordinator: Coordinator, tid: str) -> RoundPorts:
     """The coordinator's connections a round of ``tid`` uses, the training's listener already subscribed."""
     async def hire_spare(exclude: Collection[str]) -> WorkerContract:
         spec = (await coordinator.db.training(tid)).spec  # read when a spare is needed, not every round
-        return await new_replacement(coordinator, tid, exclude, max_price_wei=spec.max_price_wei)
+        return await new_replacement(coordinator, spec, tid, exclude, max_price_wei=spec.max_price_wei)
 
     c = coordinator
     return RoundPorts(db=c.db, store=c.store, data=c.data, channel=c.channel, listener=await c.listener(tid),
