@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Literal
 from ..errors import AitbcError, ConfigError
 from ..records import TrainingPhase
 from ..profile import training_dir
-from ..coordinator.round._run import wind_down
 from ..coordinator.round._stopping import STOPPED_REASON
 from ._steps import coordinator_log, db_path, devnet_agent, load_training
 
@@ -167,6 +166,7 @@ async def stop_training(home: Path, training_id: str, account: LocalAccount) -> 
     drop their jobs, pay the rounds already accepted, refund the rest, and mark it failed (``stopped``)."""
     from ..coordinator._lock import training_lock
     from ..coordinator._phases import is_terminal
+    from ..coordinator.round._run import wind_down  # torch and web3: only when a training is stopped
 
     record = await load_training(home, training_id)
     if is_terminal(record.phase):
@@ -198,6 +198,7 @@ async def settle_interrupted(coordinator: Coordinator, known: set[str]) -> Inter
     refund the rest and mark it failed (``wind_down``). One that had already ended (it failed while being
     funded, and was refunded then) is only reported."""
     from ..coordinator._phases import is_terminal
+    from ..coordinator.round._run import wind_down
 
     new = [r for r in await coordinator.db.trainings() if r.training_id not in known]
     if not new:

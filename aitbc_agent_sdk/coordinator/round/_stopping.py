@@ -4,12 +4,15 @@ rest refunded, the training marked failed. ``stop``, Ctrl-C on ``run`` and a can
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from ...records import TrainingPhase, TrainingRecord
-from ..money._money import EscrowSteps
-from ..money._settlement import EscrowAccount
-from .._training_db import TrainingDatabase
-from ._reassign import Reassigner
+
+if TYPE_CHECKING:  # `stop` reads STOPPED_REASON without importing the chain and bus clients
+    from ..money._money import EscrowSteps
+    from ..money._settlement import EscrowAccount
+    from .._training_db import TrainingDatabase
+    from ._reassign import Reassigner
 
 STOPPED_REASON = "stopped by the user"
 
