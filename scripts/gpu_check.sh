@@ -9,7 +9,8 @@
 #   4. the trusted cluster's BalancedStep under torchrun (NCCL on a GPU, gloo on a CPU) and a
 #      bf16 weights_digest, plus tests/test_cluster_gpu_paths.py;
 #   5. (issue #18) how far re-executed committed segments land from the committed end state, on the
-#      GPU and on the CPU, honest against skipped (scripts/spot_check_tolerance.py);
+#      GPU and on the CPU, honest against skipped (scripts/spot_check_tolerance.py), and the tolerance
+#      table rows they give (issue #29), in $OUT/tolerances.json;
 #   6. (issue #27) tokens/s of a GPT-2-small-shaped gpt job on the provider path against the plain bf16 loop.
 # Without a GPU (torch sees no CUDA device) the GPU-only rows say SKIP and everything else runs
 # on the CPU, so the script itself is checked on any machine. --quick: smaller benchmark, no
@@ -221,7 +222,10 @@ skip() { echo "SKIP|$1"; }
 # Issue #18: how far honest re-executions of committed segments land (same device, and the CPU a
 # coordinator has) against segments a worker skipped: the room FaultPolicy.reexec_tolerance has.
 spot_check_tolerance() {
-  "$PY" scripts/spot_check_tolerance.py --device "$device" | grep '|'
+  # the measured rows, merged into a copy of the shipped table: bring it back and commit it
+  local table=${OUT:-$work}/tolerances.json
+  cp aitbc_agent_sdk/proof/tolerances.json "$table"
+  "$PY" scripts/spot_check_tolerance.py --device "$device" --table "$table" | grep '|'
 }
 
 check "NVML inventory" inventory

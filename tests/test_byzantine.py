@@ -140,7 +140,7 @@ async def test_cid_mismatch_provider_announces_a_cid_it_never_stored(tmp_path):
 
 def test_behaviours_are_found_by_name_and_unknown_names_are_refused():
     assert set(BEHAVIOURS) == {"nan", "scaled", "random", "stale", "forged", "cid-mismatch", "free-rider", "lazy",
-                               "lazy-honest", "copycat"}
+                               "lazy-honest", "copycat", "device-liar"}
     assert byzantine_factory("cid-mismatch") is CidMismatchProvider
     with pytest.raises(ValueError, match="unknown behaviour"):
         byzantine_factory("honest-ish")

@@ -86,6 +86,8 @@ EXPECTED = {
     "lazy": ("spot check: segment", True),
     "lazy-honest": ("missing work: committed", False),
     "copycat": ("a copy", True),
+    # issue #29: hired as a CPU, it claims a GPU's tolerance and drifts inside it; compared bit for bit anyway
+    "device-liar": ("spot check: segment .* different state than committed", True),
 }
 
 
@@ -240,6 +242,8 @@ async def test_honest_workers_on_label_skewed_shards_are_paid_in_full_and_never_
     assert not [e for e in log if e["event"] in ("result_rejected", "slashed", "worker_replaced")]
     checks = [e for e in log if e["event"] == "spot_check"]
     assert len(checks) == 8 and all(e["passed"] for e in checks)  # 4 workers x 2 rounds, every one checked
+    # hired as CPUs (no GPU offered), so compared bit for bit, and the log says so (issue #29)
+    assert all(e["exact"] and e["tolerance_source"] == "bit for bit: a CPU" for e in checks)
     paid = {}
     for e in chain_events:
         if e.name == "Released":

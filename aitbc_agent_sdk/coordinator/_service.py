@@ -24,7 +24,7 @@ from ..market._discovery import resolve_min_stake, split_by_stake, stake_skip_te
 from ..market._scoring import rate_worker
 from ..messaging import SignedChannel, topics
 from ..records import (
-    AggregateResult, CheckpointRef, ContractProposal, ContractReply, Hardware, JobAssignment, JobConfig, ModelSpec,
+    UNCONFIRMED_CLASS, AggregateResult, CheckpointRef, ContractProposal, ContractReply, Hardware, JobAssignment, JobConfig, ModelSpec,
     Offer, Progress, RoundMetrics, Shard, ShardManifest, TaskRef, TrainingPhase, TrainingRecord, TrainingSpec,
     TrainingStatus, Worker, WorkerContract, fit_problem, new_id, reported_accuracy,
 )
@@ -260,7 +260,8 @@ class Coordinator:
         return rank_workers(workers, self.scoring.score(workers), count)
 
     async def negotiate(self, worker_id: str, training_id: str, price_wei: int, *, role: str = "worker",
-                        shard_index: int | None = None, rounds: int | None = None) -> WorkerContract:
+                        shard_index: int | None = None, rounds: int | None = None,
+                        device_class: str = UNCONFIRMED_CLASS) -> WorkerContract:
         """Agree a contract for ``rounds`` (default: the whole training) at ``price_wei`` per round;
         the provider checks on chain that its slot holds ``price_wei * rounds`` before it works."""
         record = await self.db.training(training_id)
@@ -280,7 +281,7 @@ class Coordinator:
         contract = WorkerContract(contract_id=proposal.contract_id, training_id=training_id, worker_id=worker_id,
                                   coordinator=self.address, price_wei=price_wei, rounds=rounds,
                                   accepted_at=time.time(), role=role, shard_index=shard_index,
-                                  consent=reply.consent)
+                                  consent=reply.consent, device_class=device_class)
         await self.db.save_contract(contract)
         return contract
 

@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 from .. import limits
 from ._base import Address, Cid, Finite, Id, Record, Text, Wei
 from ._footprint import ModelFootprint
+from ._market import UNCONFIRMED_CLASS, DeviceClass
 from ._tasks import TaskRef
 from ._training import JobConfig, ModelSpec, SampleRange, UpdateEncoding
 
@@ -28,6 +29,9 @@ class WorkerContract(Record):
     shard_id: Id | None = Field(default=None, description="elastic pools: the shard built from its ranges")
     consent: str | None = Field(default=None, pattern=r"^0x[0-9a-fA-F]{130}$",
                                 description="the worker's sign_consent to its escrow slot, passed on open/add/replace")
+    device_class: DeviceClass = Field(default=UNCONFIRMED_CLASS, description=(
+        "what its spot checks compare within, as hiring confirmed it (Worker.device_class), never as a "
+        "result claims"))
 
     @property
     def price(self) -> int:

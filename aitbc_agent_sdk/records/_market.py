@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -61,6 +61,11 @@ class Offer(Record):
         return self.free_slots / self.slots
 
 
+CPU_CLASS = "cpu"
+UNCONFIRMED_CLASS = "unconfirmed"  # a GPU offer the hardware challenge did not confirm (flagged or unchecked)
+DeviceClass = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[\x20-\x7e]+$")]
+
+
 class Worker(Record):
     """A discovered provider as the coordinator sees it, seed-style keys included."""
 
@@ -84,6 +89,16 @@ class Worker(Record):
     @property
     def gpu_type(self) -> str:
         return self.offer.hardware.gpu_type
+
+    @property
+    def device_class(self) -> str:
+        """What its results are compared within: ``cpu`` for an offer without a GPU, the GPU's model once the
+        hardware challenge confirmed it, else :data:`UNCONFIRMED_CLASS` (no measured tolerance applies)."""
+        if not self.offer.hardware.gpus:
+            return CPU_CLASS
+        name = self.gpu_type
+        printable = 0 < len(name) <= 128 and name.isascii() and name.isprintable()
+        return name if self.hardware_check == "passed" and printable else UNCONFIRMED_CLASS
 
     @property
     def price(self) -> int:

@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from ._base import Address, Cid, Finite, Id, Record
+from ._market import DeviceClass
 
 MAX_SEGMENTS = 1024  # committed segments in one job: 1025 boundary hashes, about 200 KB of metadata
 MAX_CHECKED_SEGMENTS = 16  # segments one challenge may ask a worker to open
@@ -113,3 +114,44 @@ class HardwareAnswer(Record):
     provider: Address
     cid: Cid | None = None  # None: the provider declined (no such device)
     reason: str | None = Field(default=None, max_length=256)
+
+
+# -- how far an honest re-execution lands, measured per device class -------------------------------------
+
+Precision = Literal["fp32", "bf16"]
+
+
+class ToleranceRow(Record):
+    """One measured bound: segments trained on ``device_class`` at ``precision`` and re-executed on
+    ``reference`` land at most ``bound`` (relative to the segment's own change) from the committed end.
+
+    ``honest_max`` and ``skipped_min`` are what the measurement saw: the largest distance of an honest
+    segment, the smallest of a segment whose work was skipped. The bound lies between them."""
+
+    device_class: DeviceClass
+    precision: Precision
+    reference: DeviceClass
+    bound: Finite = Field(ge=0.0, le=1.0)
+    honest_max: Finite = Field(ge=0.0)
+    skipped_min: Finite = Field(ge=0.0)
+    segments: int = Field(ge=1, le=10**6, description="honest segments the bound was measured on")
+    measured: str = Field(max_length=256, description="where and with what (torch version, tasks)")
+
+    @model_validator(mode="after")
+    def _between(self) -> ToleranceRow:
+        if not self.honest_max <= self.bound < self.skipped_min:
+            raise ValueError(f"bound {self.bound:g} is not between the honest {self.honest_max:g} and the "
+                             f"skipped {self.skipped_min:g} it was measured on")
+        return self
+
+
+class ToleranceTable(Record):
+    """The bounds shipped with the SDK (``proof/tolerances.json``), one row per device class, precision and
+    reference device."""
+
+    version: Literal[1] = 1
+    rows: tuple[ToleranceRow, ...] = Field(default=(), max_length=1024)
+
+    def bound_for(self, device_class: str, precision: str, reference: str) -> ToleranceRow | None:
+        return next((r for r in self.rows if (r.device_class, r.precision, r.reference)
+                     == (device_class, precision, reference)), None)

@@ -52,7 +52,7 @@ FAULTY_SCENARIOS = ("kill-provider", "straggler")
 SCENARIOS: tuple[str, ...] = ("clean", "kill-provider", "straggler", "mosquitto-restart", "coordinator-kill",
                               *(f"byzantine-{b}" for b in BEHAVIOURS), "honest-noniid")
 # Whose bond the evidence must take (the signed checkpoint proves the fault), and whose it must not.
-SLASHED = ("byzantine-nan", "byzantine-lazy", "byzantine-copycat")
+SLASHED = ("byzantine-nan", "byzantine-lazy", "byzantine-copycat", "byzantine-device-liar")
 NOT_SLASHED = ("byzantine-free-rider", "byzantine-lazy-honest", "byzantine-scaled", "byzantine-random",
                "byzantine-stale", "byzantine-forged", "byzantine-cid-mismatch")
 NON_IID = {"honest-noniid": 0.1}  # scenario -> Dirichlet alpha of its label-skewed shards

@@ -165,6 +165,47 @@ class LazyHonestProvider(SkippingProvider):
         return len(data)
 
 
+class DriftingRecorder(TrajectoryRecorder):
+    """Records every boundary, each nudged 1 % further along its segment's change before it is committed:
+    the committed trajectory is not one the job's steps produce, but each segment ends within 0.01 (relative
+    to its own change) of where re-executing it from its committed start lands."""
+
+    DRIFT = 0.01
+
+    def start(self, total_steps, seed, device, model, optimizer, scheduler) -> None:  # type: ignore[no-untyped-def]
+        super().start(total_steps, seed, device, model, optimizer, scheduler)  # writes boundary 0
+        self.kept = tuple(range(math.ceil(total_steps / self.segment_steps) + 1))  # every one, to open any
+        self._from = self._floats(model)
+
+    def stepped(self, model, optimizer, scheduler) -> None:  # type: ignore[no-untyped-def]
+        if (self.steps + 1) % self.segment_steps == 0 or self.steps + 1 == self.total_steps:
+            with torch.no_grad():
+                for name, value in model.named_parameters():
+                    value.add_(self.DRIFT * (value - self._from[name]))
+            self._from = self._floats(model)
+        super().stepped(model, optimizer, scheduler)
+
+    @staticmethod
+    def _floats(model: torch.nn.Module) -> State:
+        return {name: value.detach().clone() for name, value in model.named_parameters()}
+
+
+class DeviceLiarProvider(SkippingProvider):
+    """Hired as a CPU, it commits that it trained on a GPU, where re-executions are compared within a
+    tolerance and not bit for bit, and drifts within that tolerance (:class:`DriftingRecorder`). Its work
+    is compared by the device class it was hired as, so the drift is a contradiction of what it signed."""
+
+    def skip_work(self, job_dir: Path, job: JobAssignment) -> int:
+        task, data = _job_task(job), load_shard(job_dir)
+        model = task.build(job.model, samples=len(data))
+        model.load_state_dict(decode_state((job_dir / WEIGHTS_FILE).read_bytes()))
+        recorder = DriftingRecorder(job_dir / TRAJECTORY_DIR, job.config.segments)
+        task.train(model, data, job.config, seed=job.seed, trajectory=recorder)
+        state = {key: v.detach().clone() for key, v in model.state_dict().items()}
+        _write_checkpoint(job_dir, job, state, recorder.commitment(job.job_id, self.address, "cuda"))
+        return len(data)
+
+
 class CopycatProvider(ProviderAgent):
     """Waits for another worker's result in the same round, then announces that checkpoint as its own
     (fetched by CID: the same bytes) under its own signature."""
@@ -194,7 +235,8 @@ LAZY: dict[str, type[ProviderAgent]] = {
     "lazy": LazyProvider,
     "lazy-honest": LazyHonestProvider,
     "copycat": CopycatProvider,
+    "device-liar": DeviceLiarProvider,
 }
 
-__all__ = ["LAZY", "CopycatProvider", "FreeRiderProvider", "LazyHonestProvider", "LazyProvider",
+__all__ = ["LAZY", "CopycatProvider", "DeviceLiarProvider", "DriftingRecorder", "FreeRiderProvider", "LazyHonestProvider", "LazyProvider",
            "honest_batch_hashes"]

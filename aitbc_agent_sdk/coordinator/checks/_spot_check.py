@@ -36,8 +36,12 @@ import torch
 
 from ...errors import AitbcError
 from ...messaging import SignedChannel, topics
-from ...records import JobAssignment, Shard, TrajectoryChallenge, TrajectoryCommitment, TrajectoryOpening
+from ...records import (
+    UNCONFIRMED_CLASS, JobAssignment, Shard, ToleranceTable, TrajectoryChallenge, TrajectoryCommitment,
+    TrajectoryOpening,
+)
 from ...wire._checkpoint import decode_state
+from ...proof._tolerances import Comparison, comparison_for, precision_of, shipped_tolerances
 from ...proof._trajectory import boundary_hashes, recompute_segments
 from ...tasks._trajectory_replay import Reexecution, reexecute_segments, relative_distance, unfit_states
 from ..round._deadlines import job_deadline, job_work
@@ -101,7 +105,8 @@ class SpotChecker:
 
     def __init__(self, inputs: RoundInputs, audit: AuditSink, *, db: TrainingDatabase, store: ContentStore,
                  data: DatasetStore, channel: SignedChannel, listener: TrainingListener, round_times: RoundTimes,
-                 turn: asyncio.Semaphore, rng: random.Random | None = None) -> None:
+                 turn: asyncio.Semaphore, rng: random.Random | None = None,
+                 tolerances: ToleranceTable | None = None) -> None:
         self.db, self.store, self.data, self.channel = db, store, data, channel
         self.listener = listener  # the round's own: challenges' openings arrive on it
         self.round_times = round_times
@@ -110,6 +115,7 @@ class SpotChecker:
         self.audit = audit
         self.rng = rng or random.SystemRandom()
         self.policy = inputs.policy
+        self.tolerances = tolerances if tolerances is not None else shipped_tolerances()
         # Optimizer moments are about twice the model: four times its size bounds any boundary file.
         self.max_bytes = 4 * inputs.checkpoint_limit + BOUNDARY_SLACK
 
@@ -118,6 +124,7 @@ class SpotChecker:
         segments = pick_segments(commitment.segments, checks, self.rng)
         cids: dict[str, str] = {}
         started = time.perf_counter()
+        comparison = await self._comparison(job, commitment)
         try:
             opened = await self._open(job, segments, await self._opening_timeout(job, shard, commitment, segments))
             started = time.perf_counter()
@@ -130,7 +137,7 @@ class SpotChecker:
                 async with self.turn:
                     fetched = await self._fetch(opened)
                     verdict = fetched if isinstance(fetched, WorkVerdict) else \
-                        await self._reexecute(job, shard, commitment, segments, fetched)
+                        await self._reexecute(job, shard, commitment, segments, fetched, comparison)
         except Exception as exc:  # fail closed: an error is a verdict, never a pass (cancelling still works)
             log.warning("spot check of job %s could not run", job.job_id, exc_info=True)
             verdict = check_crashed(exc)
@@ -139,8 +146,19 @@ class SpotChecker:
         # The evidence trail: which segments, and the verdict (the opened states are in the store by CID).
         await self.audit.append("spot_check", worker=job.worker_id, job_id=job.job_id, round=job.round,
                                 segments=list(segments), passed=verdict.problem is None, reason=verdict.problem,
-                                slashable=verdict.slashable, opened=cids, seconds=round(seconds, 3))
+                                slashable=verdict.slashable, opened=cids, seconds=round(seconds, 3),
+                                exact=comparison.exact, tolerance=comparison.tolerance,
+                                tolerance_source=comparison.source)
         return SpotCheck(verdict, segments, seconds)
+
+    async def _comparison(self, job: JobAssignment, commitment: TrajectoryCommitment) -> Comparison:
+        """Bit for bit or within which tolerance, by the device class the worker was hired as (its contract),
+        never by what its result claims; re-executed here, on the coordinator's CPU."""
+        hired = [c for c in await self.db.contracts(job.training_id) if c.worker_id == job.worker_id]
+        device_class = hired[-1].device_class if hired else UNCONFIRMED_CLASS
+        return comparison_for(self.tolerances, device_class=device_class, committed_device=commitment.device,
+                              precision=precision_of(commitment.device, getattr(self.inputs.task.task, "bf16", True)),
+                              reference="cpu", default=self.policy.reexec_tolerance)
 
     async def _opening_timeout(self, job: JobAssignment, shard: Shard, commitment: TrajectoryCommitment,
                                segments: tuple[int, ...]) -> float:
@@ -185,7 +203,7 @@ class SpotChecker:
         return blobs
 
     async def _reexecute(self, job: JobAssignment, shard: Shard, commitment: TrajectoryCommitment,
-                         segments: tuple[int, ...], blobs: Mapping[int, bytes]) -> WorkVerdict:
+                         segments: tuple[int, ...], blobs: Mapping[int, bytes], comparison: Comparison) -> WorkVerdict:
         for boundary, blob in blobs.items():
             try:
                 _, state_hash = await asyncio.to_thread(boundary_hashes, blob)
@@ -202,10 +220,11 @@ class SpotChecker:
         again = await asyncio.to_thread(
             reexecute_with_threads, commitment.threads, self.inputs.task, job.model, data, job.config,
             job.seed, commitment, {s: blobs[s] for s in segments})
-        return await self._compare(commitment, segments, blobs, again)
+        return await self._compare(commitment, segments, blobs, again, comparison)
 
     async def _compare(self, commitment: TrajectoryCommitment, segments: tuple[int, ...],
-                       blobs: Mapping[int, bytes], again: Mapping[int, Reexecution]) -> WorkVerdict:
+                       blobs: Mapping[int, bytes], again: Mapping[int, Reexecution],
+                       comparison: Comparison) -> WorkVerdict:
         """Each re-executed segment against its committed end; a proven contradiction first."""
         problems = [(s, again[s]) for s in segments if again[s].problem is not None]
         if lie := next((found for _, found in problems if found.contradicts), None):
@@ -213,7 +232,7 @@ class SpotChecker:
         if problems:
             segment, found = problems[0]
             return unverifiable(f"segment {segment} could not be re-executed: {found.problem}")
-        exact = commitment.device == "cpu"
+        exact = comparison.exact
         for segment in segments:
             distance = None
             if not exact:
@@ -221,7 +240,7 @@ class SpotChecker:
                                                    model_part(blobs[segment + 1]), model_part(blobs[segment]))
             verdict = reexecution_verdict(segment, exact=exact, reexecuted_hash=again[segment].state_hash,
                                           committed_hash=commitment.state_hashes[segment + 1], distance=distance,
-                                          tolerance=self.policy.reexec_tolerance)
+                                          tolerance=comparison.tolerance)
             if verdict.problem is not None:
                 return verdict
         return PASS

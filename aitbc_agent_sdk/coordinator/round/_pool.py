@@ -83,7 +83,8 @@ async def _hire(ports: PoolPorts, tid: str, pool: list[WorkerContract], measured
         try:
             slot = max((c.shard_index or 0) for c in await ports.db.contracts(tid)) + 1
             contract = await ports.market.negotiate(worker.worker_id, tid, worker.price, role="worker",
-                                                    shard_index=slot, rounds=remaining)
+                                                    shard_index=slot, rounds=remaining,
+                                                    device_class=worker.device_class)
         except MessagingError as exc:
             log.warning("candidate %s declined: %s", worker.worker_id, exc)
             continue

@@ -18,7 +18,7 @@ from ...chain import SlashEvidence
 from ...chain._registry import RegistryClient
 from ...errors import AitbcError, ContractRevertError, MessagingError, NotEnoughWorkersError
 from ...messaging import SignedChannel, topics
-from ...records import ChainIntent, JobCancel, TaskRef, TrainingSpec, Worker, WorkerContract, new_id
+from ...records import UNCONFIRMED_CLASS, ChainIntent, JobCancel, TaskRef, TrainingSpec, Worker, WorkerContract, new_id
 from ...records._base import clipped
 from .._logbook import AuditSink
 from ..money._settlement import EscrowAccount
@@ -40,7 +40,8 @@ class Hiring(Protocol):
     def select(self, workers: Sequence[Worker], count: int) -> list[Worker]: ...
 
     async def negotiate(self, worker_id: str, training_id: str, price_wei: int, *, role: str = "worker",
-                        shard_index: int | None = None, rounds: int | None = None) -> WorkerContract: ...
+                        shard_index: int | None = None, rounds: int | None = None,
+                        device_class: str = UNCONFIRMED_CLASS) -> WorkerContract: ...
 
     def stake_note(self, requested_wei: int | None = None) -> str: ...
 
@@ -57,10 +58,12 @@ async def hire(market: Hiring, audit: AuditSink, training_id: str, workers: Sequ
     contracts = []
     for index, worker in enumerate(workers):
         contracts.append(await market.negotiate(worker.worker_id, training_id, worker.price,
-                                                role="worker", shard_index=index))
+                                                role="worker", shard_index=index,
+                                                device_class=worker.device_class))
     for spare in spares:
         try:
-            contracts.append(await market.negotiate(spare.worker_id, training_id, spare.price, role="spare"))
+            contracts.append(await market.negotiate(spare.worker_id, training_id, spare.price, role="spare",
+                                                    device_class=spare.device_class))
         except MessagingError as exc:  # a spare is a bonus: hire the others anyway
             log.warning("spare %s not hired: %s", spare.worker_id, exc)
     return contracts
@@ -74,7 +77,8 @@ async def new_replacement(market: Hiring, spec: TrainingSpec, training_id: str, 
              if w.worker_id not in exclude]
     for worker in market.select(found, len(found)):
         try:
-            return await market.negotiate(worker.worker_id, training_id, worker.price, role="spare")
+            return await market.negotiate(worker.worker_id, training_id, worker.price, role="spare",
+                                          device_class=worker.device_class)
         except MessagingError as exc:
             log.warning("replacement candidate %s declined: %s", worker.worker_id, exc)
     raise NotEnoughWorkersError(f"no provider is available to replace a worker in training {training_id}"
