@@ -45,6 +45,9 @@ def test_json_output_is_one_object_with_the_promised_keys(aitbc_cmd, cli_env, ai
     assert all(isinstance(v, str) for k, v in escrow.items() if k.endswith("_wei"))  # jq-safe: strings
     assert int(escrow["deposited_wei"]) == int(escrow["paid_wei"]) + int(escrow["refunded_wei"])
     assert int(escrow["paid_wei"]) == sum(int(w["paid_wei"]) for w in report["workers"])
+    spend = report["verification"]  # every result spot-checked on this machine, priced apart (issue #29)
+    assert (spend["checks"], spend["failed"], spend["verifier_wei"]) == (9, 0, "0")
+    assert spend["coordinator_seconds"] > 0 and spend["checked_training_seconds"] > 0
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert trainings(aitbc_home) == [(report["training_id"], "complete")]
 
@@ -191,6 +194,7 @@ def test_the_final_tables_fit_80_columns(aitbc_cmd, cli_env, aitbc_home):
     start = next(i for i, line in enumerate(lines) if line.strip() == "Workers")
     rows = [line for line in lines[start:] if re.match(r"\s*0x[0-9a-fA-F]{4}…[0-9a-fA-F]{4}\s", line)]
     assert len(rows) == 2, "\n".join(lines)
+    assert any(line.startswith("Verification") for line in lines), "\n".join(lines)
     for row in rows:
         cells = row.split()
         # short address, hardware, samples, rounds, ETH/round and paid with 4 decimals, the payment's tx short

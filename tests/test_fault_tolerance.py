@@ -244,6 +244,10 @@ async def test_honest_workers_on_label_skewed_shards_are_paid_in_full_and_never_
     assert len(checks) == 8 and all(e["passed"] for e in checks)  # 4 workers x 2 rounds, every one checked
     # hired as CPUs (no GPU offered), so compared bit for bit, and the log says so (issue #29)
     assert all(e["exact"] and e["tolerance_source"] == "bit for bit: a CPU" for e in checks)
+    spend = report.verification  # the report prices the checks apart from the training (issue #29)
+    assert spend is not None and (spend.checks, spend.failed) == (8, 0)
+    assert spend.coordinator_seconds == sum(e["seconds"] for e in checks) > 0
+    assert spend.checked_training_seconds > 0 and spend.verifier_wei == 0
     paid = {}
     for e in chain_events:
         if e.name == "Released":

@@ -6,10 +6,11 @@ directly; a coordinator without an audit directory hands them :class:`NoAudit`.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..audit import AuditLog
+from ..audit import AuditEntry, AuditLog, read_log
 from ..records import id_path
 
 
@@ -44,3 +45,10 @@ class AuditLogs:
 
     async def note(self, training_id: str, event: str, /, **fields: Any) -> None:
         await self.of(training_id).append(event, **fields)
+
+    async def entries(self, training_id: str, event: str) -> list[AuditEntry]:
+        """The training's ``event`` entries, its log verified first; none without an audit directory."""
+        if self._directory is None:
+            return []
+        found = await asyncio.to_thread(read_log, audit_path(self._directory, training_id))
+        return [e for e in found if e.event == event]

@@ -104,6 +104,24 @@ class RoundReport(Record):
     bytes_received: int | None = None
 
 
+class VerificationSpend(Record):
+    """What checking the workers' results cost a training: spot checks re-execute on the coordinator's CPU,
+    so the spend is its seconds, set against the training time of the jobs it checked."""
+
+    checks: int = Field(ge=0)
+    failed: int = Field(ge=0, description="checks that did not pass (rejected, unverifiable or not opened)")
+    coordinator_seconds: Finite = Field(ge=0.0, description="re-executing on the coordinator")
+    checked_training_seconds: Finite = Field(ge=0.0, description="the checked jobs' own training, as reported")
+    verifier_wei: Wei = Field(default=0, description="paid to verifiers: none, while checks run on the coordinator")
+
+    @property
+    def ratio(self) -> float | None:
+        """Coordinator seconds per second of checked training; None before any was measured."""
+        if self.checked_training_seconds <= 0:
+            return None
+        return self.coordinator_seconds / self.checked_training_seconds
+
+
 class TrainingReport(Record):
     training_id: Id
     status: TrainingPhase
@@ -120,6 +138,7 @@ class TrainingReport(Record):
     final_metric: float | None = Field(default=None, description="the task's metric after the last round")
     higher_is_better: bool = True
     loss_name: str = Field(default="cross-entropy", max_length=64, description="what the task's loss computes")
+    verification: VerificationSpend | None = Field(default=None, description="None: no spot check ran")
 
 
 class ChainIntent(Record):

@@ -130,7 +130,17 @@ def report_tables(report: TrainingReport) -> list[Any]:
     escrow.add_row(eth_text(e.deposited_wei), eth_text(e.paid_wei), eth_text(e.refunded_wei),
                    short(report.refund_tx) if report.refund_tx else "-", f"{report.wall_seconds:.1f}",
                    f"{report.compute_seconds:.1f}")
-    return [rounds, workers, escrow]
+    tables = [rounds, workers, escrow]
+    if (v := report.verification) is not None:  # what checking the results cost, apart from the training
+        checking = narrow_table("Verification (spot checks, re-executed on this machine)", "checks", "failed",
+                                "coordinator s", "checked jobs' training s", "ratio", "verifiers ETH",
+                                right=("checks", "failed", "coordinator s", "checked jobs' training s", "ratio",
+                                       "verifiers ETH"))
+        checking.add_row(str(v.checks), str(v.failed), f"{v.coordinator_seconds:.1f}",
+                         f"{v.checked_training_seconds:.1f}", "-" if v.ratio is None else f"{v.ratio:.2f}x",
+                         eth_text(v.verifier_wei))
+        tables.append(checking)
+    return tables
 
 
 def report_group(report: TrainingReport) -> Group:

@@ -29,6 +29,7 @@ from ..data._inputs import RoundInputs
 from ._stopping import settle_stopped
 from ._liveness import LivenessWatch
 from ._pool import PoolPorts, adapt_pool
+from ..checks._spot_check import verification_spend
 from .._phases import is_terminal
 from ._reassign import Reassigner, hire, new_replacement
 from ._rounds import RoundPorts, RoundRunner
@@ -301,12 +302,15 @@ async def _report(coordinator: Coordinator, tid: str, selected: list[Worker], re
         for r in rounds)
     assert record.model_cid is not None and record.manifest_cid is not None
     task = await _reported_task(coordinator, record)
+    checks = [e.fields for e in await coordinator.logs.entries(tid, "spot_check")]
+    trained = {c.job_id: c.train_seconds for c in await coordinator.db.checkpoints(tid, None)}
     return TrainingReport(
         metric=task.metric, higher_is_better=task.higher_is_better, loss_name=task.loss_name,
         final_metric=rounds[-1].metrics.get(task.metric),
         training_id=tid, status=record.phase, final_accuracy=reported_accuracy(rounds[-1]), model_cid=record.model_cid,
         manifest_cid=record.manifest_cid, rounds=round_reports, workers=tuple(workers), escrow=escrow,
-        refund_tx=refund_tx, wall_seconds=time.perf_counter() - started, compute_seconds=compute)
+        refund_tx=refund_tx, wall_seconds=time.perf_counter() - started, compute_seconds=compute,
+        verification=verification_spend(checks, trained))
 
 
 async def _reported_task(coordinator: Coordinator, record: TrainingRecord) -> TrainingTask:

@@ -1,0 +1,22 @@
+"""What checking a training's results cost (issue #29, item 1): from the audit log's spot checks."""
+
+from aitbc_agent_sdk.coordinator.checks._spot_check import verification_spend
+
+
+def test_no_check_is_no_spend():
+    assert verification_spend([], {"j1": 3.0}) is None
+
+
+def test_spend_sums_the_coordinators_seconds_against_the_checked_jobs_training():
+    checks = [{"job_id": "j1", "passed": True, "seconds": 0.5},
+              {"job_id": "j2", "passed": False, "seconds": 1.5},
+              {"job_id": "j2", "passed": True, "seconds": 1.0}]  # a held copy checked twice counts its job once
+    spend = verification_spend(checks, {"j1": 4.0, "j2": 6.0, "j3": 100.0})
+    assert (spend.checks, spend.failed) == (3, 1)
+    assert spend.coordinator_seconds == 3.0 and spend.checked_training_seconds == 10.0
+    assert spend.ratio == 0.3 and spend.verifier_wei == 0
+
+
+def test_a_check_with_odd_fields_counts_as_failed_and_costs_nothing_negative():
+    spend = verification_spend([{"job_id": "j1", "seconds": -4.0}], {})
+    assert (spend.failed, spend.coordinator_seconds, spend.ratio) == (1, 0.0, None)
