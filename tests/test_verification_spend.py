@@ -20,3 +20,14 @@ def test_spend_sums_the_coordinators_seconds_against_the_checked_jobs_training()
 def test_a_check_with_odd_fields_counts_as_failed_and_costs_nothing_negative():
     spend = verification_spend([{"job_id": "j1", "seconds": -4.0}], {})
     assert (spend.failed, spend.coordinator_seconds, spend.ratio) == (1, 0.0, None)
+
+
+def test_the_cost_preview_says_what_share_of_each_job_this_machine_re_executes():
+    from aitbc_agent_sdk.flow import preview
+
+    notes = preview([10, 10], [], 3, spot_checks=5, segments=64).notes()
+    assert any("5 of its 64 segments" in n and "about 8 %" in n for n in notes)
+    assert any("spot checks off" in n for n in preview([10], [], 1, spot_checks=0).notes())
+    assert any("2 of its 2 segments" in n and "100 %" in n for n in preview([1], [], 1, spot_checks=5,
+                                                                             segments=2).notes())
+    assert not any("spot" in n for n in preview([10], [], 1).notes())  # not part of every preview

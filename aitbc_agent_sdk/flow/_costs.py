@@ -30,6 +30,8 @@ class CostPreview:
     spare_prices_wei: tuple[int, ...]
     min_stake_wei: int = 0
     stake_skipped: int = 0
+    spot_checks: int | None = None  # segments re-executed per result; None: not part of this preview
+    segments: int = 64  # a job's committed segments (JobConfig.segments)
 
     @property
     def deposit_wei(self) -> int:
@@ -58,20 +60,35 @@ class CostPreview:
         lines = [f"hired providers hold at least {eth_amount(self.min_stake_wei)} ETH of bond (--min-stake)"]
         if self.stake_skipped:
             lines.append(stake_skip_text(self.stake_skipped, self.min_stake_wei))
+        if self.spot_checks is not None:
+            lines.append(verification_note(self.spot_checks, self.segments))
         return lines
 
     def as_json(self) -> dict[str, object]:
         return {"workers": self.workers, "rounds": self.rounds, "spares": self.spares,
                 "deposit_wei": str(self.deposit_wei), "spares_wei": str(self.spares_wei),
                 "most_wei": str(self.most_wei), "min_stake_wei": str(self.min_stake_wei),
-                "stake_skipped": self.stake_skipped}
+                "stake_skipped": self.stake_skipped,
+                **({"spot_checks": self.spot_checks, "segments": self.segments}
+                   if self.spot_checks is not None else {})}
+
+
+def verification_note(spot_checks: int, segments: int) -> str:
+    """What checking every result will cost this machine: the share of a job it re-executes (CPU, not ETH)."""
+    if spot_checks == 0:
+        return "spot checks off (--spot-checks 0): no result is re-executed, so skipped work goes unnoticed"
+    checked = min(spot_checks, segments)
+    return (f"every result is spot-checked on this machine's CPU: {checked} of its {segments} segments "
+            f"re-executed, about {100 * checked / max(segments, 1):.0f} % of each job's training compute "
+            f"(no ETH)")
 
 
 def preview(prices_wei: Sequence[int], spare_prices_wei: Sequence[int], rounds: int, *, min_stake_wei: int = 0,
-            stake_skipped: int = 0) -> CostPreview:
+            stake_skipped: int = 0, spot_checks: int | None = None, segments: int = 64) -> CostPreview:
     return CostPreview(workers=len(prices_wei), rounds=rounds, prices_wei=tuple(prices_wei),
                        spares=len(spare_prices_wei), spare_prices_wei=tuple(spare_prices_wei),
-                       min_stake_wei=min_stake_wei, stake_skipped=stake_skipped)
+                       min_stake_wei=min_stake_wei, stake_skipped=stake_skipped, spot_checks=spot_checks,
+                       segments=segments)
 
 
 def estimate_text(cost: CostPreview, *, asked: int, hardware: str | None) -> str:

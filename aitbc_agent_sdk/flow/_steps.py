@@ -194,7 +194,8 @@ async def distribution_cost(home: Path, training_id: str) -> CostPreview:
     if not workers:
         raise ConfigError(f"no workers under contract for {training_id}; run discover-workers first")
     return preview([c.price_wei for c in workers], [c.price_wei for c in spares], record.spec.rounds,
-                   min_stake_wei=min_stake_of(record.spec))
+                   min_stake_wei=min_stake_of(record.spec), spot_checks=record.spec.faults.spot_checks,
+                   segments=record.spec.job.segments)
 
 
 def min_stake_of(spec: TrainingSpec) -> int:

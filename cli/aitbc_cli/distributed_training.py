@@ -153,7 +153,8 @@ async def _cost(agent: Agent, spec: TrainingSpec, source: str | Path, label_colu
     selected, spares = prepared.workers, prepared.spares
     cost = flow.preview([w.price for w in selected], [w.price for w in spares], spec.rounds,
                         min_stake_wei=agent.coordinator.min_stake(spec.min_stake_wei),
-                        stake_skipped=len(agent.coordinator.stake_skipped))
+                        stake_skipped=len(agent.coordinator.stake_skipped),
+                        spot_checks=spec.faults.spot_checks, segments=spec.job.segments)
     return cost, prepared
 
 
