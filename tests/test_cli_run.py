@@ -137,6 +137,13 @@ def test_an_elastic_run_grows_its_pool_and_shows_it_in_json_monitor_and_plot(ait
     assert len(added) == 1 and added[0]["throughput"] < 0.7 * 1_000_000
     rebalanced = [e for e in snap["events"] if e["event"] == "rebalanced"]
     assert rebalanced and rebalanced[0]["round"] == 2 and len(rebalanced[0]["shares"]) == 3  # the joiner got data
+    # monitor prices the checks as the report does: one per accepted result (2 + 3 + 3; a busy machine's
+    # straggler copy may add one)
+    checks = report["verification"]["checks"]
+    assert snap["verification"]["checks"] == checks >= 8
+    text = subprocess.run([*aitbc_cmd, "distributed-training", "monitor", "--training-id", report["training_id"]],
+                          env={**cli_env, "COLUMNS": "200"}, capture_output=True, text=True, timeout=60)
+    assert f"verification: {checks} spot checks, 0 failed" in text.stdout, text.stdout
 
 
 def test_a_dry_run_shows_the_cost_and_touches_neither_home_nor_chain(aitbc_cmd, cli_env, aitbc_home):

@@ -1,6 +1,8 @@
 """What checking a training's results cost (issue #29, item 1): from the audit log's spot checks."""
 
-from aitbc_agent_sdk.coordinator.checks._spot_check import verification_spend
+from aitbc_agent_sdk.records import VerificationSpend
+
+verification_spend = VerificationSpend.of_checks
 
 
 def test_no_check_is_no_spend():

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ..records import EscrowSummary, Payment, Progress, RoundMetrics, TrainingPhase, id_path
+from ..records import EscrowSummary, Payment, Progress, RoundMetrics, TrainingPhase, VerificationSpend, id_path
 from ..audit import read_log
 from ._training_db import TrainingDatabase
 
@@ -42,6 +42,7 @@ class Snapshot(BaseModel):
     escrow: EscrowSummary | None
     target_throughput: float | None = None  # elastic pools: samples/s the pool is sized for
     events: list[dict[str, Any]] = []  # scaling, rebalancing and fault events from the audit log
+    verification: VerificationSpend | None = None  # what the spot checks so far cost, apart from training
 
     @property
     def finished(self) -> bool:
@@ -58,6 +59,7 @@ async def snapshot(db: TrainingDatabase, training_id: str, audit_dir: Path | Non
         latest[job.worker_id] = progress or Progress(
             job_id=job.job_id, training_id=training_id, worker_id=job.worker_id, round=job.round,
             status="assigned", epoch=0, epochs=job.config.epochs, progress=0.0)
+    events = pool_events(audit_dir, training_id)
     workers = []
     for contract in await db.contracts(training_id):
         p = latest.get(contract.worker_id)
@@ -70,7 +72,9 @@ async def snapshot(db: TrainingDatabase, training_id: str, audit_dir: Path | Non
                     model_type=record.spec.model_type, workers=workers, round_metrics=await db.rounds(training_id),
                     payments=payments, escrow=await db.escrow(training_id),
                     target_throughput=record.spec.elastic.target_samples_per_s if record.spec.elastic else None,
-                    events=pool_events(audit_dir, training_id))
+                    events=events, verification=VerificationSpend.of_checks(
+                        [e for e in events if e["event"] == "spot_check"],
+                        {c.job_id: c.train_seconds for c in await db.checkpoints(training_id, None)}))
 
 
 def pool_events(audit_dir: Path | None, training_id: str) -> list[dict[str, Any]]:

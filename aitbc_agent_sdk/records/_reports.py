@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated, Literal
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -120,6 +121,18 @@ class VerificationSpend(Record):
         if self.checked_training_seconds <= 0:
             return None
         return self.coordinator_seconds / self.checked_training_seconds
+
+    @classmethod
+    def of_checks(cls, checks: Sequence[Mapping[str, Any]], training_seconds: Mapping[str, float]
+                  ) -> VerificationSpend | None:
+        """A training's spot checks as its audit log has them (``spot_check`` fields), against the training
+        time of the jobs they checked (``job id -> seconds``); None when no check ran."""
+        if not checks:
+            return None
+        checked = {str(c.get("job_id")) for c in checks}
+        return cls(checks=len(checks), failed=sum(1 for c in checks if not c.get("passed")),
+                   coordinator_seconds=sum(max(float(c.get("seconds") or 0.0), 0.0) for c in checks),
+                   checked_training_seconds=sum(training_seconds.get(j, 0.0) for j in checked))
 
 
 class TrainingReport(Record):

@@ -19,7 +19,7 @@ from rich.live import Live
 from aitbc_agent_sdk import flow
 from aitbc_agent_sdk.coordinator import Snapshot, snapshot
 from aitbc_agent_sdk.errors import ConfigError
-from aitbc_agent_sdk.records import RoundMetrics
+from aitbc_agent_sdk.records import RoundMetrics, VerificationSpend
 from aitbc_agent_sdk.records import terminal_markup, visible
 from aitbc_agent_sdk.profile import training_dir
 
@@ -236,6 +236,14 @@ async def _snapshot(home: Path, training_id: str) -> Snapshot:
         return await snapshot(db, training_id, audit_dir=home / "trainings")
 
 
+def verification_line(spend: VerificationSpend) -> str:
+    """What the spot checks so far cost: this machine's seconds against the checked jobs' training."""
+    ratio = "" if spend.ratio is None else f" ({spend.ratio:.2f}x)"
+    return (f"verification: {spend.checks} spot checks, {spend.failed} failed; {spend.coordinator_seconds:.1f} s "
+            f"re-executing here for {spend.checked_training_seconds:.1f} s of checked training{ratio}; "
+            f"verifiers paid {flow.eth_text(spend.verifier_wei)} ETH")
+
+
 def _escrow_line(snap: Snapshot) -> str:
     assert snap.escrow is not None
     return (f"escrow {short(snap.escrow.address)}: deposited {flow.eth_text(snap.escrow.deposited_wei)} ETH, "
@@ -273,6 +281,8 @@ def render_snapshot(snap: Snapshot) -> Group:
         parts.append(events)
     if snap.escrow is not None:
         parts.append(_escrow_line(snap))
+    if snap.verification is not None:
+        parts.append(verification_line(snap.verification))
     return Group(*parts)
 
 

@@ -38,7 +38,7 @@ from ...errors import AitbcError
 from ...messaging import SignedChannel, topics
 from ...records import (
     UNCONFIRMED_CLASS, JobAssignment, Shard, ToleranceTable, TrajectoryChallenge, TrajectoryCommitment,
-    TrajectoryOpening, VerificationSpend,
+    TrajectoryOpening,
 )
 from ...wire._checkpoint import decode_state
 from ...proof._tolerances import Comparison, comparison_for, precision_of, shipped_tolerances
@@ -71,19 +71,6 @@ def opening_deadline_s(floor_s: float, step_s: float, recompute_steps: int, slac
     """Seconds a worker has to open a spot check: ``floor_s`` (fetch, upload, a process to start) plus the
     steps it trains again to recompute the boundaries it did not keep, at ``slack`` times ``step_s``."""
     return floor_s + slack * step_s * recompute_steps
-
-
-def verification_spend(checks: list[Mapping[str, Any]], training_seconds: Mapping[str, float]
-                       ) -> VerificationSpend | None:
-    """A training's spot checks as its audit log has them (``spot_check`` fields), against the training time
-    of the jobs they checked (``job id -> seconds``); None when no check ran."""
-    if not checks:
-        return None
-    checked = {str(c.get("job_id")) for c in checks}
-    return VerificationSpend(
-        checks=len(checks), failed=sum(1 for c in checks if not c.get("passed")),
-        coordinator_seconds=sum(max(float(c.get("seconds") or 0.0), 0.0) for c in checks),
-        checked_training_seconds=sum(training_seconds.get(j, 0.0) for j in checked))
 
 
 @dataclass(frozen=True)

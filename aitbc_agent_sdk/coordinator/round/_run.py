@@ -17,7 +17,7 @@ from typing import NamedTuple
 from ...errors import AitbcError, ConfigError, NotEnoughWorkersError, TrainingError
 from ...records import (
     ModelFootprint, RoundReport, Settlement, TrainingPhase, TrainingRecord, TrainingReport, TrainingSpec, Worker,
-    WorkerContract, WorkerReport, fit_problem, largest_machine, reported_accuracy,
+    VerificationSpend, WorkerContract, WorkerReport, fit_problem, largest_machine, reported_accuracy,
 )
 from ...records._footprint import describe
 from ...tasks._bound_task import rehearsal_size
@@ -29,7 +29,6 @@ from ..data._inputs import RoundInputs
 from ._stopping import settle_stopped
 from ._liveness import LivenessWatch
 from ._pool import PoolPorts, adapt_pool
-from ..checks._spot_check import verification_spend
 from .._phases import is_terminal
 from ._reassign import Reassigner, hire, new_replacement
 from ._rounds import RoundPorts, RoundRunner
@@ -310,7 +309,7 @@ async def _report(coordinator: Coordinator, tid: str, selected: list[Worker], re
         training_id=tid, status=record.phase, final_accuracy=reported_accuracy(rounds[-1]), model_cid=record.model_cid,
         manifest_cid=record.manifest_cid, rounds=round_reports, workers=tuple(workers), escrow=escrow,
         refund_tx=refund_tx, wall_seconds=time.perf_counter() - started, compute_seconds=compute,
-        verification=verification_spend(checks, trained))
+        verification=VerificationSpend.of_checks(checks, trained))
 
 
 async def _reported_task(coordinator: Coordinator, record: TrainingRecord) -> TrainingTask:
