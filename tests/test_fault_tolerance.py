@@ -253,3 +253,30 @@ async def test_honest_workers_on_label_skewed_shards_are_paid_in_full_and_never_
         if e.name == "Released":
             paid[e.args["worker"]] = paid.get(e.args["worker"], 0) + int(e.args["amount"])
     assert paid == {w.address: w.price_wei * 2 for w in report.workers if w.role == "worker"}
+
+
+async def test_an_honest_gpu_workers_noise_within_the_tolerance_is_paid_and_never_slashed(aitbc_home):
+    """Issue #29's honest-gpu-noise, emulated: no GPU here, so the noise is injected (GpuNoiseProvider drifts
+    0.1 % per segment and commits that it trained on a GPU, which it offers). It is compared within the
+    tolerance, not bit for bit, and paid for every round like the others."""
+    from aitbc_agent_sdk.proof._tolerances import UNMEASURED
+    from scripts.chaos.byzantine import GpuNoiseProvider
+
+    async with Agent(AgentConfig(home=aitbc_home, providers=3)) as agent:
+        noisy = await join_market(agent, GpuNoiseProvider)
+        async with noisy:
+            await warm(noisy)
+            report = await agent.run_distributed_training(spec(rounds=2, spares=0))
+        key = training_key(agent.stack.account.address, report.training_id)
+        chain_events = await agent.stack.escrow.events(key)
+        log = events(agent, report.training_id)
+        state = await agent.stack.registry.provider(noisy.address)
+    assert report.status == TrainingPhase.COMPLETE
+    assert not [e for e in log if e["event"] in ("result_rejected", "slashed", "worker_replaced")]
+    checks = [e for e in log if e["event"] == "spot_check" and e["worker"] == noisy.address]
+    assert len(checks) == 2 and all(e["passed"] for e in checks)
+    # its offer's GPU is unconfirmed on this CPU host, and no class is measured: the training's tolerance
+    assert all(not e["exact"] and e["tolerance"] == 0.05 and e["tolerance_source"] == UNMEASURED for e in checks)
+    paid = sum(int(e.args["amount"]) for e in chain_events if e.name == "Released" and e.args["worker"] == noisy.address)
+    assert paid == next(w.price_wei for w in report.workers if w.address == noisy.address) * 2
+    assert state.slashes == 0 and state.stake == EMBEDDED_STAKE

@@ -22,7 +22,7 @@ from aitbc_agent_sdk.storage import compute_cid
 from aitbc_agent_sdk.wire._checkpoint import decode_state, encode_state
 from aitbc_agent_sdk.data._shard_files import load_shard
 from aitbc_agent_sdk.wire._update_codec import decode_update, encode_update
-from scripts.chaos.lazy import LAZY
+from scripts.chaos.lazy import LAZY, DeviceLiarProvider
 
 State = dict[str, torch.Tensor]
 
@@ -206,11 +206,28 @@ class FakeGpuProvider(ProviderAgent):
         self.hardware_answers.device = "cpu"  # whatever the host has: the claim is the lie, not the arithmetic
 
 
+class GpuNoiseProvider(DeviceLiarProvider):
+    """An honest GPU worker's noise, emulated on a CPU (no GPU here): it offers a GPU, commits that it
+    trained on one, and its states drift 0.1 % per segment, as a GPU's non-deterministic kernels make
+    them differ from a re-execution. Within the tolerance: paid, never slashed."""
+
+    DRIFT = 0.001
+
+    def __init__(self, *args: object, hardware: Hardware | None = None, **kwargs: object) -> None:
+        from aitbc_agent_sdk.provider._hardware import detect_hardware
+
+        real = hardware or detect_hardware()
+        super().__init__(*args, hardware=real.model_copy(update={"gpus": (FakeGpuProvider.FAKE_GPU,)}),  # type: ignore[arg-type]
+                         **kwargs)
+        self.hardware_answers.device = "cpu"
+
+
 # Honest but troubled providers: for the elastic pool and re-send tests, not the Byzantine suite.
 TROUBLED: dict[str, type[ProviderAgent]] = {
     "quarter-speed": QuarterSpeedProvider,
     "throttled": ThrottledProvider,
     "lossy": LossyProvider,
+    "gpu-noise": GpuNoiseProvider,
 }
 
 BEHAVIOURS: dict[str, type[ProviderAgent]] = {

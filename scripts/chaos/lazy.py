@@ -170,7 +170,9 @@ class DriftingRecorder(TrajectoryRecorder):
     the committed trajectory is not one the job's steps produce, but each segment ends within 0.01 (relative
     to its own change) of where re-executing it from its committed start lands."""
 
-    DRIFT = 0.01
+    def __init__(self, directory: Path | None, segments: int, drift: float = 0.01) -> None:
+        super().__init__(directory, segments)
+        self.drift = drift
 
     def start(self, total_steps, seed, device, model, optimizer, scheduler) -> None:  # type: ignore[no-untyped-def]
         super().start(total_steps, seed, device, model, optimizer, scheduler)  # writes boundary 0
@@ -181,7 +183,7 @@ class DriftingRecorder(TrajectoryRecorder):
         if (self.steps + 1) % self.segment_steps == 0 or self.steps + 1 == self.total_steps:
             with torch.no_grad():
                 for name, value in model.named_parameters():
-                    value.add_(self.DRIFT * (value - self._from[name]))
+                    value.add_(self.drift * (value - self._from[name]))
             self._from = self._floats(model)
         super().stepped(model, optimizer, scheduler)
 
@@ -195,11 +197,13 @@ class DeviceLiarProvider(SkippingProvider):
     tolerance and not bit for bit, and drifts within that tolerance (:class:`DriftingRecorder`). Its work
     is compared by the device class it was hired as, so the drift is a contradiction of what it signed."""
 
+    DRIFT = 0.01
+
     def skip_work(self, job_dir: Path, job: JobAssignment) -> int:
         task, data = _job_task(job), load_shard(job_dir)
         model = task.build(job.model, samples=len(data))
         model.load_state_dict(decode_state((job_dir / WEIGHTS_FILE).read_bytes()))
-        recorder = DriftingRecorder(job_dir / TRAJECTORY_DIR, job.config.segments)
+        recorder = DriftingRecorder(job_dir / TRAJECTORY_DIR, job.config.segments, self.DRIFT)
         task.train(model, data, job.config, seed=job.seed, trajectory=recorder)
         state = {key: v.detach().clone() for key, v in model.state_dict().items()}
         _write_checkpoint(job_dir, job, state, recorder.commitment(job.job_id, self.address, "cuda"))
