@@ -58,6 +58,10 @@ NOT_SLASHED = ("byzantine-free-rider", "byzantine-lazy-honest", "byzantine-scale
 NON_IID = {"honest-noniid": 0.1}  # scenario -> Dirichlet alpha of its label-skewed shards
 # fake-gpu: a provider claiming a GPU it lacks, flagged by the hardware challenge at hiring and never hired.
 SCENARIOS += tuple(IMPOSTORS)
+# Honest workers whose results are not bit-exact, hired as workers and owed their full pay: scenario -> behaviour.
+# honest-gpu-noise: a GPU's non-deterministic kernels, emulated on this CPU host (scripts/chaos/byzantine.py).
+NOISY = {"honest-gpu-noise": "gpu-noise"}
+SCENARIOS += tuple(NOISY)
 QUICK: tuple[str, ...] = ("clean", "kill-provider", "byzantine-nan", "coordinator-kill")
 
 
@@ -333,6 +337,7 @@ class ScenarioRun:
         self.notes: list[str] = []
         self.watch: BusWatch | None = None
         self.flagged: str | None = None  # an impostor's address: flagged at hiring, hired as nothing
+        self.noisy: str | None = None  # an honest worker whose results differ within the tolerance
 
     # -- the CLI -----------------------------------------------------------------------------------
     async def cli(self, *args: str, timeout: float = 240.0, json_out: bool = True) -> Any:
@@ -420,8 +425,9 @@ class ScenarioRun:
                                "--min-gpu", "cpu", "--required-workers", str(c.workers))
         self.hired = hired["workers"]
         roles = [w["role"] for w in self.hired]
-        if roles.count("worker") != c.workers or roles.count("spare") != c.spares:
-            raise ChaosError(f"hired {roles}, expected {c.workers} workers and {c.spares} spares")
+        spares = 0 if self.name in NOISY else c.spares  # it fills the last worker's place: none is left over
+        if roles.count("worker") != c.workers or roles.count("spare") != spares:
+            raise ChaosError(f"hired {roles}, expected {c.workers} workers and {spares} spares")
 
     async def distribute(self) -> None:
         assert self.tid is not None
@@ -639,6 +645,7 @@ EXPECTED_EVENT = {
     "honest-noniid": "payment",
     **{f"byzantine-{b}": "result_rejected" for b in BEHAVIOURS},
     **{name: "hardware_flagged" for name in IMPOSTORS},
+    **{name: "spot_check" for name in NOISY},
 }
 
 
@@ -806,6 +813,15 @@ def judge(run: ScenarioRun, result: ScenarioResult, final: dict[str, Any], audit
         run.notes.extend(f"{expected}: {e['fields'].get('reason')}" for e in seen[:1])
         if run.flagged in {w["worker_id"] for w in run.hired}:
             fail(f"the impostor {run.flagged} was hired although its hardware claim was flagged")
+    elif run.noisy is not None:  # its every result checked within the tolerance (not bit for bit), and passed
+        seen = _by(events, expected, worker=run.noisy)
+        if len(seen) != c.rounds or not all(e["fields"].get("passed") for e in seen):
+            fail(f"the noisy worker's spot checks: {[e['fields'].get('reason') for e in seen]} "
+                 f"({len(seen)} of {c.rounds} rounds)")
+        if any(e["fields"].get("exact", True) for e in seen):
+            fail("the noisy worker, which offered a GPU, was compared bit for bit")
+        run.notes.extend(f"noisy worker's check: tolerance {e['fields'].get('tolerance')} "
+                         f"({e['fields'].get('tolerance_source')})" for e in seen[:1])
     elif expected == "payment":
         seen = _by(events, "payment")
         seen = seen if {e["fields"]["worker"] for e in seen} >= {w["worker_id"] for w in workers} else []
@@ -887,6 +903,9 @@ async def run_scenario(name: str, config: ChaosConfig = ChaosConfig(), *, refere
         if name in IMPOSTORS:  # on top of a full honest pool: whoever is hired is honest
             await run.devnet_up(total)
             run.flagged = await run.add_byzantine(name, total + 1)
+        elif name in NOISY:  # one place short of the workers: it is hired (flagged or not) and owed its pay
+            await run.devnet_up(config.workers - 1)
+            run.noisy = await run.add_byzantine(NOISY[name], config.workers)
         elif behaviour is None:
             await run.devnet_up(total)
         else:
