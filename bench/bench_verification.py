@@ -23,7 +23,12 @@ Three measurements, each a ratio within this run:
    the coordinator's spot check against the worker's training at the size issue #29 names (goal there:
    <= 1 %, which re-execution on the coordinator cannot meet by design: it re-executes 5 of 64 segments).
 
-    python bench/bench_verification.py [--rounds 20000] [--real-rounds 24] [--quick] [--large]
+4. **Memory** (``--memory``): the coordinator's peak resident memory while it checks one result of a
+   19M-parameter gpt (5 segments), in a child process each: every opened state fetched first and the
+   segments re-executed in one pass (the check before issue #29) against one segment at a time, its
+   start and end only (now). Reported as peak over the child's resident memory before the check.
+
+    python bench/bench_verification.py [--rounds 20000] [--real-rounds 24] [--quick] [--large] [--memory]
 """
 
 from __future__ import annotations
@@ -126,6 +131,84 @@ def measure_large() -> dict:
     return {"parameters": parameters, "steps": commitment.steps, "segments": commitment.segments,
             "train_s": round(seconds, 2), "verify_s": round(cost, 2), "opening_s": round(opening, 2),
             "verification_over_training_ratio": round(cost / seconds, 4)}
+
+
+MEMORY_GPT = {"layers": 6, "heads": 8, "width": 512, "context": 128, "windows_per_epoch": 128, "eval_windows": 4}
+
+
+def _rss_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def _check_in_child(directory: str, segments: tuple[int, ...], all_at_once: bool, out) -> None:
+    """One spot check's coordinator work over the boundary files in ``directory``; sends its peak memory."""
+    bound, data, config, commitment = _memory_job(Path(directory), train=False)
+    torch.set_num_threads(commitment.threads)  # bit for bit needs the worker's thread count
+    spec = bound.model_spec(data)
+    from aitbc_agent_sdk.tasks._trajectory_replay import unfit_states
+    from aitbc_agent_sdk.proof._trajectory import boundary_name
+    before, started = _rss_kib("VmRSS"), time.perf_counter()
+    read = lambda b: (Path(directory) / boundary_name(b)).read_bytes()  # noqa: E731
+    groups = [segments] if all_at_once else [(s,) for s in segments]
+    ok = True
+    for group in groups:
+        blobs = {b: read(b) for s in group for b in (s, s + 1)}
+        ok &= all(boundary_hashes(blob)[1] == commitment.state_hashes[b] for b, blob in blobs.items())
+        ok &= not unfit_states(bound, spec, data, config, blobs)
+        again = reexecute_segments(bound, spec, data, config, 7, commitment, {s: blobs[s] for s in group})
+        ok &= all(again[s].state_hash == commitment.state_hashes[s + 1] for s in group)
+        del blobs, again
+    out.send({"peak_over_start_mib": round((_rss_kib("VmHWM") - before) / 1024, 1),
+              "seconds": round(time.perf_counter() - started, 2), "ok": ok})
+
+
+def _memory_job(directory: Path, train: bool):
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    text = [np.frombuffer((stdlib / n).read_bytes(), dtype=np.uint8).astype(np.uint16)
+            for n in ("textwrap.py", "argparse.py", "typing.py")]
+    bound = bind_task(TaskRef(name="gpt", params=MEMORY_GPT))
+    data = TokenData(tuple(text), vocab_size=256, eot=0)
+    config = JobConfig(epochs=1, batch_size=2, learning_rate=3e-4)
+    commitment_file = directory / "commitment.json"
+    if train:
+        from aitbc_agent_sdk.records import TrajectoryCommitment  # noqa: F401
+
+        class EveryBoundary(TrajectoryRecorder):
+            def start(self, total_steps, *args, **kwargs) -> None:
+                super().start(total_steps, *args, **kwargs)
+                self.kept = tuple(range(math.ceil(total_steps / self.segment_steps) + 1))
+
+        spec = bound.model_spec(data)
+        model = bound.build(spec, samples=len(data), seed=1)
+        recorder = EveryBoundary(directory, config.segments)
+        bound.train(model, data, config, seed=7, trajectory=recorder)
+        commitment_file.write_text(recorder.commitment("job-1", WORKER, "cpu").model_dump_json())
+    from aitbc_agent_sdk.records import TrajectoryCommitment
+    return bound, data, config, TrajectoryCommitment.model_validate_json(commitment_file.read_text())
+
+
+def measure_memory() -> dict:
+    import multiprocessing
+
+    with tempfile.TemporaryDirectory() as tmp:
+        _, _, _, commitment = _memory_job(Path(tmp), train=True)
+        segments = tuple(sorted(random.Random(3).sample(range(commitment.segments), POLICY.spot_checks)))
+        found = {}
+        context = multiprocessing.get_context("spawn")
+        for name, all_at_once in (("all_at_once", True), ("one_segment_at_a_time", False)):
+            receive, send = context.Pipe(duplex=False)
+            child = context.Process(target=_check_in_child, args=(tmp, segments, all_at_once, send))
+            child.start()
+            found[name] = receive.recv()
+            child.join()
+        from aitbc_agent_sdk.proof._trajectory import boundary_name
+        boundary_mib = round((Path(tmp) / boundary_name(1)).stat().st_size / 2**20, 1)  # 0: no moments yet
+    return {"parameters_gpt": MEMORY_GPT, "segments": list(segments), "boundary_file_mib": boundary_mib, **found,
+            "peak_ratio": round(found["one_segment_at_a_time"]["peak_over_start_mib"] /
+                                max(found["all_at_once"]["peak_over_start_mib"], 1e-9), 3)}
 
 
 def measure_compute(quick: bool, repeat: int) -> dict:
@@ -257,12 +340,14 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--training-rounds", type=int, default=3)
     parser.add_argument("--large", action="store_true", help="also an 85M-parameter gpt job (minutes)")
+    parser.add_argument("--memory", action="store_true", help="the coordinator's peak memory per check")
     args = parse_args(parser, repeat=1, rounds=2000, real_rounds=4, workers=2, training_rounds=1)
     torch.set_num_threads(1)  # as a provider's training process runs
     quick = "--quick" in sys.argv[1:]
     compute = measure_compute(quick, args.repeat)
     if args.large:
         compute["gpt-85m"] = measure_large()
+    memory = measure_memory() if args.memory else None
     steps = compute["mlp-digits"]["steps"]
     segments = compute["mlp-digits"]["segments"]
     detection = simulate(args.rounds, JobConfig().segments, max(steps // segments, 1))
@@ -271,7 +356,8 @@ def main() -> None:
     at_half = min(r["caught_ratio"] for r in detection if r["skipped"] >= 0.5)
     print(json.dumps({"bench": "verification", "spot_checks": POLICY.spot_checks, "segments": JobConfig().segments,
                       "compute": compute, "detection": detection, "real_rounds": real,
-                      "caught_at_half_skipped_ratio": at_half, "accuracy": accuracy}))
+                      "caught_at_half_skipped_ratio": at_half, "accuracy": accuracy,
+                      **({"memory": memory} if memory else {})}))
 
 
 if __name__ == "__main__":

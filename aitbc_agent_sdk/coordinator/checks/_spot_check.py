@@ -132,12 +132,10 @@ class SpotChecker:
                 verdict = opened
             else:
                 cids = {str(b): cid for b, cid in opened.items()}
-                # One check at a time holds its opened states (each up to four models): the coordinator's
-                # memory follows the model, not the number of workers checked at once.
+                # One check at a time, one segment at a time: the coordinator holds two opened states (each up
+                # to four models) whatever the number of workers checked or segments drawn.
                 async with self.turn:
-                    fetched = await self._fetch(opened)
-                    verdict = fetched if isinstance(fetched, WorkVerdict) else \
-                        await self._reexecute(job, shard, commitment, segments, fetched, comparison)
+                    verdict = await self._reexecute(job, shard, commitment, segments, opened, comparison)
         except Exception as exc:  # fail closed: an error is a verdict, never a pass (cancelling still works)
             log.warning("spot check of job %s could not run", job.job_id, exc_info=True)
             verdict = check_crashed(exc)
@@ -203,24 +201,38 @@ class SpotChecker:
         return blobs
 
     async def _reexecute(self, job: JobAssignment, shard: Shard, commitment: TrajectoryCommitment,
-                         segments: tuple[int, ...], blobs: Mapping[int, bytes], comparison: Comparison) -> WorkVerdict:
-        for boundary, blob in blobs.items():
-            try:
-                _, state_hash = await asyncio.to_thread(boundary_hashes, blob)
-            except Exception as exc:  # not a boundary file at all
-                return WorkVerdict(f"missing work: opened boundary {boundary} is malformed ({exc})")
-            if state_hash != commitment.state_hashes[boundary]:
-                return WorkVerdict(f"missing work: opened boundary {boundary} does not match the commitment")
+                         segments: tuple[int, ...], opened: Mapping[int, str], comparison: Comparison) -> WorkVerdict:
+        """Each drawn segment in turn: fetch its opened start and end, check them against the commitment and
+        the task, re-execute, compare; then let them go. A proven contradiction ends the check at once; any
+        other problem of a re-execution is kept while the remaining segments may still prove one."""
         data = await self.data.load(shard.cid)
-        # Every opened state, start or end, must be one the task could be in before anything is replayed.
-        unfit = await asyncio.to_thread(unfit_states, self.inputs.task, job.model, data, job.config, blobs)
-        if unfit:
-            boundary, problem = next(iter(unfit.items()))
-            return unverifiable(f"opened boundary {boundary} is not a state of this task: {problem}")
-        again = await asyncio.to_thread(
-            reexecute_with_threads, commitment.threads, self.inputs.task, job.model, data, job.config,
-            job.seed, commitment, {s: blobs[s] for s in segments})
-        return await self._compare(commitment, segments, blobs, again, comparison)
+        first_problem: WorkVerdict | None = None
+        for segment in segments:
+            blobs = await self._fetch({b: opened[b] for b in (segment, segment + 1)})
+            if isinstance(blobs, WorkVerdict):
+                return blobs
+            for boundary, blob in blobs.items():
+                try:
+                    _, state_hash = await asyncio.to_thread(boundary_hashes, blob)
+                except Exception as exc:  # not a boundary file at all
+                    return WorkVerdict(f"missing work: opened boundary {boundary} is malformed ({exc})")
+                if state_hash != commitment.state_hashes[boundary]:
+                    return WorkVerdict(f"missing work: opened boundary {boundary} does not match the commitment")
+            # Both opened states must be ones the task could be in before anything is replayed.
+            unfit = await asyncio.to_thread(unfit_states, self.inputs.task, job.model, data, job.config, blobs)
+            if unfit:
+                boundary, problem = next(iter(unfit.items()))
+                return unverifiable(f"opened boundary {boundary} is not a state of this task: {problem}")
+            again = await asyncio.to_thread(
+                reexecute_with_threads, commitment.threads, self.inputs.task, job.model, data, job.config,
+                job.seed, commitment, {segment: blobs[segment]})
+            verdict = await self._compare(commitment, (segment,), blobs, again, comparison)
+            if verdict.slashable:
+                return verdict
+            if verdict.problem is not None and first_problem is None:
+                first_problem = verdict
+            del blobs, again
+        return first_problem or PASS
 
     async def _compare(self, commitment: TrajectoryCommitment, segments: tuple[int, ...],
                        blobs: Mapping[int, bytes], again: Mapping[int, Reexecution],
