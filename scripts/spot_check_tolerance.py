@@ -148,10 +148,22 @@ def table_rows(found: dict, jobs: dict, device: torch.device) -> list:
     return rows
 
 
+def read_table(path: Path):
+    """The tolerance table at ``path`` (empty when there is none yet); a clear exit 2 when it is not one."""
+    from aitbc_agent_sdk.records import ToleranceTable
+    if not path.exists():
+        return ToleranceTable()
+    try:
+        return ToleranceTable.model_validate_json(path.read_text())
+    except (OSError, ValueError) as exc:
+        print(f"error: {path} is not a tolerance table: {str(exc).splitlines()[0]}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def merge_table(path: Path, rows: list) -> None:
     """``rows`` into the table at ``path`` (replacing rows of the same key), written whole or not at all."""
     from aitbc_agent_sdk.records import ToleranceTable
-    table = ToleranceTable.model_validate_json(path.read_text()) if path.exists() else ToleranceTable()
+    table = read_table(path)
     keys = {(r.device_class, r.precision, r.reference) for r in rows}
     kept = [r for r in table.rows if (r.device_class, r.precision, r.reference) not in keys]
     merged = ToleranceTable(rows=tuple(sorted([*kept, *rows], key=lambda r: (r.device_class, r.precision,
@@ -167,6 +179,8 @@ def main() -> None:
     parser.add_argument("--table", type=Path, help="merge the measured GPU rows into this tolerance table")
     parser.add_argument("--quick", action="store_true", help="smaller jobs (the test suite's form)")
     args = parser.parse_args()
+    if args.table is not None:
+        read_table(args.table)  # a bad table is refused before minutes of measuring
     device = torch.device(args.device)
     torch.set_num_threads(1)
     stdlib = Path(sysconfig.get_paths()["stdlib"])

@@ -118,3 +118,13 @@ def test_the_bound_sits_between_honest_and_skipped_and_a_merge_replaces_rows_of_
     table = ToleranceTable.model_validate_json(path.read_text())
     assert [(r.reference, r.bound) for r in table.rows] == [(H200, 0.001), ("cpu", 0.03)]
     assert not list(tmp_path.glob("*.partial"))
+
+
+def test_a_table_that_is_not_one_is_refused_with_exit_2_and_left_as_it_was(tmp_path):
+    bad = tmp_path / "tolerances.json"
+    bad.write_text('{"version": 1, "rows": [{"device_class": "x"}]}')
+    done = subprocess.run([sys.executable, "scripts/spot_check_tolerance.py", "--table", str(bad), "--quick"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2 and "is not a tolerance table" in done.stderr, done.stderr[-2000:]
+    assert bad.read_text() == '{"version": 1, "rows": [{"device_class": "x"}]}'
+    assert not list(tmp_path.glob("*.partial"))

@@ -72,9 +72,17 @@ async def snapshot(db: TrainingDatabase, training_id: str, audit_dir: Path | Non
                     model_type=record.spec.model_type, workers=workers, round_metrics=await db.rounds(training_id),
                     payments=payments, escrow=await db.escrow(training_id),
                     target_throughput=record.spec.elastic.target_samples_per_s if record.spec.elastic else None,
-                    events=events, verification=VerificationSpend.of_checks(
-                        [e for e in events if e["event"] == "spot_check"],
-                        {c.job_id: c.train_seconds for c in await db.checkpoints(training_id, None)}))
+                    events=events, verification=await _verification(db, training_id, events))
+
+
+async def _verification(db: TrainingDatabase, training_id: str, events: list[dict[str, Any]]
+                        ) -> VerificationSpend | None:
+    """The spot checks so far, priced; the checkpoints are read only when there is a check to price."""
+    checks = [e for e in events if e["event"] == "spot_check"]
+    if not checks:
+        return None
+    trained = {c.job_id: c.train_seconds for c in await db.checkpoints(training_id, None)}
+    return VerificationSpend.of_checks(checks, trained)
 
 
 def pool_events(audit_dir: Path | None, training_id: str) -> list[dict[str, Any]]:

@@ -24,8 +24,8 @@ from ..market._discovery import resolve_min_stake, split_by_stake, stake_skip_te
 from ..market._scoring import rate_worker
 from ..messaging import SignedChannel, topics
 from ..records import (
-    UNCONFIRMED_CLASS, AggregateResult, CheckpointRef, ContractProposal, ContractReply, Hardware, JobAssignment, JobConfig, ModelSpec,
-    Offer, Progress, RoundMetrics, Shard, ShardManifest, TaskRef, TrainingPhase, TrainingRecord, TrainingSpec,
+    UNCONFIRMED_CLASS, AggregateResult, CheckpointRef, ContractProposal, ContractReply, Hardware, JobAssignment,
+    JobConfig, ModelSpec, Offer, Progress, RoundMetrics, Shard, ShardManifest, TaskRef, TrainingPhase, TrainingRecord, TrainingSpec,
     TrainingStatus, Worker, WorkerContract, fit_problem, new_id, reported_accuracy,
 )
 from ..storage import ContentStore

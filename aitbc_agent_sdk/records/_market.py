@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Annotated, Literal
 
@@ -63,7 +64,8 @@ class Offer(Record):
 
 CPU_CLASS = "cpu"
 UNCONFIRMED_CLASS = "unconfirmed"  # a GPU offer the hardware challenge did not confirm (flagged or unchecked)
-DeviceClass = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[\x20-\x7e]+$")]
+DEVICE_CLASS_PATTERN = re.compile(r"^[\x20-\x7e]{1,128}$")  # one printable ASCII line, as NVML names a GPU
+DeviceClass = Annotated[str, Field(pattern=DEVICE_CLASS_PATTERN.pattern)]
 
 
 class Worker(Record):
@@ -97,8 +99,8 @@ class Worker(Record):
         if not self.offer.hardware.gpus:
             return CPU_CLASS
         name = self.gpu_type
-        printable = 0 < len(name) <= 128 and name.isascii() and name.isprintable()
-        return name if self.hardware_check == "passed" and printable else UNCONFIRMED_CLASS
+        fits = DEVICE_CLASS_PATTERN.fullmatch(name) is not None
+        return name if self.hardware_check == "passed" and fits else UNCONFIRMED_CLASS
 
     @property
     def price(self) -> int:

@@ -73,6 +73,9 @@ def opening_deadline_s(floor_s: float, step_s: float, recompute_steps: int, slac
     return floor_s + slack * step_s * recompute_steps
 
 
+UNDECIDED = Comparison(exact=True, tolerance=0.0, source="undecided: the check failed before it compared")
+
+
 @dataclass(frozen=True)
 class SpotCheck:
     verdict: WorkVerdict
@@ -124,8 +127,9 @@ class SpotChecker:
         segments = pick_segments(commitment.segments, checks, self.rng)
         cids: dict[str, str] = {}
         started = time.perf_counter()
-        comparison = await self._comparison(job, commitment)
+        comparison = UNDECIDED
         try:
+            comparison = await self._comparison(job, commitment)
             opened = await self._open(job, segments, await self._opening_timeout(job, shard, commitment, segments))
             started = time.perf_counter()
             if isinstance(opened, WorkVerdict):

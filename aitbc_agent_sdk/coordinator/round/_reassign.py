@@ -18,7 +18,9 @@ from ...chain import SlashEvidence
 from ...chain._registry import RegistryClient
 from ...errors import AitbcError, ContractRevertError, MessagingError, NotEnoughWorkersError
 from ...messaging import SignedChannel, topics
-from ...records import UNCONFIRMED_CLASS, ChainIntent, JobCancel, TaskRef, TrainingSpec, Worker, WorkerContract, new_id
+from ...records import (
+    UNCONFIRMED_CLASS, ChainIntent, JobCancel, TaskRef, TrainingSpec, Worker, WorkerContract, new_id,
+)
 from ...records._base import clipped
 from .._logbook import AuditSink
 from ..money._settlement import EscrowAccount
