@@ -11,7 +11,7 @@ from typing import Any
 
 from ..errors import NotFoundError
 from ..messaging import SignedChannel, Verified, topics
-from ..records import CheckpointRef, JobResult, Progress, TrajectoryOpening
+from ..records import CheckpointRef, JobResult, Progress, TrajectoryOpening, VerifyReport
 from ._training_db import TrainingDatabase
 
 log = logging.getLogger(__name__)
@@ -33,11 +33,13 @@ class TrainingListener:
         self._tasks: list[asyncio.Task[None]] = []
         self.dropped: Counter[str] = Counter()  # messages that failed while handled, by "stream: error"
         self._openings: dict[str, asyncio.Future[TrajectoryOpening]] = {}  # job id -> a spot check waiting
+        # request id -> (the verifier hired, a verification waiting for its report)
+        self._reports: dict[str, tuple[str, asyncio.Future[VerifyReport]]] = {}
 
     async def start(self) -> None:
-        ready = [asyncio.Event(), asyncio.Event(), asyncio.Event()]
+        ready = [asyncio.Event() for _ in range(4)]
         self._tasks = [asyncio.create_task(self._progress(ready[0])), asyncio.create_task(self._results(ready[1])),
-                       asyncio.create_task(self._opened(ready[2]))]
+                       asyncio.create_task(self._opened(ready[2])), asyncio.create_task(self._verified(ready[3]))]
         await asyncio.gather(*(e.wait() for e in ready))
 
     async def stop(self) -> None:
@@ -60,6 +62,36 @@ class TrainingListener:
         waiting = self._openings.pop(job_id, None)
         if waiting is not None and not waiting.done():
             waiting.cancel()
+
+    def expect_report(self, request_id: str, verifier: str) -> asyncio.Future[VerifyReport]:
+        """A future for the report of verification ``request_id`` from ``verifier`` (made before it is asked)."""
+        self.forget_report(request_id)
+        waiting: asyncio.Future[VerifyReport] = asyncio.get_running_loop().create_future()
+        self._reports[request_id] = (verifier, waiting)
+        return waiting
+
+    def forget_report(self, request_id: str) -> None:
+        _, waiting = self._reports.pop(request_id, ("", None))
+        if waiting is not None and not waiting.done():
+            waiting.cancel()
+
+    async def _verified(self, ready: asyncio.Event) -> None:
+        async with self._channel.subscribe(topics.verified(self.training_id), VerifyReport) as stream:
+            ready.set()
+            async for verified in stream:
+                await self._each("verifications", self._on_report, verified)
+
+    async def _on_report(self, verified: Verified[VerifyReport]) -> None:
+        """Only the report a verification waits for, signed by the verifier it hired, is handed on."""
+        report = verified.message
+        verifier, waiting = self._reports.get(report.request_id, ("", None))
+        if (waiting is None or waiting.done() or verified.sender != verifier or report.verifier_id != verifier
+                or report.training_id != self.training_id):
+            log.warning("verification report %s from %s ignored", report.request_id, verified.sender)
+            return
+        self.last_heard[verifier] = time.monotonic()
+        del self._reports[report.request_id]
+        waiting.set_result(report)
 
     async def _sender_owns_job(self, sender: str, message: Progress | JobResult | TrajectoryOpening) -> bool:
         try:

@@ -31,9 +31,9 @@ _ITERATIONS = 1000  # the passwords are 32 random bytes: the KDF only has to be 
 
 # Rights of every account: topics addressed to a party, written by the other side.
 _SHARED_WRITE = ("negotiate/+", "jobs/+", "cancel/+", "ping/+", "resend/+", "challenge/+", "hwcheck/+",  # to a provider
-                 "receipts/+",
+                 "receipts/+", "verify/+",
                  "negotiate-reply/+/+", "pong/+/+", "progress/+/+", "results/+", "openings/+",  # to a coordinator
-                 "hwcheck-reply/+/+",
+                 "hwcheck-reply/+/+", "verified/+",
                  "cluster/#")  # trusted clusters: their own signed protocol, hosts listed in the spec
 _OWN_WRITE = ("offers/{}", "heartbeat/{}")  # only the provider whose address is the username
 

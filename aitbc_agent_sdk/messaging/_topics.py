@@ -82,6 +82,15 @@ def openings(training_id: str) -> str:
     return f"{PREFIX}/openings/{level(training_id)}"
 
 
+def verify(provider: str) -> str:
+    """Verification work: re-execute one segment of another worker's committed trajectory."""
+    return f"{PREFIX}/verify/{level(provider)}"
+
+
+def verified(training_id: str) -> str:
+    return f"{PREFIX}/verified/{level(training_id)}"
+
+
 def hardware_check(provider: str) -> str:
     """The timed hardware challenge at hiring."""
     return f"{PREFIX}/hwcheck/{level(provider)}"

@@ -2,8 +2,8 @@
 
 ``flow.provider_daemon`` runs one as a process; a job's records and files are in ``provider.jobs``.
 
-Long because: one agent answers eight topics of the market (proposals, jobs, cancels, pings,
-re-sends, challenges, hardware checks, receipts) over state they share (the running jobs and the
+Long because: one agent answers nine topics of the market (proposals, jobs, cancels, pings,
+re-sends, challenges, verifications, hardware checks, receipts) over state they share (the running jobs and the
 contracts); what is not about serving lives beside it (``intake``, ``book``, ``holdings``, ``kept``,
 ``receipts``, ``inputs``, ``tasks``, ``process``).
 """
@@ -29,7 +29,7 @@ from ..messaging import Bus, SignedChannel, Verified, topics
 from ..records import (
     ContractProposal, ContractReply, Hardware, Heartbeat, JobAssignment, JobCancel, JobResult, Offer, Ping, Pong,
     HardwareChallenge, PaymentReceipt, Progress, ResendRequest, TrajectoryChallenge, TrajectoryOpening,
-    declared_parameters, id_path,
+    VerifyReport, VerifyRequest, declared_parameters, id_path,
 )
 from ..storage import ContentStore
 from ._book import ContractBook, contract_key
@@ -52,6 +52,7 @@ from ._recompute import recompute_kept_job
 from ._receipts import ProviderReceipts
 from ._slots import TrainingSlots, plan_slots
 from ._tasks import ProviderTasks
+from ._verifier import MAX_WAITING_VERIFICATIONS, Reexecuted, reexecute_for, remove_dir
 
 __all__ = ["MAX_JOBS_PER_CONTRACT", "MAX_JOBS_PER_SLOT", "EpochReporter", "ProviderAgent", "ProviderConfig",
            "TrainOutcome"]
@@ -96,6 +97,8 @@ class ProviderAgent:
         # The coordinator's signed payment receipts: kept, counted against its jobs, redeemed when it does not pay.
         self.receipts = ProviderReceipts(chain, account, config.max_unreceipted_rounds, work_dir=config.work_dir)
         self.completed_jobs = 0
+        self.verifications = 0  # segments re-executed for another worker's coordinator, reported
+        self._verifying = 0  # running or waiting
         # The latest progress of the last MAX_JOB_HISTORY jobs, by (training key, job id).
         self.jobs: OrderedDict[tuple[str, str], Progress] = OrderedDict()
         self.dropped: Counter[str] = Counter()  # messages handled and dropped, by "loop: reason"
@@ -151,6 +154,7 @@ class ProviderAgent:
                    Server("pings", topics.ping, Ping, self._answer_ping),
                    Server("resends", topics.resend, ResendRequest, self._resend),
                    Server("challenges", topics.challenge, TrajectoryChallenge, self._open_trajectory),
+                   Server("verifications", topics.verify, VerifyRequest, self._verify),
                    Server("hwchecks", topics.hardware_check, HardwareChallenge, self.hardware_answers),
                    Server("receipts", topics.receipts, PaymentReceipt, self._take_receipt))
         ready = [asyncio.Event() for _ in servers]
@@ -336,6 +340,53 @@ class ProviderAgent:
                                     round=job.round, states=await self.kept.open(kept, request, self._recompute))
         await self.channel.publish(topics.openings(job.training_id), opening)
 
+    def _verify(self, verified: Verified[VerifyRequest]) -> None:
+        """Verification work, from a coordinator this provider holds a contract with, for that training only."""
+        request = verified.message
+        job = request.job
+        contract = self._contracts.get(contract_key(verified.sender, job.contract_id))
+        if contract is None or job.training_id != contract.training_id or job.worker_id != self.address:
+            self.dropped["verifications: no contract of the sender for it"] += 1
+            return
+        if job.task != contract.task or job_size_problem(job, contract, self.hardware) is not None:
+            self.dropped["verifications: the job is not its contract's"] += 1
+            return
+        if self._verifying > MAX_WAITING_VERIFICATIONS:
+            self.dropped["verifications: too many waiting"] += 1
+            return
+        self._verifying += 1
+        self._track(asyncio.create_task(self._run_verification(TrainingOwner(verified.sender, job.training_id),
+                                                               request, contract)))
+
+    async def _run_verification(self, owner: TrainingOwner, request: VerifyRequest, contract: ContractProposal) -> None:
+        job = request.job
+        job_dir = id_path(id_path(self.config.work_dir / "verify", owner.hex), request.request_id)
+        report = VerifyReport(request_id=request.request_id, training_id=job.training_id, verifier_id=self.address,
+                              round=job.round, segment=request.segment, problem="not re-executed")
+        try:
+            async with asyncio.timeout(request.deadline_s):
+                assert self.training is not None
+                async with self.training.slot() as process:
+                    found = await self.verify_segment(process, owner, request, job_dir)
+                if found.end is None:
+                    report = report.model_copy(update={"problem": found.problem})
+                else:
+                    cid = await self.store.add(found.end)
+                    report = VerifyReport(
+                        request_id=request.request_id, training_id=job.training_id, verifier_id=self.address,
+                        round=job.round, segment=request.segment, end_cid=cid, state_hash=found.state_hash,
+                        model_hash=found.model_hash, signature=self.sign_checkpoint(job, cid, contract))
+        except (AitbcError, TimeoutError) as exc:
+            log.warning("verification %s failed: %s", request.request_id, exc)
+            report = report.model_copy(update={"problem": f"could not re-execute: {str(exc)[:200]}"})
+        finally:
+            self._verifying -= 1
+            await asyncio.shield(asyncio.to_thread(remove_dir, job_dir))
+            self.inputs.release(owner, job)
+        self.verifications += report.problem is None
+        with contextlib.suppress(AitbcError):
+            await self.channel.publish(topics.verified(job.training_id), report)
+
     async def _recompute(self, kept: KeptJob, boundaries: tuple[int, ...], into: Path) -> None:
         """Boundary states the job did not keep, recomputed in a training slot (``recompute``)."""
         assert self.training is not None
@@ -452,6 +503,11 @@ class ProviderAgent:
         return TrainOutcome(checkpoint=job_dir / CHECKPOINT_FILE, samples=int(done["samples"]),
                             loss=float(done["loss"]), seconds=float(done["seconds"]),
                             task_state=done.get("task_state"))
+
+    async def verify_segment(self, process: TrainingProcess, owner: TrainingOwner, request: VerifyRequest,
+                             job_dir: Path) -> Reexecuted:
+        """As a verifier: re-execute the requested segment in ``process``; its end state lands in ``job_dir``."""
+        return await reexecute_for(process, self.inputs, self.store, owner, request, job_dir)
 
     async def upload_checkpoint(self, job: JobAssignment, checkpoint: Path) -> str:
         """Store the checkpoint; the returned CID is the one the result announces."""

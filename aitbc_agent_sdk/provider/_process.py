@@ -10,11 +10,12 @@ the ``MAX_JOBS_PER_PROCESS``-th job (the CPU rlimit is sized for that many); its
 at once, so only a provider switching customers waits for torch to import. (A spare started
 beside every job was dearer: on a small host its import slowed the rounds it ran beside.)
 
-A process takes two requests: train a job, and recompute boundary states a delivered job did not
-keep (a spot check's opening), the same way, under the same owner rule.
+A process takes three requests, under the same owner rule: train a job, recompute boundary states a
+delivered job did not keep (a spot check's opening), and re-execute a segment of another worker's job
+of the same training (a verifier's work).
 
 Long because: one handle owns the process's whole life (launch, log, ready, replace, kill, stop) and
-both of its requests, each sandboxed or not; split, that life would leak into two modules.
+all of its requests, each sandboxed or not; split, that life would leak into two modules.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Literal
 
 from ..errors import AitbcError, TrainingError
 from ..host._sandbox_plan import scrubbed_env
@@ -89,9 +90,13 @@ class _JobRequest:
 
 
 @dataclass(frozen=True)
-class _RecomputeRequest:
-    """Recompute boundary states a delivered job did not keep, from the kept ones staged beside its shard."""
+class _ReplayRequest:
+    """Train segments of a delivered job's committed trajectory again from states staged beside its shard
+    (``NNNNNN.safetensors``). ``recompute``: the boundaries ``wanted`` (none of them kept), each checked
+    against the commitment, from the kept ones. ``reexecute``: a verifier's work on another worker's job,
+    segment ``wanted[0]`` from its start state, compared with nothing."""
 
+    op: Literal["recompute", "reexecute"]
     job_id: str
     model: ModelSpec
     config: JobConfig
@@ -103,7 +108,14 @@ class _RecomputeRequest:
 
     @property
     def starts(self) -> tuple[int, ...]:
+        if self.op == "reexecute":
+            return self.wanted
         return tuple(sorted(recompute_plan(len(self.commitment.state_hashes), self.wanted)))
+
+    @property
+    def produced(self) -> tuple[int, ...]:
+        """The boundary files it leaves in the trajectory directory."""
+        return tuple(b + 1 for b in self.wanted) if self.op == "reexecute" else self.wanted
 
     def input_files(self, job_dir: Path) -> tuple[str, ...]:
         user_code = self.task is not None and self.task.cid is not None
@@ -112,14 +124,14 @@ class _RecomputeRequest:
 
     def line(self, job_dir: Path, out_dir: Path, device: str) -> str:
         return json.dumps({
-            "op": "recompute", "job_dir": str(job_dir), "out_dir": str(out_dir), "job_id": self.job_id,
+            "op": self.op, "job_dir": str(job_dir), "out_dir": str(out_dir), "job_id": self.job_id,
             "seed": self.seed, "device": device, "model": self.model.model_dump(mode="json"),
             "config": self.config.model_dump(mode="json"), "wanted": list(self.wanted),
-            "commitment": self.commitment.model_dump(mode="json"),
+            "segment": self.wanted[0], "commitment": self.commitment.model_dump(mode="json"),
             "task": self.task.model_dump(mode="json") if self.task is not None else None})
 
 
-_Request = _JobRequest | _RecomputeRequest
+_Request = _JobRequest | _ReplayRequest
 
 
 @dataclass(frozen=True)
@@ -247,8 +259,17 @@ class TrainingProcess:
         against ``commitment``; a mismatch is a TrainingError and no file."""
         if not wanted or set(wanted) & set(kept_boundaries(len(commitment.state_hashes))):
             raise ValueError(f"boundaries {list(wanted)}: none or some kept")
-        request = _RecomputeRequest(job_id, model, config, seed, task, commitment, tuple(sorted(wanted)), owner)
+        request = _ReplayRequest("recompute", job_id, model, config, seed, task, commitment, tuple(sorted(wanted)), owner)
         await self._run(job_dir, request, None)
+
+    async def reexecute(self, job_dir: Path, *, job_id: str, model: ModelSpec, config: JobConfig, seed: int,
+                        commitment: TrajectoryCommitment, segment: int, owner: str | None = None,
+                        task: TaskRef | None = None) -> dict[str, Any]:
+        """As a verifier: train ``segment`` of another worker's job again from its start state
+        (``job_dir/NNNNNN.safetensors``, beside the job's shard and task package). The end state lands in
+        ``job_dir/TRAJECTORY_DIR``; returns its ``state_hash`` and ``model_hash``, or a ``problem``."""
+        request = _ReplayRequest("reexecute", job_id, model, config, seed, task, commitment, (segment,), owner)
+        return await self._run(job_dir, request, None)
 
     async def _run(self, job_dir: Path, request: _Request, on_epoch: EpochCallback | None) -> dict[str, Any]:
         owner = request.owner
@@ -296,10 +317,11 @@ class TrainingProcess:
                 done = await within_disk_limits(
                     self._train_locked(box / "in", request, on_epoch=on_epoch, out_dir=box / "out"),
                     self._sandbox, box / "out", request.job_id)
-            if isinstance(request, _RecomputeRequest):
-                await asyncio.to_thread(take_trajectory, box / "out" / TRAJECTORY_DIR, job_dir / TRAJECTORY_DIR,
-                                        boundaries=request.wanted, max_bytes=self._sandbox.file_size_bytes,
-                                        max_total_bytes=self._sandbox.disk_bytes)
+            if isinstance(request, _ReplayRequest):
+                if done.get("problem") is None:  # a re-execution that could not replay leaves nothing
+                    await asyncio.to_thread(take_trajectory, box / "out" / TRAJECTORY_DIR, job_dir / TRAJECTORY_DIR,
+                                            boundaries=request.produced, max_bytes=self._sandbox.file_size_bytes,
+                                            max_total_bytes=self._sandbox.disk_bytes)
             else:
                 await asyncio.to_thread(self._take_job_output, box / "out", job_dir, done)
         except TimeoutError as exc:

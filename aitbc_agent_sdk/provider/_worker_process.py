@@ -31,7 +31,7 @@ from ..tasks._task_loop import EpochStats, training_device
 from ..tasks._task_checks import TaskOrigin, describe_task_error
 from ..tasks._task_package import decode_package, load_task
 from ..proof._trajectory import TrajectoryRecorder, boundary_name
-from ..tasks._trajectory_replay import recompute_boundaries
+from ..tasks._trajectory_replay import recompute_boundaries, reexecute_segment
 from ..wire._update_codec import decode_residual, encode_residual, encode_update
 
 from ._process import CHECKPOINT_FILE, RESIDUAL_FILE, SHARD_FILE, STATE_FILE, TASK_FILE, TRAJECTORY_DIR, WEIGHTS_FILE
@@ -56,7 +56,8 @@ def event_channel() -> Emit:
 
 
 def run_job(request: dict[str, Any], loaded: LoadedTasks, emit: Emit) -> dict[str, Any]:
-    """One request: ``train`` a job, or ``recompute`` boundary states of one it trained before."""
+    """One request: ``train`` a job, ``recompute`` boundary states of one it trained before, or ``reexecute``
+    a segment of another worker's job as its verifier."""
     job_dir = Path(request["job_dir"])
     out_dir = Path(request.get("out_dir") or job_dir)  # sandboxed: inputs are read-only, output goes here
     spec = ModelSpec.model_validate(request["model"])
@@ -72,6 +73,8 @@ def run_job(request: dict[str, Any], loaded: LoadedTasks, emit: Emit) -> dict[st
     try:
         if request.get("op") == "recompute":
             return _recompute(request, task, job_dir, out_dir, config, spec)
+        if request.get("op") == "reexecute":
+            return _reexecute(request, task, job_dir, out_dir, config, spec)
         return _train_job(request, task, job_dir, out_dir, config, spec, emit)
     except AitbcError:
         raise
@@ -134,6 +137,31 @@ def _recompute(request: dict[str, Any], task: BoundTask, job_dir: Path, out_dir:
     finally:
         torch.set_num_threads(before)
     return {"event": "done", "recomputed": sorted(int(p.stem) for p in directory.iterdir())}
+
+
+def _reexecute(request: dict[str, Any], task: BoundTask, job_dir: Path, out_dir: Path, config: JobConfig,
+               spec: ModelSpec) -> dict[str, Any]:
+    """A verifier's work: train ``segment`` again from the start state staged in ``job_dir``, as many threads
+    as the job trained with, and leave the end state in ``out_dir/TRAJECTORY_DIR``. Compares nothing: the
+    coordinator does, with the hashes this returns. A ``problem`` says why the segment could not be replayed."""
+    commitment = TrajectoryCommitment.model_validate(request["commitment"])
+    segment = int(request["segment"])
+    data = load_shard(job_dir)
+    directory = out_dir / TRAJECTORY_DIR
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    start = (job_dir / boundary_name(segment)).read_bytes()
+    before = torch.get_num_threads()
+    torch.set_num_threads(commitment.threads)
+    try:
+        again = reexecute_segment(task, spec, data, config, int(request["seed"]), commitment, segment, start,
+                                  device=training_device(str(request.get("device", "auto"))))
+    finally:
+        torch.set_num_threads(before)
+    if again.problem is not None:
+        return {"event": "done", "problem": again.problem[:256], "contradicts": again.contradicts}
+    (directory / boundary_name(segment + 1)).write_bytes(again.end)
+    return {"event": "done", "state_hash": again.state_hash, "model_hash": again.model_hash}
 
 
 def write_checkpoint(state: dict[str, torch.Tensor], reference: dict[str, torch.Tensor], job_dir: Path,

@@ -134,6 +134,15 @@ class FaultPolicy(Record):
     reexec_tolerance: float = Field(default=0.05, ge=0.0, description=(
         "a re-executed segment may end this far (relative to the segment's own change) from the committed end "
         "state when the two devices differ; on equal CPUs the states must be equal bit for bit"))
+    verify_on: Literal["coordinator", "market"] = Field(default="coordinator", description=(
+        "who re-executes a spot check's segments: the coordinator's CPU, or verifiers hired among the training's "
+        "other workers of the checked worker's device class (the coordinator re-executes only a disputed segment, "
+        "and falls back to its own check when no verifier is eligible)"))
+    verify_timeout_s: float = Field(default=120.0, gt=0.0, description=(
+        "seconds a verifier has to fetch the inputs, re-execute one segment and report"))
+    canary_rate: float = Field(default=0.2, ge=0.0, le=1.0, description=(
+        "share of verifications sent as canaries (a perturbed start whose true end cannot be the committed one): "
+        "a verifier that reports the committed end for one is lazy, and slashed"))
 
 
 class ElasticPolicy(Record):

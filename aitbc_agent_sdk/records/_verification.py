@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from ._base import Address, Cid, Finite, Id, Record
+from ._jobs import JobAssignment
 from ._market import DeviceClass
 
 MAX_SEGMENTS = 1024  # committed segments in one job: 1025 boundary hashes, about 200 KB of metadata
@@ -94,6 +95,53 @@ class TrajectoryOpening(Record):
     round: int = Field(ge=1)
     states: tuple[BoundaryState, ...] = Field(max_length=2 * MAX_CHECKED_SEGMENTS, description=(
         "none: the worker has nothing to open (it answers at once rather than let the check time out)"))
+
+
+class VerifyRequest(Record):
+    """The coordinator hires a verifier (another worker of the training, of the checked worker's device class)
+    to train one segment of a committed trajectory again from its opened start state.
+
+    ``job`` is the checked job re-addressed to the verifier: its own contract, and the dataset's key wrapped
+    for it. ``commitment`` is the checked worker's, except that boundary ``segment``'s state hash is that of
+    ``start_cid`` (a canary's start is a perturbed state: the verifier cannot tell it from a real check)."""
+
+    request_id: Id  # names the answer; unknown to the checked worker until it is sent
+    job: JobAssignment
+    commitment: TrajectoryCommitment
+    segment: int = Field(ge=0, lt=MAX_SEGMENTS)
+    start_cid: Cid
+    start_bytes: int = Field(ge=1, le=1 << 40, description="the start state's exact size: fetched no further")
+    deadline_s: Finite = Field(gt=0.0)
+
+    @model_validator(mode="after")
+    def _within(self) -> VerifyRequest:
+        if self.segment >= self.commitment.segments:
+            raise ValueError(f"segment {self.segment} outside the commitment's {self.commitment.segments}")
+        return self
+
+
+class VerifyReport(Record):
+    """A verifier's answer: the state its re-execution of the segment ended in, uploaded (``end_cid``) and
+    hashed, and the result digest over ``end_cid`` signed with its key (slashing evidence should it lie).
+    ``problem`` instead: it could not re-execute (then nothing else is set)."""
+
+    request_id: Id
+    training_id: Id
+    verifier_id: Address
+    round: int = Field(ge=1)
+    segment: int = Field(ge=0, lt=MAX_SEGMENTS)
+    end_cid: Cid | None = None
+    state_hash: Sha256 | None = None
+    model_hash: Sha256 | None = None
+    signature: str | None = Field(default=None, pattern=r"^0x[0-9a-fA-F]{130}$")
+    problem: str | None = Field(default=None, max_length=256)
+
+    @model_validator(mode="after")
+    def _answered(self) -> VerifyReport:
+        ended = (self.end_cid, self.state_hash, self.model_hash, self.signature)
+        if (self.problem is None) != all(v is not None for v in ended):
+            raise ValueError("a report carries an end state (cid, hashes, signature) or a problem, not both")
+        return self
 
 
 class HardwareChallenge(Record):

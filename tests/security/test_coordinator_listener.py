@@ -65,3 +65,32 @@ async def test_one_poisoned_result_neither_breaks_the_store_nor_stops_the_listen
         assert stored == {(jobs[1].job_id, CID), (jobs[2].job_id, CID)}
         assert await db.checkpoint(jobs[1].job_id) == (judged, "accepted")
         assert await db.checkpoints("training_someone_else", None) == []
+
+
+async def test_only_the_hired_verifiers_report_of_this_training_reaches_its_verification(tmp_path, mosquitto):
+    """Issue #29: a verification report is attacker input like any other. A stranger's report in the
+    verifier's name, a report for another training or for a request nobody made is ignored."""
+    from aitbc_agent_sdk.records import VerifyReport
+
+    verifier, stranger = Account.create(), Account.create()
+    async with AsyncExitStack() as exits:
+        db = await exits.enter_async_context(TrainingDatabase(tmp_path / "coordinator.db"))
+        buses = [await exits.enter_async_context(MqttBus("127.0.0.1", mosquitto.port, client_id=new_id(name),
+                                                         persistent=False)) for name in ("coord", "v", "s")]
+        listener = TrainingListener(SignedChannel(buses[0], Account.create()), db, TID)
+        await listener.start()
+        exits.push_async_callback(listener.stop)
+        waiting = listener.expect_report("v1", verifier.address)
+
+        def report(request_id: str = "v1", **fields) -> VerifyReport:
+            values = dict(request_id=request_id, training_id=TID, verifier_id=verifier.address, round=1, segment=0,
+                          end_cid=CID, state_hash="a" * 64, model_hash="b" * 64, signature="0x" + "11" * 65)
+            return VerifyReport.model_construct(**(values | fields))
+        impostor, honest = SignedChannel(buses[2], stranger), SignedChannel(buses[1], verifier)
+        await impostor.publish(topics.verified(TID), report(state_hash="c" * 64))  # in the verifier's name
+        await honest.publish(topics.verified(TID), report(training_id="training_someone_else"))
+        await honest.publish(topics.verified(TID), report("v2"))  # nobody asked
+        await honest.publish(topics.verified(TID), report())
+        async with asyncio.timeout(WAIT_S):
+            got = await waiting
+        assert got.state_hash == "a" * 64 and got.training_id == TID

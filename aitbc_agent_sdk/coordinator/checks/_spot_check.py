@@ -52,6 +52,7 @@ from .._listener import TrainingListener
 from .._logbook import AuditSink
 from ..round._round_times import RoundTimes
 from .._training_db import TrainingDatabase
+from ._market_verification import MarketVerifiers
 from ._work_checks import (
     PASS, WorkVerdict, bounded, check_crashed, pick_segments, reexecution_verdict, unverifiable,
 )
@@ -73,7 +74,20 @@ def opening_deadline_s(floor_s: float, step_s: float, recompute_steps: int, slac
     return floor_s + slack * step_s * recompute_steps
 
 
+def boundary_limit(checkpoint_limit: int) -> int:
+    """Optimizer moments are about twice the model: four times its size bounds any boundary file."""
+    return 4 * checkpoint_limit + BOUNDARY_SLACK
+
+
 UNDECIDED = Comparison(exact=True, tolerance=0.0, source="undecided: the check failed before it compared")
+
+
+@dataclass
+class Spent:
+    """What one check cost beyond the worker's opening: seconds re-executing here, verifiers' reports taken."""
+
+    local_seconds: float = 0.0
+    verifiers: int = 0
 
 
 @dataclass(frozen=True)
@@ -109,7 +123,7 @@ class SpotChecker:
     def __init__(self, inputs: RoundInputs, audit: AuditSink, *, db: TrainingDatabase, store: ContentStore,
                  data: DatasetStore, channel: SignedChannel, listener: TrainingListener, round_times: RoundTimes,
                  turn: asyncio.Semaphore, rng: random.Random | None = None,
-                 tolerances: ToleranceTable | None = None) -> None:
+                 tolerances: ToleranceTable | None = None, market: MarketVerifiers | None = None) -> None:
         self.db, self.store, self.data, self.channel = db, store, data, channel
         self.listener = listener  # the round's own: challenges' openings arrive on it
         self.round_times = round_times
@@ -119,8 +133,8 @@ class SpotChecker:
         self.rng = rng or random.SystemRandom()
         self.policy = inputs.policy
         self.tolerances = tolerances if tolerances is not None else shipped_tolerances()
-        # Optimizer moments are about twice the model: four times its size bounds any boundary file.
-        self.max_bytes = 4 * inputs.checkpoint_limit + BOUNDARY_SLACK
+        self.market = market  # verifiers re-execute; None: this coordinator does
+        self.max_bytes = boundary_limit(inputs.checkpoint_limit)
 
     async def check(self, job: JobAssignment, shard: Shard, commitment: TrajectoryCommitment,
                     checks: int) -> SpotCheck:
@@ -128,8 +142,10 @@ class SpotChecker:
         cids: dict[str, str] = {}
         started = time.perf_counter()
         comparison = UNDECIDED
+        spent = Spent()
         try:
-            comparison = await self._comparison(job, commitment)
+            device_class = await self._device_class(job)
+            comparison = self._comparison(commitment, device_class)
             opened = await self._open(job, segments, await self._opening_timeout(job, shard, commitment, segments))
             started = time.perf_counter()
             if isinstance(opened, WorkVerdict):
@@ -139,25 +155,30 @@ class SpotChecker:
                 # One check at a time, one segment at a time: the coordinator holds two opened states (each up
                 # to four models) whatever the number of workers checked or segments drawn.
                 async with self.turn:
-                    verdict = await self._reexecute(job, shard, commitment, segments, opened, comparison)
+                    verdict = await self._reexecute(job, shard, commitment, segments, opened, comparison,
+                                                    device_class, spent)
         except Exception as exc:  # fail closed: an error is a verdict, never a pass (cancelling still works)
             log.warning("spot check of job %s could not run", job.job_id, exc_info=True)
             verdict = check_crashed(exc)
         verdict = bounded(verdict)
-        seconds = time.perf_counter() - started
+        # Re-executing here is the verification's cost to the customer: all of it, or only the refereed segments.
+        seconds = time.perf_counter() - started if self.market is None else spent.local_seconds
         # The evidence trail: which segments, and the verdict (the opened states are in the store by CID).
         await self.audit.append("spot_check", worker=job.worker_id, job_id=job.job_id, round=job.round,
                                 segments=list(segments), passed=verdict.problem is None, reason=verdict.problem,
                                 slashable=verdict.slashable, opened=cids, seconds=round(seconds, 3),
                                 exact=comparison.exact, tolerance=comparison.tolerance,
-                                tolerance_source=comparison.source)
+                                tolerance_source=comparison.source, verifiers=spent.verifiers)
         return SpotCheck(verdict, segments, seconds)
 
-    async def _comparison(self, job: JobAssignment, commitment: TrajectoryCommitment) -> Comparison:
-        """Bit for bit or within which tolerance, by the device class the worker was hired as (its contract),
-        never by what its result claims; re-executed here, on the coordinator's CPU."""
+    async def _device_class(self, job: JobAssignment) -> str:
+        """The device class the worker was hired as (its contract), never what its result claims."""
         hired = [c for c in await self.db.contracts(job.training_id) if c.worker_id == job.worker_id]
-        device_class = hired[-1].device_class if hired else UNCONFIRMED_CLASS
+        return hired[-1].device_class if hired else UNCONFIRMED_CLASS
+
+    def _comparison(self, commitment: TrajectoryCommitment, device_class: str) -> Comparison:
+        """Bit for bit or within which tolerance, by the device class the worker was hired as; re-executed on a
+        CPU (the coordinator's, or a verifier's of a CPU class)."""
         return comparison_for(self.tolerances, device_class=device_class, committed_device=commitment.device,
                               precision=precision_of(commitment.device, getattr(self.inputs.task.task, "bf16", True)),
                               reference="cpu", default=self.policy.reexec_tolerance)
@@ -205,7 +226,8 @@ class SpotChecker:
         return blobs
 
     async def _reexecute(self, job: JobAssignment, shard: Shard, commitment: TrajectoryCommitment,
-                         segments: tuple[int, ...], opened: Mapping[int, str], comparison: Comparison) -> WorkVerdict:
+                         segments: tuple[int, ...], opened: Mapping[int, str], comparison: Comparison,
+                         device_class: str, spent: Spent) -> WorkVerdict:
         """Each drawn segment in turn: fetch its opened start and end, check them against the commitment and
         the task, re-execute, compare; then let them go. A proven contradiction ends the check at once; any
         other problem of a re-execution is kept while the remaining segments may still prove one."""
@@ -227,9 +249,22 @@ class SpotChecker:
             if unfit:
                 boundary, problem = next(iter(unfit.items()))
                 return unverifiable(f"opened boundary {boundary} is not a state of this task: {problem}")
-            again = await asyncio.to_thread(
-                reexecute_with_threads, commitment.threads, self.inputs.task, job.model, data, job.config,
-                job.seed, commitment, {segment: blobs[segment]})
+            async def here(start: bytes = blobs[segment], segment: int = segment) -> Reexecution:
+                again = await asyncio.to_thread(
+                    reexecute_with_threads, commitment.threads, self.inputs.task, job.model, data, job.config,
+                    job.seed, commitment, {segment: start})
+                return again[segment]
+            if self.market is None:
+                again = {segment: await here()}
+            else:
+                found = await self.market.verify(job, commitment, segment, blobs, opened[segment], comparison,
+                                                 device_class, here)
+                spent.local_seconds += found.local_seconds
+                spent.verifiers += found.verifiers
+                if found.agreed:
+                    continue
+                assert found.referee is not None
+                again = {segment: found.referee}
             verdict = await self._compare(commitment, (segment,), blobs, again, comparison)
             if verdict.slashable:
                 return verdict

@@ -11,6 +11,7 @@ same seed, so a recovered round computes what a clean one would have.
 from __future__ import annotations
 
 import asyncio
+import random
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection
@@ -22,7 +23,8 @@ from ...records import CheckpointRef, JobAssignment, Progress, TrainingPhase, Tr
 from ...storage import ContentStore
 from ...aggregate._strategies import strategy_for_round
 from ..checks._arrival import Arrival, arrival_checks, check_arrival
-from ..checks._spot_check import SpotChecker
+from ..checks._market_verification import MarketVerifiers
+from ..checks._spot_check import SpotChecker, boundary_limit
 from ..data._datasets import DatasetStore
 from .._listener import TrainingListener
 from ..money._money import EscrowSteps
@@ -102,7 +104,7 @@ class RoundRunner:
         self.listener = self.ports.listener
         checker = SpotChecker(self.inputs, self.audit, db=self.ports.db, store=self.ports.store, data=self.ports.data,
                               channel=self.ports.channel, listener=self.listener, round_times=self.ports.round_times,
-                              turn=self.ports.spot_check_turn)
+                              turn=self.ports.spot_check_turn, market=self._verifiers())
         self.work = await asyncio.to_thread(RoundWork, self.inputs, data=self.ports.data, checker=checker)
         self.checks = arrival_checks(self.ports.escrow, self.inputs, self.work, self.first_published)
         self.started = time.monotonic()
@@ -337,6 +339,15 @@ class RoundRunner:
     async def _cancel(self, slot: ShardSlot, job: JobAssignment, reason: str) -> None:
         del slot.jobs[job.job_id]
         await self.reassign.cancel_job(job.worker_id, job.job_id, reason)
+
+    def _verifiers(self) -> MarketVerifiers | None:
+        """Verifiers hired among the round's workers, when the training's policy asks for them."""
+        if self.policy.verify_on != "market":
+            return None
+        return MarketVerifiers(db=self.ports.db, store=self.ports.store, channel=self.ports.channel,
+                               listener=self.listener, audit=self.audit, slash=self.reassign.slash,
+                               timeout_s=self.policy.verify_timeout_s, canary_rate=self.policy.canary_rate,
+                               state_limit=boundary_limit(self.inputs.checkpoint_limit), rng=random.SystemRandom())
 
     # -- the round's norm check and aggregation --------------------------------------------
     async def _judge_norms(self) -> None:

@@ -1,0 +1,225 @@
+"""Spot checks re-executed by verifiers on the market rather than on the coordinator's CPU.
+
+For each drawn segment the coordinator hires a verifier at random among the training's other workers of the
+checked worker's device class (its contract's, confirmed at hiring), unknown to the worker until then. The
+verifier fetches the opened start state, trains the segment again and reports the end state, uploaded and
+signed. When its end agrees with the committed one (bit for bit on a CPU, within the class's tolerance on a
+GPU) the segment passes and the coordinator trained nothing. When they disagree, or the verifier does not
+answer, the coordinator re-executes that segment itself as the referee: the party its replay shows wrong is
+the one that pays (the worker by the spot check's slashable verdict, the verifier by its signed report).
+
+Canaries keep verifiers honest about the agreements nobody disputes: at a secret rate the coordinator also
+sends the verifier a perturbed copy of the start state, whose true end cannot be the committed one. A
+verifier that reports the committed end for it did not train: it is slashed, and its other report that
+round counts for nothing. Its requests look alike (a request id, a start CID, a commitment whose start hash
+is that of the state sent), so it cannot tell which to skip without comparing against the worker's public
+commitment; one that does so and copies the committed end on real checks approves skipped work until a
+dispute or the coordinator's own check catches the worker (see docs/threat-model.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+
+from ...errors import AitbcError
+from ...messaging import SignedChannel, topics
+from ...proof._tolerances import Comparison
+from ...proof._trajectory import boundary_hashes
+from ...records import JobAssignment, TrajectoryCommitment, VerifyReport, VerifyRequest
+from ...storage import ContentStore
+from ...tasks._trajectory_replay import Reexecution, relative_distance
+from ...wire._checkpoint import decode_metadata, decode_state, encode_state
+from .._listener import TrainingListener
+from .._logbook import AuditSink
+from .._training_db import TrainingDatabase
+
+log = logging.getLogger(__name__)
+
+Slash = Callable[[str, str, str, int], Awaitable[None]]  # worker, cid, signature, round
+Referee = Callable[[], Awaitable[Reexecution]]  # the coordinator's own replay of the segment
+CANARY_NOISE = 0.05  # relative: far beyond any segment's honest drift, well inside a state the task can be in
+
+
+@dataclass(frozen=True)
+class SegmentVerdict:
+    """What verification of one segment found about the worker: ``agreed`` (a verifier's end matched the
+    committed one), else the referee's replay to compare; and the coordinator's seconds spent on it."""
+
+    agreed: bool
+    referee: Reexecution | None
+    local_seconds: float
+    verifiers: int  # reports taken (real checks and canaries)
+
+
+def perturbed_state(blob: bytes, rng: random.Random, noise: float = CANARY_NOISE) -> bytes:
+    """A canary's start: the boundary state ``blob`` with every floating model tensor moved by ``noise``
+    of its own scale (the optimizer's state and the metadata as they were)."""
+    metadata = decode_metadata(blob)
+    generator = torch.Generator().manual_seed(rng.getrandbits(63))
+    tensors = {}
+    for key, tensor in decode_state(blob).items():
+        if key.startswith("model/") and tensor.is_floating_point() and tensor.numel():
+            scale = float(tensor.detach().abs().mean()) or 1.0
+            tensor = tensor + noise * scale * torch.randn(tensor.shape, generator=generator).to(tensor.dtype)
+        tensors[key] = tensor.contiguous()
+    return encode_state(tensors, metadata)
+
+
+def model_of(blob: bytes) -> dict[str, torch.Tensor]:
+    return {k.removeprefix("model/"): v for k, v in decode_state(blob).items() if k.startswith("model/")}
+
+
+def ends_agree(exact: bool, tolerance: float, state_hash: str, ended: Mapping[str, torch.Tensor] | None,
+               other_hash: str, other: Mapping[str, torch.Tensor] | None, start: Mapping[str, torch.Tensor]) -> bool:
+    """Two re-executions of a segment agree: equal state hashes; or, where the class is not compared bit for
+    bit, ends within ``tolerance`` of each other relative to the segment's change from ``start``."""
+    if state_hash == other_hash:
+        return True
+    if exact or ended is None or other is None:
+        return False
+    try:
+        return relative_distance(ended, other, start) <= tolerance
+    except ValueError:  # not the same tensors at all
+        return False
+
+
+class MarketVerifiers:
+    """Hires, asks and judges verifiers for one round's spot checks."""
+
+    def __init__(self, *, db: TrainingDatabase, store: ContentStore, channel: SignedChannel,
+                 listener: TrainingListener, audit: AuditSink, slash: Slash, timeout_s: float, canary_rate: float,
+                 state_limit: int, rng: random.Random) -> None:
+        self.db, self.store, self.channel, self.listener, self.audit = db, store, channel, listener, audit
+        self.slash = slash
+        self.timeout_s, self.canary_rate, self.state_limit = timeout_s, canary_rate, state_limit
+        self.rng = rng
+        self.caught: set[str] = set()  # verifiers shown wrong this round: never asked again
+
+    async def pick(self, job: JobAssignment, device_class: str) -> JobAssignment | None:
+        """A verifier's own job this round (its contract and wrapped key), drawn at random among the other
+        workers hired as ``device_class``; None when there is none."""
+        classes = {c.worker_id: c.device_class for c in await self.db.contracts(job.training_id)}
+        latest: dict[str, JobAssignment] = {}
+        for other in await self.db.jobs(job.training_id, job.round):
+            latest[other.worker_id] = other
+        eligible = sorted((w for w, own in latest.items() if w != job.worker_id and w not in self.caught
+                           and classes.get(w) == device_class), key=str)
+        return latest[self.rng.choice(eligible)] if eligible else None
+
+    async def verify(self, job: JobAssignment, commitment: TrajectoryCommitment, segment: int,
+                     blobs: Mapping[int, bytes], start_cid: str, comparison: Comparison, device_class: str,
+                     referee: Referee) -> SegmentVerdict:
+        verifier = await self.pick(job, device_class)
+        if verifier is None:
+            return await self._refereed(job, segment, None, "no eligible verifier: re-executed here", referee, 0)
+        start, end = blobs[segment], blobs[segment + 1]
+        real = asyncio.create_task(self._ask(verifier, job, commitment, segment, start_cid, len(start), None))
+        canary = None
+        if self.rng.random() < self.canary_rate:
+            canary = asyncio.create_task(self._canary(verifier, job, commitment, segment, start))
+        report = await real
+        asked = 1 + (canary is not None)
+        if canary is not None and await canary:
+            report = None  # a lazy verifier's agreement proves nothing
+        ended = None
+        if report is not None and report.problem is None and not comparison.exact:
+            ended = await self._ended(report)  # compared within a tolerance: its end state itself
+            if ended is None:
+                report = report.model_copy(update={"problem": "its end state could not be fetched or hashed"})
+        if report is None or report.problem is not None:
+            why = "no answer" if report is None else f"could not re-execute ({report.problem})"
+            return await self._refereed(job, segment, None, f"verifier {verifier.worker_id}: {why}", referee, asked)
+        assert report.state_hash is not None
+        start_model = model_of(start)
+        committed = None if comparison.exact else model_of(end)
+        if ends_agree(comparison.exact, comparison.tolerance, report.state_hash, ended,
+                      commitment.state_hashes[segment + 1], committed, start_model):
+            await self.audit.append("verification", worker=job.worker_id, job_id=job.job_id, round=job.round,
+                                    segment=segment, verifier=report.verifier_id, outcome="agreed",
+                                    end_cid=report.end_cid)
+            return SegmentVerdict(True, None, 0.0, asked)
+        found = await self._refereed(job, segment, report, "disputed: re-executed here as the referee", referee, asked)
+        again = found.referee
+        if again is not None and again.problem is None and not ends_agree(
+                comparison.exact, comparison.tolerance, report.state_hash, ended, again.state_hash, again.model,
+                start_model):
+            await self._punish(report, job.round, "its re-execution disagrees with the referee's")
+        return found
+
+    async def _refereed(self, job: JobAssignment, segment: int, report: VerifyReport | None, why: str,
+                        referee: Referee, asked: int) -> SegmentVerdict:
+        started = time.perf_counter()
+        again = await referee()
+        seconds = time.perf_counter() - started
+        await self.audit.append("verification", worker=job.worker_id, job_id=job.job_id, round=job.round,
+                                segment=segment, verifier=report.verifier_id if report else None, outcome="refereed",
+                                reason=why, seconds=round(seconds, 3))
+        return SegmentVerdict(False, again, seconds, asked)
+
+    async def _ask(self, verifier: JobAssignment, job: JobAssignment, commitment: TrajectoryCommitment, segment: int,
+                   start_cid: str, start_bytes: int, canary_hash: str | None) -> VerifyReport | None:
+        """One request to ``verifier`` and its report; None when it does not answer in time. A canary waits
+        behind the real check on the verifier's slot: it gets twice the time."""
+        timeout = self.timeout_s * (1 if canary_hash is None else 2)
+        request_id = "v" + secrets.token_hex(12)
+        hashes = list(commitment.state_hashes)
+        if canary_hash is not None:
+            hashes[segment] = canary_hash
+        request = VerifyRequest(
+            request_id=request_id, segment=segment, start_cid=start_cid, start_bytes=start_bytes,
+            deadline_s=timeout, commitment=commitment.model_copy(update={"state_hashes": tuple(hashes)}),
+            job=job.model_copy(update={"job_id": request_id, "worker_id": verifier.worker_id,
+                                       "contract_id": verifier.contract_id, "data_key": verifier.data_key}))
+        waiting = self.listener.expect_report(request_id, verifier.worker_id)
+        try:
+            await self.channel.publish(topics.verify(verifier.worker_id), request)
+            return await asyncio.wait_for(waiting, timeout + 5.0)
+        except (TimeoutError, AitbcError) as exc:
+            self.listener.forget_report(request_id)
+            log.info("verifier %s did not report %s: %s", verifier.worker_id, request_id, exc)
+            return None
+
+    async def _canary(self, verifier: JobAssignment, job: JobAssignment, commitment: TrajectoryCommitment,
+                      segment: int, start: bytes) -> bool:
+        """Send a perturbed start; True when the verifier reports the committed end for it (it did not train)."""
+        blob = await asyncio.to_thread(perturbed_state, start, self.rng)
+        canary_hash = (await asyncio.to_thread(boundary_hashes, blob))[1]
+        cid = await self.store.add(blob)
+        report = await self._ask(verifier, job, commitment, segment, cid, len(blob), canary_hash)
+        lazy = report is not None and report.problem is None and (
+            report.state_hash == commitment.state_hashes[segment + 1]
+            or report.model_hash == commitment.model_hashes[segment + 1])
+        await self.audit.append("canary", worker=verifier.worker_id, round=job.round, segment=segment,
+                                answered=report is not None, passed=not lazy)
+        if lazy and report is not None:
+            await self._punish(report, job.round, "it reported the committed end for a canary it cannot reach")
+        return lazy
+
+    async def _ended(self, report: VerifyReport) -> dict[str, torch.Tensor] | None:
+        """The verifier's end model, once its state hashes as the report says; None when it does not."""
+        try:
+            assert report.end_cid is not None
+            blob = await asyncio.wait_for(self.store.cat(report.end_cid, max_bytes=self.state_limit), self.timeout_s)
+            hashes = await asyncio.to_thread(boundary_hashes, blob)
+        except Exception as exc:  # missing, too big, malformed: its report proves nothing
+            log.info("verifier %s's end state unusable: %s", report.verifier_id, exc)
+            return None
+        if hashes != (report.model_hash, report.state_hash):
+            return None
+        return model_of(blob)
+
+    async def _punish(self, report: VerifyReport, round: int, why: str) -> None:
+        self.caught.add(report.verifier_id)
+        await self.audit.append("verifier_wrong", worker=report.verifier_id, request_id=report.request_id,
+                                round=round, reason=why, evidence=report.end_cid)
+        await self.db.save_strike(report.training_id, report.verifier_id, report.request_id, f"verifier: {why}")
+        assert report.end_cid is not None and report.signature is not None
+        await self.slash(report.verifier_id, report.end_cid, report.signature, round)

@@ -1,0 +1,142 @@
+"""Spot checks re-executed by verifiers hired among the training's workers (issue #29), on the embedded stack.
+
+The lying verifiers are the chaos suite's (scripts/chaos/verifiers.py); their real-process rows, on
+mosquitto, anvil and js-ipfs, are in tests/test_chaos.py.
+"""
+
+import pytest
+
+from aitbc_agent_sdk import Agent, AgentConfig, JobConfig, TrainingPhase, TrainingSpec
+from aitbc_agent_sdk.chain import training_key
+from aitbc_agent_sdk.records import FaultPolicy
+from aitbc_agent_sdk._stack import EMBEDDED_STAKE
+from scripts.chaos.lazy import LAZY
+from scripts.chaos.verifiers import HostileVerifier, LazyVerifier
+from tests.test_fault_tolerance import events, join_market, warm
+
+
+def market_spec(canary_rate: float, workers: int = 4) -> TrainingSpec:
+    faults = FaultPolicy(heartbeat_timeout_s=2.0, ping_timeout_s=1.0, verify_on="market", canary_rate=canary_rate,
+                         spot_checks=2)
+    return TrainingSpec(model_type="mlp", target_workers=workers, rounds=1, spare_workers=0, seed=3, faults=faults,
+                        job=JobConfig(batch_size=32, learning_rate=1e-2, epochs=1))
+
+
+async def paid(agent: Agent, training_id: str) -> dict[str, int]:
+    totals: dict[str, int] = {}
+    for e in await agent.stack.escrow.events(training_key(agent.stack.account.address, training_id)):
+        if e.name == "Released":
+            totals[e.args["worker"]] = totals.get(e.args["worker"], 0) + int(e.args["amount"])
+    return totals
+
+
+async def test_verifiers_on_the_market_re_execute_every_check_and_the_coordinator_none(aitbc_home):
+    async with Agent(AgentConfig(home=aitbc_home, providers=3)) as agent:
+        report = await agent.run_distributed_training(market_spec(canary_rate=0.5, workers=3))
+        log = events(agent, report.training_id)
+        wages = await paid(agent, report.training_id)
+    assert report.status == TrainingPhase.COMPLETE
+    assert not [e for e in log if e["event"] in ("result_rejected", "slashed", "verifier_wrong", "worker_replaced")]
+    verified = [e for e in log if e["event"] == "verification"]
+    assert len(verified) == 6  # 3 results x 2 segments, each re-executed by another worker, agreeing
+    assert all(e["outcome"] == "agreed" and e["verifier"] not in (None, e["worker"]) for e in verified)
+    assert all(e["passed"] for e in [e for e in log if e["event"] == "canary"])
+    checks = [e for e in log if e["event"] == "spot_check"]
+    assert len(checks) == 3 and all(e["passed"] and e["seconds"] == 0 and e["verifiers"] >= 2 for e in checks)
+    assert report.verification is not None and report.verification.coordinator_seconds == 0
+    assert wages == {w.address: w.price_wei for w in report.workers if w.role == "worker"}
+
+
+async def test_a_hostile_verifier_loses_to_the_referee_and_is_slashed_while_the_worker_is_paid(aitbc_home):
+    async with Agent(AgentConfig(home=aitbc_home, providers=3)) as agent:
+        hostile = await join_market(agent, HostileVerifier)
+        async with hostile:
+            await warm(hostile)
+            report = await agent.run_distributed_training(market_spec(canary_rate=0.0))
+        log = events(agent, report.training_id)
+        wages = await paid(agent, report.training_id)
+        state = await agent.stack.registry.provider(hostile.address)
+    assert report.status == TrainingPhase.COMPLETE
+    assert not [e for e in log if e["event"] == "result_rejected"]  # the work it disputed was honest
+    assert {e["worker"] for e in log if e["event"] == "verifier_wrong"} == {hostile.address}
+    assert [e["worker"] for e in log if e["event"] == "slashed"] == [hostile.address]
+    assert state.slashes == 1 and state.stake < EMBEDDED_STAKE
+    refereed = [e for e in log if e["event"] == "verification" and e["outcome"] == "refereed"]
+    assert refereed and all(e["verifier"] == hostile.address for e in refereed)
+    # every worker, the hostile verifier too, trained honestly and is paid for it
+    assert wages == {w.address: w.price_wei for w in report.workers if w.role == "worker"}
+
+
+async def test_a_lazy_verifier_is_caught_by_a_canary_and_slashed(aitbc_home):
+    async with Agent(AgentConfig(home=aitbc_home, providers=3)) as agent:
+        lazy = await join_market(agent, LazyVerifier)
+        async with lazy:
+            await warm(lazy)
+            report = await agent.run_distributed_training(market_spec(canary_rate=1.0))
+        log = events(agent, report.training_id)
+        state = await agent.stack.registry.provider(lazy.address)
+    assert report.status == TrainingPhase.COMPLETE
+    assert getattr(lazy, "lazy_reports", 0) > 0
+    failed = [e for e in log if e["event"] == "canary" and not e["passed"]]
+    assert failed and {e["worker"] for e in failed} == {lazy.address}
+    assert [e["worker"] for e in log if e["event"] == "slashed"] == [lazy.address]
+    assert state.slashes == 1
+    assert not [e for e in log if e["event"] == "result_rejected"]
+
+
+async def test_a_worker_that_skipped_steps_is_caught_by_a_verifier_and_slashed_on_the_referees_word(aitbc_home):
+    async with Agent(AgentConfig(home=aitbc_home, providers=4)) as agent:
+        cheat = await join_market(agent, LAZY["lazy"])
+        async with cheat:
+            await warm(cheat)
+            report = await agent.run_distributed_training(market_spec(canary_rate=0.0).model_copy(
+                update={"spare_workers": 1}))
+        log = events(agent, report.training_id)
+        state = await agent.stack.registry.provider(cheat.address)
+    assert report.status == TrainingPhase.COMPLETE
+    rejected = [e for e in log if e["event"] == "result_rejected"]
+    assert [e["worker"] for e in rejected] == [cheat.address] and "spot check: segment" in rejected[0]["reason"]
+    disputed = [e for e in log if e["event"] == "verification" and e["worker"] == cheat.address]
+    assert disputed and disputed[0]["outcome"] == "refereed" and disputed[0]["verifier"] is not None
+    assert not [e for e in log if e["event"] == "verifier_wrong"]  # the verifier was right
+    assert state.slashes == 1
+
+
+def test_reports_and_requests_hold_what_they_claim():
+    from pydantic import ValidationError
+
+    from aitbc_agent_sdk.records import VerifyReport
+
+    base = dict(request_id="v1", training_id="training_x", verifier_id="0x" + "1" * 40, round=1, segment=0)
+    ended = dict(end_cid="bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy", state_hash="a" * 64,
+                 model_hash="b" * 64, signature="0x" + "11" * 65)
+    assert VerifyReport(**base, **ended).problem is None
+    assert VerifyReport(**base, problem="could not").end_cid is None
+    for bad in ({**ended, "problem": "both"}, {k: v for k, v in ended.items() if k != "signature"}, {}):
+        with pytest.raises(ValidationError):
+            VerifyReport(**base, **bad)
+
+
+def test_a_canary_start_is_a_different_state_of_the_same_shape_and_ends_compare_by_class():
+    import random
+
+    import torch
+
+    from aitbc_agent_sdk.coordinator.checks._market_verification import ends_agree, model_of, perturbed_state
+    from aitbc_agent_sdk.proof._trajectory import boundary_hashes, encode_boundary
+
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.AdamW(model.parameters())
+    blob = encode_boundary(model, optimizer, None)
+    canary = perturbed_state(blob, random.Random(1))
+    assert boundary_hashes(canary) != boundary_hashes(blob)
+    before, after = model_of(blob), model_of(canary)
+    assert before.keys() == after.keys() and all(before[k].shape == after[k].shape for k in before)
+    moved = {k: v + 1.0 for k, v in before.items()}
+    near = {k: v + 1.0 + 1e-4 for k, v in before.items()}
+    # bit for bit: only equal hashes agree; within a tolerance: ends close relative to the segment's change
+    assert ends_agree(True, 0.0, "a", moved, "a", near, before)
+    assert not ends_agree(True, 0.05, "a", moved, "b", near, before)
+    assert ends_agree(False, 0.05, "a", moved, "b", near, before)
+    assert not ends_agree(False, 0.05, "a", moved, "b", after, before)
+    assert not ends_agree(False, 0.05, "a", None, "b", near, before)
