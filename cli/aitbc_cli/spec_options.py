@@ -28,7 +28,8 @@ from .training_options import (
     FetchTimeoutOption, FirstRoundDeadlineOption, LrOption, MinDeadlineOption, MinRoundTimeoutOption,
     MinStakeOption, ModelType, ModelTypeOption, OpeningTimeoutOption, OuterLrOption, OuterMomentumOption,
     OuterOption, PartitionOption, PingTimeoutOption, ResendTimeoutOption, RoundsOption, RoundTimeoutOption,
-    SeedOption, SpotChecksOption, TargetOption, TargetWorkersOption, UpdateEncodingOption, VocabSizeOption,
+    SeedOption, SpotChecksOption, TargetOption, TargetWorkersOption, UpdateEncodingOption, VerifyOnOption,
+    VerifyTimeoutOption, CanaryRateOption, VocabSizeOption,
 )
 
 
@@ -72,6 +73,9 @@ class TrainingOptions:
     resend_timeout: ResendTimeoutOption = FAULTS["resend_timeout_s"].default
     spot_checks: SpotChecksOption = FAULTS["spot_checks"].default
     opening_timeout: OpeningTimeoutOption = FAULTS["opening_timeout_s"].default
+    verify_on: VerifyOnOption = FAULTS["verify_on"].default
+    verify_timeout: VerifyTimeoutOption = FAULTS["verify_timeout_s"].default
+    canary_rate: CanaryRateOption = FAULTS["canary_rate"].default
     target_throughput: TargetThroughputOption = None
     min_workers: MinWorkersOption = 1
     max_workers: MaxWorkersOption = 64
@@ -97,7 +101,8 @@ class TrainingOptions:
                 min_deadline_s=self.min_deadline, round_timeout_s=self.round_timeout,
                 min_round_timeout_s=self.min_round_timeout, fetch_timeout_s=self.fetch_timeout,
                 resend_timeout_s=self.resend_timeout, spot_checks=self.spot_checks,
-                opening_timeout_s=self.opening_timeout),
+                opening_timeout_s=self.opening_timeout, verify_on=_value(self.verify_on),
+                verify_timeout_s=self.verify_timeout, canary_rate=self.canary_rate),
             elastic=elastic_policy(self.target_throughput, self.min_workers, self.max_workers, self.scale_window),
             job=JobConfig(batch_size=self.batch_size, learning_rate=self.lr, epochs=self.epochs),
             **extra)

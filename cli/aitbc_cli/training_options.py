@@ -32,6 +32,8 @@ OuterChoice = Enum("OuterChoice", {v: v for v in get_args(OuterName)}, type=str)
 EncodingChoice = Enum("EncodingChoice", {v: v for v in get_args(UpdateEncoding)}, type=str)  # type: ignore[misc]
 AggregationChoice = Enum("AggregationChoice", {v: v for v in get_args(AggregationName)}, type=str)  # type: ignore[misc]
 TargetChoice = Enum("TargetChoice", {v: v for v in get_args(TargetKind)}, type=str)  # type: ignore[misc]
+VerifyOnChoice = Enum("VerifyOnChoice", {v: v for v in get_args(  # type: ignore[misc]
+    FaultPolicy.model_fields["verify_on"].annotation)}, type=str)
 
 
 class Strategy(str, Enum):
@@ -124,6 +126,17 @@ OpeningTimeoutOption = Annotated[float, typer.Option(
 SpotChecksOption = Annotated[int, typer.Option(
     "--spot-checks", min=0, max=16, help="committed segments of each result re-executed by the coordinator "
     "(0: no spot checks)")]
+VerifyOnOption = Annotated[VerifyOnChoice, typer.Option(  # type: ignore[valid-type]
+    "--verify-on", help="who re-executes a spot check's segments: the coordinator's CPU, or verifiers hired among "
+                        "the training's other workers of the same device class (the coordinator then re-executes "
+                        "only a disputed segment)")]
+VerifyTimeoutOption = Annotated[float, typer.Option(
+    "--verify-timeout", min=0.1, metavar="SECONDS",
+    help="seconds a verifier has to fetch the inputs, re-execute one segment and report (with --verify-on market)")]
+CanaryRateOption = Annotated[float, typer.Option(
+    "--canary-rate", min=0.0, max=1.0, metavar="SHARE",
+    help="share of verifications sent as canaries, whose committed end a lazy verifier would approve (with "
+         "--verify-on market)")]
 
 
 def _dirichlet_alpha(value: float) -> float:
