@@ -28,7 +28,14 @@ Three measurements, each a ratio within this run:
    segments re-executed in one pass (the check before issue #29) against one segment at a time, its
    start and end only (now). Reported as peak over the child's resident memory before the check.
 
-    python bench/bench_verification.py [--rounds 20000] [--real-rounds 24] [--quick] [--large] [--memory]
+5. **Who re-executes** (``--market``): the same embedded training (4 workers, 3 rounds of the mlp on digits, 5
+   spot checks per result) with the checks re-executed on the coordinator (``verify_on="coordinator"``), by
+   verifiers hired among the workers (``"market"``), and with no checks. Reported: the coordinator's own
+   re-execution seconds and the main process's CPU seconds (coordinator, agents and bus: the workers train
+   in their own processes) above the unchecked run's, each per checked result and against the checked jobs'
+   training seconds; and the verifiers' re-executions (canaries included) per drawn segment.
+
+    python bench/bench_verification.py [--rounds 20000] [--real-rounds 24] [--quick] [--large] [--memory] [--market]
 """
 
 from __future__ import annotations
@@ -320,6 +327,59 @@ async def embedded_accuracy(spot_checks: int, workers: int, rounds: int) -> tupl
             return report.final_accuracy, time.perf_counter() - started
 
 
+async def embedded_checks(verify_on: str, spot_checks: int, workers: int, rounds: int) -> dict:
+    """One embedded training: its main process's CPU seconds and what its audit log says the checks cost."""
+    from aitbc_agent_sdk import Agent, AgentConfig, TrainingSpec
+    from aitbc_agent_sdk.audit import read_log
+    from aitbc_agent_sdk.coordinator._service import audit_path
+
+    spec = TrainingSpec(model_type="mlp", target_workers=workers, rounds=rounds, seed=3,
+                        faults=FaultPolicy(spot_checks=spot_checks, verify_on=verify_on), job=JobConfig(epochs=2))
+    with tempfile.TemporaryDirectory() as home:
+        async with Agent(AgentConfig(home=Path(home), providers=workers)) as agent:
+            cpu = time.process_time()
+            report = await agent.run_distributed_training(spec)
+            cpu = time.process_time() - cpu
+            path = audit_path(agent.config.home / "trainings", report.training_id)
+            log = [e.fields | {"event": e.event} for e in read_log(path)]
+    checks = [e for e in log if e["event"] == "spot_check"]
+    spent = report.verification
+    return {"cpu_s": cpu, "checks": len(checks), "coordinator_s": spent.coordinator_seconds if spent else 0.0,
+            "checked_training_s": spent.checked_training_seconds if spent else 0.0,
+            "verifier_segments": sum(int(c.get("verifiers") or 0) for c in checks),
+            "drawn_segments": sum(len(c.get("segments") or ()) for c in checks),
+            "refereed": sum(1 for e in log if e["event"] == "verification" and e.get("outcome") == "refereed")}
+
+
+def measure_market(workers: int, rounds: int, repeat: int) -> dict:
+    runs: dict[str, list[dict]] = {"coordinator": [], "market": [], "unchecked": []}
+    for _ in range(repeat):
+        for mode in runs:
+            checks = 0 if mode == "unchecked" else POLICY.spot_checks
+            runs[mode].append(asyncio.run(embedded_checks(
+                "coordinator" if mode == "unchecked" else mode, checks, workers, rounds)))
+    base_cpu = statistics.median(r["cpu_s"] for r in runs["unchecked"])
+    out: dict = {"workers": workers, "rounds": rounds, "repeat": repeat, "unchecked_cpu_s": round(base_cpu, 3)}
+    for mode in ("coordinator", "market"):
+        rows = runs[mode]
+        checks = statistics.median(r["checks"] for r in rows) or 1
+        training = statistics.median(r["checked_training_s"] for r in rows) or float("nan")
+        reexec = statistics.median(r["coordinator_s"] for r in rows)
+        extra_cpu = statistics.median(r["cpu_s"] for r in rows) - base_cpu
+        out[mode] = {
+            "checks": checks, "refereed": statistics.median(r["refereed"] for r in rows),
+            "coordinator_reexec_s_per_check": round(reexec / checks, 4),
+            "coordinator_reexec_over_training_ratio": round(reexec / training, 4),
+            "extra_cpu_s_per_check": round(extra_cpu / checks, 4),
+            "extra_cpu_over_training_ratio": round(extra_cpu / training, 4),
+            "verifier_reexecutions_per_drawn_segment": round(
+                sum(r["verifier_segments"] for r in rows) / max(sum(r["drawn_segments"] for r in rows), 1), 4)}
+    out["market_over_coordinator_reexec_ratio"] = round(
+        out["market"]["coordinator_reexec_s_per_check"] / max(out["coordinator"]["coordinator_reexec_s_per_check"],
+                                                               1e-9), 4)
+    return out
+
+
 def measure_accuracy(workers: int, rounds: int, repeat: int) -> dict:
     on, off, on_s, off_s = [], [], [], []
     for _ in range(repeat):
@@ -341,6 +401,7 @@ def main() -> None:
     parser.add_argument("--training-rounds", type=int, default=3)
     parser.add_argument("--large", action="store_true", help="also an 85M-parameter gpt job (minutes)")
     parser.add_argument("--memory", action="store_true", help="the coordinator's peak memory per check")
+    parser.add_argument("--market", action="store_true", help="checks re-executed by verifiers against the coordinator")
     args = parse_args(parser, repeat=1, rounds=2000, real_rounds=4, workers=2, training_rounds=1)
     torch.set_num_threads(1)  # as a provider's training process runs
     quick = "--quick" in sys.argv[1:]
@@ -348,6 +409,7 @@ def main() -> None:
     if args.large:
         compute["gpt-85m"] = measure_large()
     memory = measure_memory() if args.memory else None
+    market = measure_market(args.workers, args.training_rounds, args.repeat) if args.market else None
     steps = compute["mlp-digits"]["steps"]
     segments = compute["mlp-digits"]["segments"]
     detection = simulate(args.rounds, JobConfig().segments, max(steps // segments, 1))
@@ -357,7 +419,7 @@ def main() -> None:
     print(json.dumps({"bench": "verification", "spot_checks": POLICY.spot_checks, "segments": JobConfig().segments,
                       "compute": compute, "detection": detection, "real_rounds": real,
                       "caught_at_half_skipped_ratio": at_half, "accuracy": accuracy,
-                      **({"memory": memory} if memory else {})}))
+                      **({"memory": memory} if memory else {}), **({"market": market} if market else {})}))
 
 
 if __name__ == "__main__":

@@ -111,6 +111,19 @@ def test_fake_gpu(clean, chaos_root):
     assert not {"worker_failed", "result_rejected", "worker_replaced", "training_failed"} & set(result.events)
 
 
+@pytest.mark.slow
+def test_lazy_verifier(clean, chaos_root):
+    """Spot checks re-executed on the market (--verify-on market) with a verifier that approves without
+    training: canaries catch it and its bond is slashed; its own (honest) training, like everyone's, is paid."""
+    reference = _reference(clean)
+    result = run("lazy-verifier", chaos_root, reference)
+    _common(result, reference)
+    assert result.all_paid
+    assert result.events.get("verification", 0) >= CONFIG.workers * CONFIG.rounds  # each result checked there
+    assert result.events.get("canary", 0) >= 1 and result.events.get("slashed", 0) >= 1
+    assert not {"result_rejected", "worker_replaced", "training_failed"} & set(result.events)
+
+
 # -- the checks themselves, without a devnet: each must be able to fail -------------------------
 
 class _State:
@@ -185,10 +198,15 @@ def _judged_impostor(tmp_path: Path, *, hired_impostor: bool, flagged_event: boo
     events = [{"event": "escrow_funded", "fields": {"deposit_wei": 120}, "ts": 1.0}]
     if flagged_event:
         events.append({"event": "hardware_flagged", "fields": {"worker": "0xF", "reason": "late"}, "ts": 0.5})
-    result = ScenarioResult(scenario="fake-gpu")
+    return _judged_complete_run(run_, events, released)
+
+
+def _judged_complete_run(run_: harness.ScenarioRun, entries: list[dict], released: dict[str, int]) -> ScenarioResult:
+    """Judge a three-round run that completed at 0.95 with a 120-wei escrow fully released."""
+    result = ScenarioResult(scenario=run_.name)
     harness.judge(run_, result,
                   {"phase": "complete", "round_metrics": [{"round": r, "accuracy": 0.95} for r in (1, 2, 3)]},
-                  {"ok": True, "entries": events},
+                  {"ok": True, "entries": entries},
                   {"payments": [{"worker_id": w, "amount_wei": a} for w, a in released.items()]},
                   {"state": _State(120, 120, 0), "released": released, "replaced": [], "refunded": 0, "held": 0,
                    "redeemed": 0}, 0.95)
@@ -202,3 +220,29 @@ def test_checks_pass_a_flagged_impostor_and_catch_a_hired_or_unflagged_one(tmp_p
     assert any("impostor 0xF was hired" in f for f in hired.failures)
     unflagged = _judged_impostor(tmp_path / "unflagged", hired_impostor=False, flagged_event=False)
     assert any("no 'hardware_flagged' event for 0xF" in f for f in unflagged.failures)
+
+
+def _judged_verifier(tmp_path: Path, scenario: str, events: list[dict]) -> ScenarioResult:
+    run_ = harness.ScenarioRun(scenario, CONFIG, tmp_path)
+    run_.tid, run_.verifier = "training_x", "0xD"
+    run_.hired = [{"worker_id": w, "role": "worker", "price_wei": 10} for w in ("0xA", "0xB", "0xC", "0xD")]
+    released = {w: 30 for w in ("0xA", "0xB", "0xC", "0xD")}
+    entries = [{"event": "escrow_funded", "fields": {"deposit_wei": 120}, "ts": 1.0},
+               {"event": "verification", "fields": {"worker": "0xA", "verifier": "0xB", "outcome": "agreed"}, "ts": 2},
+               *events]
+    return _judged_complete_run(run_, entries, released)
+
+
+def test_checks_want_a_lazy_verifier_caught_by_a_canary_and_slashed_and_nobody_else(tmp_path):
+    caught = [{"event": "canary", "fields": {"worker": "0xD", "passed": False}, "ts": 3},
+              {"event": "verifier_wrong", "fields": {"worker": "0xD", "reason": "canary"}, "ts": 3},
+              {"event": "slashed", "fields": {"worker": "0xD"}, "ts": 4}]
+    good = _judged_verifier(tmp_path / "good", "lazy-verifier", caught)
+    assert not good.failures and good.event_seen, good.failures
+    unslashed = _judged_verifier(tmp_path / "unslashed", "lazy-verifier", caught[:2])
+    assert any("was not slashed" in f for f in unslashed.failures)
+    innocent = _judged_verifier(tmp_path / "innocent", "lazy-verifier",
+                                [*caught, {"event": "slashed", "fields": {"worker": "0xA"}, "ts": 5}])
+    assert any("slashed ['0xA']" in f for f in innocent.failures)
+    colluder = _judged_verifier(tmp_path / "colluder", "colluding-verifier", caught[2:])
+    assert any("only a canary proves it" in f for f in colluder.failures)

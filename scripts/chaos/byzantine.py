@@ -23,6 +23,7 @@ from aitbc_agent_sdk.wire._checkpoint import decode_state, encode_state
 from aitbc_agent_sdk.data._shard_files import load_shard
 from aitbc_agent_sdk.wire._update_codec import decode_update, encode_update
 from scripts.chaos.lazy import LAZY, DeviceLiarProvider
+from scripts.chaos.verifiers import VERIFIERS
 
 State = dict[str, torch.Tensor]
 
@@ -249,7 +250,7 @@ IMPOSTORS: dict[str, type[ProviderAgent]] = {
 
 def byzantine_factory(name: str) -> Callable[..., ProviderAgent]:
     """The ``agent_factory`` for ``serve_provider`` that builds a provider with behaviour ``name``."""
-    kinds = BEHAVIOURS | TROUBLED | IMPOSTORS
+    kinds = BEHAVIOURS | TROUBLED | IMPOSTORS | VERIFIERS
     try:
         return kinds[name]
     except KeyError:

@@ -23,14 +23,17 @@ if __package__ in (None, ""):  # run as a file: make ``scripts.chaos`` importabl
 
 from aitbc_agent_sdk.flow import _provider_daemon as daemon  # noqa: E402
 from scripts.chaos.byzantine import BEHAVIOURS, IMPOSTORS, TROUBLED, byzantine_factory  # noqa: E402
+from scripts.chaos.verifiers import VERIFIERS  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = daemon.build_parser("aitbc Byzantine provider daemon for chaos tests "
                                  "(reads the wallet password from stdin)")
-    parser.add_argument("--behaviour", required=True, choices=sorted(BEHAVIOURS | TROUBLED | IMPOSTORS), help="how this provider cheats")
+    parser.add_argument("--behaviour", required=True, choices=sorted(BEHAVIOURS | TROUBLED | IMPOSTORS | VERIFIERS),
+                        help="how this provider cheats")
     parser.add_argument("--stall-s", type=float, default=None, help="throttled: seconds each stalled job stalls")
     parser.add_argument("--stalled-jobs", type=int, default=None, help="throttled: how many first jobs stall")
+    parser.add_argument("--partner", default=None, help="colluding-verifier: the address whose work it approves")
     return parser
 
 
@@ -41,6 +44,10 @@ def main(argv: list[str] | None = None) -> None:
     factory = byzantine_factory(args.behaviour)
     if args.behaviour == "throttled":
         factory = functools.partial(factory, stall_s=args.stall_s, stalled_jobs=args.stalled_jobs)
+    if args.behaviour == "colluding-verifier":
+        if not args.partner:
+            raise SystemExit("colluding-verifier needs --partner ADDRESS")
+        factory = functools.partial(factory, partner=args.partner)
     asyncio.run(daemon.run_daemon(args, factory))
 
 

@@ -45,6 +45,7 @@ if str(REPO) not in sys.path:  # ``scripts.chaos`` importable when run as a file
     sys.path.insert(0, str(REPO))
 
 from scripts.chaos.byzantine import BEHAVIOURS, IMPOSTORS  # noqa: E402
+from scripts.chaos.verifiers import VERIFIERS  # noqa: E402
 
 WEI_PER_ETH = 10**18
 BYZANTINE_WALLET = "byzantine"
@@ -52,7 +53,7 @@ FAULTY_SCENARIOS = ("kill-provider", "straggler")
 SCENARIOS: tuple[str, ...] = ("clean", "kill-provider", "straggler", "mosquitto-restart", "coordinator-kill",
                               *(f"byzantine-{b}" for b in BEHAVIOURS), "honest-noniid")
 # Whose bond the evidence must take (the signed checkpoint proves the fault), and whose it must not.
-SLASHED = ("byzantine-nan", "byzantine-lazy", "byzantine-copycat", "byzantine-device-liar")
+SLASHED: tuple[str, ...] = ("byzantine-nan", "byzantine-lazy", "byzantine-copycat", "byzantine-device-liar")
 NOT_SLASHED = ("byzantine-free-rider", "byzantine-lazy-honest", "byzantine-scaled", "byzantine-random",
                "byzantine-stale", "byzantine-forged", "byzantine-cid-mismatch")
 NON_IID = {"honest-noniid": 0.1}  # scenario -> Dirichlet alpha of its label-skewed shards
@@ -62,6 +63,15 @@ SCENARIOS += tuple(IMPOSTORS)
 # honest-gpu-noise: a GPU's non-deterministic kernels, emulated on this CPU host (scripts/chaos/byzantine.py).
 NOISY = {"honest-gpu-noise": "gpu-noise"}
 SCENARIOS += tuple(NOISY)
+# Verifiers that lie, hired as workers of a training whose spot checks are re-executed on the market
+# (--verify-on market): each is slashed on the referee's word or a canary's. colluding-verifier approves its
+# partner's, a lazy worker's, skipped work: the partner must still be caught by an honest verifier.
+VERIFIER_ROWS = tuple(VERIFIERS)
+SCENARIOS += VERIFIER_ROWS
+SLASHED += VERIFIER_ROWS  # the liar, or (colluding) the partner it covered for
+VERIFIER_SLASHED = ("lazy-verifier", "hostile-verifier")  # caught for sure; the colluder only by a canary
+COLLUDER_WALLET, PARTNER_BEHAVIOUR = "colluder", "lazy"
+CANARY_RATE = 0.5  # the chaos rows' rate: a lazy verifier asked ~15 times escapes every canary with p < 1e-4
 QUICK: tuple[str, ...] = ("clean", "kill-provider", "byzantine-nan", "coordinator-kill")
 
 
@@ -338,6 +348,7 @@ class ScenarioRun:
         self.watch: BusWatch | None = None
         self.flagged: str | None = None  # an impostor's address: flagged at hiring, hired as nothing
         self.noisy: str | None = None  # an honest worker whose results differ within the tolerance
+        self.verifier: str | None = None  # a verifier that lies (the verifier rows), an honest worker otherwise
 
     # -- the CLI -----------------------------------------------------------------------------------
     async def cli(self, *args: str, timeout: float = 240.0, json_out: bool = True) -> Any:
@@ -369,7 +380,8 @@ class ScenarioRun:
         return await self.cli("devnet", "up", "--providers", str(honest), "--ipfs", "daemon",
                               "--price-eth", price_eth, timeout=300)
 
-    async def add_byzantine(self, behaviour: str, total_providers: int) -> str:
+    async def add_byzantine(self, behaviour: str, total_providers: int, *, wallet: str = BYZANTINE_WALLET,
+                            extra: Sequence[str] = ()) -> str:
         """A Byzantine provider daemon with its own funded wallet, priced below every honest one."""
         from aitbc_agent_sdk.chain import TransactionSender, connect_rpc
         from aitbc_agent_sdk.chain._deployment import fund_accounts
@@ -383,22 +395,22 @@ class ScenarioRun:
         password = (self.home / "devnet" / PASSWORD_FILE).read_text().strip()
         wallets = wallet_store(self.home)
         try:
-            address = (await wallets.get(BYZANTINE_WALLET)).address
+            address = (await wallets.get(wallet)).address
         except ConfigError:
-            address = (await wallets.create(BYZANTINE_WALLET, password)).address
+            address = (await wallets.create(wallet, password)).address
         w3 = await connect_rpc(profile.chain.rpc_url)
         try:
             await fund_accounts(TransactionSender(w3, dev_accounts(1)[0]), [address], WEI_PER_ETH)
         finally:
             with contextlib.suppress(Exception):
                 await w3.provider.disconnect()
-        service = spawn(f"provider:{BYZANTINE_WALLET}",
+        service = spawn(f"provider:{wallet}",
                         [self.config.python, str(REPO / "scripts" / "chaos" / "byzantine_provider.py"),
-                         "--home", str(self.home), "--wallet", BYZANTINE_WALLET,
+                         "--home", str(self.home), "--wallet", wallet,
                          "--price-wei", str(self.config.byzantine_price_wei),
-                         "--stake-wei", str(self.config.stake_wei), "--behaviour", behaviour,
+                         "--stake-wei", str(self.config.stake_wei), "--behaviour", behaviour, *extra,
                          *DEVNET_PROVIDER_ARGS],
-                        port=0, log=self.home / "devnet" / "logs" / f"{BYZANTINE_WALLET}.log", cwd=REPO,
+                        port=0, log=self.home / "devnet" / "logs" / f"{wallet}.log", cwd=REPO,
                         env=self.env, stdin_data=(password + "\n").encode())
         profile = profile.model_copy(update={"services": (*profile.services, service)})
         save_profile(self.home, profile)  # so that devnet down stops it too
@@ -415,6 +427,8 @@ class ScenarioRun:
         dataset = self.home.parent / "digits.npz"
         await asyncio.to_thread(np.savez, dataset, x=data.features.numpy(), y=data.labels.numpy())
         skew = (("--partition", "dirichlet", "--alpha", str(NON_IID[self.name])) if self.name in NON_IID else ())
+        if self.name in VERIFIER_ROWS:
+            skew += ("--verify-on", "market", "--canary-rate", str(CANARY_RATE))
         init = await self.cli("distributed-training", "init", "--wallet", "dev", "--model-type", "mlp",
                               "--dataset-size", str(dataset.stat().st_size), "--target-workers", str(c.workers),
                               "--rounds", str(c.rounds), "--epochs", str(c.epochs), "--seed", str(c.seed),
@@ -646,6 +660,8 @@ EXPECTED_EVENT = {
     **{f"byzantine-{b}": "result_rejected" for b in BEHAVIOURS},
     **{name: "hardware_flagged" for name in IMPOSTORS},
     **{name: "spot_check" for name in NOISY},
+    **{name: "verifier_wrong" for name in VERIFIER_SLASHED},
+    "colluding-verifier": "result_rejected",  # the partner's skipped work, found by an honest verifier
 }
 
 
@@ -788,12 +804,15 @@ def judge(run: ScenarioRun, result: ScenarioResult, final: dict[str, Any], audit
     # -- bonds: slashed only for what the evidence proves
     slashed = _by(events, "slashed")
     result.slashed = bool(slashed)
-    if result.scenario in SLASHED and not _by(events, "slashed", worker=run.target):
+    if result.scenario in SLASHED and run.target is not None and not _by(events, "slashed", worker=run.target):
         fail(f"faulty worker {run.target} was not slashed, although its signed checkpoint proves the fault")
     if result.scenario in NOT_SLASHED and slashed:
         fail(f"slashed {[e['fields'].get('worker') for e in slashed]}, although nothing signed proves a fault")
-    if run.target is None and slashed:
-        fail(f"slashed {[e['fields'].get('worker') for e in slashed]} in a scenario without a faulty worker")
+    wrongly = [e["fields"].get("worker") for e in slashed if e["fields"].get("worker") not in (run.target, run.verifier)]
+    if wrongly:
+        fail(f"slashed {wrongly}, neither the faulty worker nor a lying verifier")
+    if run.verifier is not None:
+        judge_verifier(run, result, events, released)
 
     # -- the audit log
     result.audit_ok = bool(audit["ok"])
@@ -813,6 +832,8 @@ def judge(run: ScenarioRun, result: ScenarioResult, final: dict[str, Any], audit
         run.notes.extend(f"{expected}: {e['fields'].get('reason')}" for e in seen[:1])
         if run.flagged in {w["worker_id"] for w in run.hired}:
             fail(f"the impostor {run.flagged} was hired although its hardware claim was flagged")
+    elif run.verifier is not None:
+        seen = _by(events, expected, worker=run.verifier)
     elif run.noisy is not None:  # its every result checked within the tolerance (not bit for bit), and passed
         seen = _by(events, expected, worker=run.noisy)
         if len(seen) != c.rounds or not all(e["fields"].get("passed") for e in seen):
@@ -882,6 +903,38 @@ def judge(run: ScenarioRun, result: ScenarioResult, final: dict[str, Any], audit
             run.notes.append(f"training_resumed: {resumed[0]['fields']}")
 
 
+def judge_verifier(run: ScenarioRun, result: ScenarioResult, events: Sequence[dict[str, Any]],
+                   released: dict[str, int]) -> None:
+    """A verifier row: the market re-executed the checks; the liar lost its bond exactly when the evidence
+    (the referee's replay, a canary) shows it lied; its own honest training is still paid."""
+    fail = result.failures.append
+    verifier = run.verifier
+    checks = _by(events, "verification")
+    outcomes = {o: len([e for e in checks if e["fields"].get("outcome") == o]) for o in ("agreed", "refereed")}
+    canaries = _by(events, "canary", worker=verifier)
+    failed_canaries = [e for e in canaries if not e["fields"].get("passed")]
+    wrong = _by(events, "verifier_wrong", worker=verifier)
+    slashed = bool(_by(events, "slashed", worker=verifier))
+    run.notes.append(f"verifications: {outcomes['agreed']} agreed, {outcomes['refereed']} refereed; the liar "
+                     f"asked {len(_by(checks, 'verification', verifier=verifier))} times, {len(canaries)} canaries "
+                     f"({len(failed_canaries)} failed), slashed={slashed}")
+    if not outcomes["agreed"]:
+        fail("no verifier on the market agreed with any segment: the checks never left the coordinator")
+    if result.scenario in VERIFIER_SLASHED and not slashed:
+        fail(f"the lying verifier {verifier} was not slashed")
+    if result.scenario == "lazy-verifier" and not failed_canaries:
+        fail("the lazy verifier was never caught by a canary")
+    if result.scenario == "hostile-verifier" and not any("referee" in e["fields"].get("reason", "") for e in wrong):
+        fail(f"the hostile verifier was not shown wrong by the referee: {[e['fields'] for e in wrong]}")
+    if result.scenario == "colluding-verifier" and slashed != bool(failed_canaries):
+        fail(f"the colluder slashed={slashed} but failed {len(failed_canaries)} canaries: only a canary proves it")
+    if not released.get(verifier):
+        fail(f"the lying verifier {verifier} was paid nothing for its own (honest) training")
+    if result.scenario in VERIFIER_SLASHED and _by(events, "worker_replaced"):
+        fail(f"a worker was replaced although every worker trained honestly: "
+             f"{[e['fields'] for e in _by(events, 'worker_replaced')]}")
+
+
 # -- a scenario, start to end ---------------------------------------------------------------------
 
 async def run_scenario(name: str, config: ChaosConfig = ChaosConfig(), *, reference: float | None = None,
@@ -906,6 +959,14 @@ async def run_scenario(name: str, config: ChaosConfig = ChaosConfig(), *, refere
         elif name in NOISY:  # one place short of the workers: it is hired (flagged or not) and owed its pay
             await run.devnet_up(config.workers - 1)
             run.noisy = await run.add_byzantine(NOISY[name], config.workers)
+        elif name == "colluding-verifier":  # a lazy worker and its accomplice, both priced to be hired as workers
+            await run.devnet_up(total - 2)
+            run.target = await run.add_byzantine(PARTNER_BEHAVIOUR, total - 1)
+            run.verifier = await run.add_byzantine(name, total, wallet=COLLUDER_WALLET,
+                                                   extra=("--partner", run.target))
+        elif name in VERIFIER_ROWS:
+            await run.devnet_up(total - 1)
+            run.verifier = await run.add_byzantine(name, total)
         elif behaviour is None:
             await run.devnet_up(total)
         else:
@@ -913,11 +974,11 @@ async def run_scenario(name: str, config: ChaosConfig = ChaosConfig(), *, refere
             run.target = await run.add_byzantine(behaviour, total)
         await run.start_training()
         result.training_id = run.tid
-        if behaviour is not None:
-            role = {w["worker_id"]: w["role"] for w in run.hired}.get(run.target)
-            if role != "worker":
-                raise ChaosError(f"the Byzantine provider {run.target} was hired as {role!r}, not as a worker")
-        elif name in FAULTY_SCENARIOS:
+        for byzantine in (run.target, run.verifier):  # a killed or stalled worker is chosen below
+            role = {w["worker_id"]: w["role"] for w in run.hired}.get(byzantine)
+            if byzantine is not None and role != "worker":
+                raise ChaosError(f"the Byzantine provider {byzantine} was hired as {role!r}, not as a worker")
+        if name in FAULTY_SCENARIOS:
             run.target = run.workers()[1]["worker_id"]  # the second cheapest: neither first nor last
         profile = load_profile(run.home)
         assert run.tid is not None

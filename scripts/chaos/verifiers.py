@@ -6,8 +6,8 @@ Each is a ProviderAgent (an honest worker for its own jobs) whose verification s
   request's commitment), so it approves everything; canaries catch it.
 - ``HostileVerifier`` re-executes, then moves its end state before it reports it, so it rejects honest
   work; the coordinator's referee replay shows it wrong.
-- ``ColludingVerifier`` is lazy for its partner's checks only (``partner`` is set when the scenario knows
-  its address) and honest for everyone else's.
+- ``ColludingVerifier`` is lazy for its partner's checks only (``partner``: the partner's address, given
+  when the scenario starts it) and honest for everyone else's.
 
 Listed in :data:`VERIFIERS` by scenario name.
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import random
 from pathlib import Path
-from typing import ClassVar
+from typing import Any
 
 from aitbc_agent_sdk.coordinator.checks._market_verification import perturbed_state
 from aitbc_agent_sdk.proof._trajectory import boundary_hashes, boundary_name
@@ -68,11 +68,13 @@ class HostileVerifier(ProviderAgent):
 class ColludingVerifier(ProviderAgent):
     """Lazy for ``partner``'s segments (approving its skipped work), honest for the others'."""
 
-    partner: ClassVar[str] = ""
+    def __init__(self, *args: Any, partner: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.partner = partner.lower()
 
     async def verify_segment(self, process: TrainingProcess, owner: TrainingOwner, request: VerifyRequest,
                              job_dir: Path) -> Reexecuted:
-        if request.commitment.worker.lower() == type(self).partner.lower():
+        if request.commitment.worker.lower() == self.partner:
             return await asyncio.to_thread(_committed_end, request, job_dir)
         return await super().verify_segment(process, owner, request, job_dir)
 
