@@ -167,7 +167,8 @@ def test_a_dry_run_shows_the_cost_and_touches_neither_home_nor_chain(aitbc_cmd, 
     assert "escrow deposit: 2 workers" in done.stderr and "dry run: nothing spent" in done.stderr
     # what checking will cost this machine, said before anything is paid (issue #29)
     assert (plan["cost"]["spot_checks"], plan["cost"]["segments"]) == (5, 64)
-    assert "spot-checked on this machine's CPU: 5 of its 64" in " ".join(done.stderr.split())
+    assert "spot-checked: 5 of its 64 segments re-executed" in " ".join(done.stderr.split())  # auto, CPUs here
+    assert plan["cost"]["verify_on"] == "auto"
     assert not aitbc_home.exists()  # no database, no wallet, nothing
 
 

@@ -277,6 +277,13 @@ async def test_an_honest_gpu_workers_noise_within_the_tolerance_is_paid_and_neve
     assert len(checks) == 2 and all(e["passed"] for e in checks)
     # its offer's GPU is unconfirmed on this CPU host, and no class is measured: the training's tolerance
     assert all(not e["exact"] and e["tolerance"] == 0.05 and e["tolerance_source"] == UNMEASURED for e in checks)
+    # verify_on auto: a GPU worker's checks go to the market (no other worker of its class: re-executed here as
+    # the referee); the CPU workers' stay on this machine
+    assert all(e["verified_on"] == "market" for e in checks)
+    assert {e["verified_on"] for e in log if e["event"] == "spot_check" and e["worker"] != noisy.address} == {
+        "coordinator"}
+    refereed = [e for e in log if e["event"] == "verification" and e["worker"] == noisy.address]
+    assert refereed and all(e["outcome"] == "refereed" and e["verifier"] is None for e in refereed)
     paid = sum(int(e.args["amount"]) for e in chain_events if e.name == "Released" and e.args["worker"] == noisy.address)
     assert paid == next(w.price_wei for w in report.workers if w.address == noisy.address) * 2
     assert state.slashes == 0 and state.stake == EMBEDDED_STAKE

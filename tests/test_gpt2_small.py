@@ -32,6 +32,9 @@ def test_a_gpt2_small_model_is_funded_trained_checked_paid_and_sampled(aitbc_cmd
         init = aitbc(aitbc_cmd, cli_env, "distributed-training", "init", "--wallet", "dev", "--task", "gpt", *params,
                      "--outer", "diloco", "--update-encoding", "int8", "--target-workers", "2", "--rounds", "2",
                      "--epochs", "1", "--batch-size", "2", "--lr", "1e-4", "--spot-checks", "1",
+                     # auto would send an 85M model's checks to the other worker; this test keeps the
+                     # coordinator's re-execution from opened 1 GB states (verifiers: test_market_verification)
+                     "--verify-on", "coordinator",
                      "--fetch-timeout", "300", "--opening-timeout", str(OPENING), "--first-round-deadline", "900")
         tid = init["training_id"]
         aitbc(aitbc_cmd, cli_env, "distributed-training", "upload-data", "--training-id", tid,

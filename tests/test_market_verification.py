@@ -15,9 +15,10 @@ from scripts.chaos.verifiers import HostileVerifier, LazyVerifier
 from tests.test_fault_tolerance import events, join_market, warm
 
 
-def market_spec(canary_rate: float, workers: int = 4) -> TrainingSpec:
-    faults = FaultPolicy(heartbeat_timeout_s=2.0, ping_timeout_s=1.0, verify_on="market", canary_rate=canary_rate,
-                         spot_checks=2)
+def market_spec(canary_rate: float, workers: int = 4, **where: object) -> TrainingSpec:
+    choice = {"verify_on": "market", **where}
+    faults = FaultPolicy(heartbeat_timeout_s=2.0, ping_timeout_s=1.0, canary_rate=canary_rate, spot_checks=2,
+                         **choice)
     return TrainingSpec(model_type="mlp", target_workers=workers, rounds=1, spare_workers=0, seed=3, faults=faults,
                         job=JobConfig(batch_size=32, learning_rate=1e-2, epochs=1))
 
@@ -30,9 +31,12 @@ async def paid(agent: Agent, training_id: str) -> dict[str, int]:
     return totals
 
 
-async def test_verifiers_on_the_market_re_execute_every_check_and_the_coordinator_none(aitbc_home):
+# auto sends a model at or above the threshold to the market even on CPUs (this mlp has ~10k parameters)
+@pytest.mark.parametrize("where", [{"verify_on": "market"}, {"verify_on": "auto", "market_verify_parameters": 1000}],
+                         ids=["market", "auto-large"])
+async def test_verifiers_on_the_market_re_execute_every_check_and_the_coordinator_none(aitbc_home, where):
     async with Agent(AgentConfig(home=aitbc_home, providers=3)) as agent:
-        report = await agent.run_distributed_training(market_spec(canary_rate=0.5, workers=3))
+        report = await agent.run_distributed_training(market_spec(canary_rate=0.5, workers=3, **where))
         log = events(agent, report.training_id)
         wages = await paid(agent, report.training_id)
     assert report.status == TrainingPhase.COMPLETE
@@ -43,6 +47,7 @@ async def test_verifiers_on_the_market_re_execute_every_check_and_the_coordinato
     assert all(e["passed"] for e in [e for e in log if e["event"] == "canary"])
     checks = [e for e in log if e["event"] == "spot_check"]
     assert len(checks) == 3 and all(e["passed"] and e["seconds"] == 0 and e["verifiers"] >= 2 for e in checks)
+    assert all(e["verified_on"] == "market" for e in checks)
     assert report.verification is not None and report.verification.coordinator_seconds == 0
     assert wages == {w.address: w.price_wei for w in report.workers if w.role == "worker"}
 
@@ -140,3 +145,20 @@ def test_a_canary_start_is_a_different_state_of_the_same_shape_and_ends_compare_
     assert ends_agree(False, 0.05, "a", moved, "b", near, before)
     assert not ends_agree(False, 0.05, "a", moved, "b", after, before)
     assert not ends_agree(False, 0.05, "a", None, "b", near, before)
+
+
+def test_auto_sends_a_gpu_or_a_large_model_to_the_market_and_a_small_cpu_job_to_the_coordinator():
+    from aitbc_agent_sdk.coordinator.checks._market_verification import verified_on_market
+    from aitbc_agent_sdk.flow import checks_where
+    from aitbc_agent_sdk.records import ModelFootprint
+
+    assert not verified_on_market("auto", "cpu", 10_000, 25_000_000)
+    assert verified_on_market("auto", "cpu", 25_000_000, 25_000_000)  # at the threshold: too much for a laptop
+    assert verified_on_market("auto", "NVIDIA H100 80GB HBM3", 10_000, 25_000_000)
+    assert verified_on_market("auto", "unconfirmed", 10_000, 25_000_000)  # not a CPU: cannot be reproduced here
+    assert verified_on_market("market", "cpu", 1, 25_000_000) and not verified_on_market("coordinator", "h100", 10**9, 1)
+    # the cost preview: auto resolves to the market once the rehearsal measured a large model
+    big = ModelFootprint(parameters=85_000_000, weights_bytes=340_000_000, parameter_bytes=340_000_000,
+                         optimizer_bytes=680_000_000, activation_bytes=1)
+    assert checks_where(FaultPolicy(), big) == "market" and checks_where(FaultPolicy(), None) == "auto"
+    assert checks_where(FaultPolicy(verify_on="coordinator"), big) == "coordinator"

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from .._lazy import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
-    "_costs": ("CostPreview", "estimate_text", "eth_text", "preview"),
+    "_costs": ("CostPreview", "checks_where", "estimate_text", "eth_text", "preview"),
     "_steps": (
         "HiredWorker", "Started", "check_dataset", "coordinator_log", "create_training", "dataset_source",
         "dataset_target", "db_path", "devnet_agent", "distribute", "distribution_cost", "hire_workers", "load_training", "min_stake_of", "resume",
@@ -24,7 +24,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
 }, globals())
 
 if TYPE_CHECKING:  # static tools see ordinary imports
-    from ._costs import CostPreview, estimate_text, eth_text, preview
+    from ._costs import CostPreview, checks_where, estimate_text, eth_text, preview
     from ._steps import (
         HiredWorker, Started, check_dataset, coordinator_log, create_training, dataset_source, dataset_target, db_path,
         devnet_agent, distribute, distribution_cost, hire_workers, load_training, min_stake_of, resume,

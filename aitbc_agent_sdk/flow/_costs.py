@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..market._discovery import eth_amount, stake_skip_text
+from ..records import FaultPolicy, ModelFootprint
 
 WEI_PER_ETH = 10**18
 
@@ -32,6 +33,7 @@ class CostPreview:
     stake_skipped: int = 0
     spot_checks: int | None = None  # segments re-executed per result; None: not part of this preview
     segments: int = 64  # a job's committed segments (JobConfig.segments)
+    verify_on: str = "coordinator"  # who re-executes them (FaultPolicy.verify_on, or what auto resolved to)
 
     @property
     def deposit_wei(self) -> int:
@@ -61,7 +63,7 @@ class CostPreview:
         if self.stake_skipped:
             lines.append(stake_skip_text(self.stake_skipped, self.min_stake_wei))
         if self.spot_checks is not None:
-            lines.append(verification_note(self.spot_checks, self.segments))
+            lines.append(verification_note(self.spot_checks, self.segments, self.verify_on))
         return lines
 
     def as_json(self) -> dict[str, object]:
@@ -69,26 +71,44 @@ class CostPreview:
                 "deposit_wei": str(self.deposit_wei), "spares_wei": str(self.spares_wei),
                 "most_wei": str(self.most_wei), "min_stake_wei": str(self.min_stake_wei),
                 "stake_skipped": self.stake_skipped,
-                **({"spot_checks": self.spot_checks, "segments": self.segments}
+                **({"spot_checks": self.spot_checks, "segments": self.segments, "verify_on": self.verify_on}
                    if self.spot_checks is not None else {})}
 
 
-def verification_note(spot_checks: int, segments: int) -> str:
-    """What checking every result will cost this machine: the share of a job it re-executes (CPU, not ETH)."""
+def verification_note(spot_checks: int, segments: int, verify_on: str = "coordinator") -> str:
+    """What checking every result will cost this machine: the share of a job it re-executes (CPU, not ETH),
+    all of it, only disputes (``market``), or by the worker's device class (``auto``)."""
     if spot_checks == 0:
         return "spot checks off (--spot-checks 0): no result is re-executed, so skipped work goes unnoticed"
     checked = min(spot_checks, segments)
+    share = f"about {100 * checked / max(segments, 1):.0f} % of each job's training compute"
+    if verify_on == "market":
+        return (f"every result is spot-checked by verifiers hired among the other workers: {checked} of its "
+                f"{segments} segments re-executed there ({share}); this machine re-executes only a disputed or "
+                f"unanswered segment (no ETH)")
+    if verify_on == "auto":
+        return (f"every result is spot-checked: {checked} of its {segments} segments re-executed ({share}), on "
+                f"this machine's CPU for a worker hired as a CPU, by verifiers among the other workers for a GPU "
+                f"(--verify-on auto; no ETH)")
     return (f"every result is spot-checked on this machine's CPU: {checked} of its {segments} segments "
-            f"re-executed, about {100 * checked / max(segments, 1):.0f} % of each job's training compute "
-            f"(no ETH)")
+            f"re-executed, {share} (no ETH)")
 
 
 def preview(prices_wei: Sequence[int], spare_prices_wei: Sequence[int], rounds: int, *, min_stake_wei: int = 0,
-            stake_skipped: int = 0, spot_checks: int | None = None, segments: int = 64) -> CostPreview:
+            stake_skipped: int = 0, spot_checks: int | None = None, segments: int = 64,
+            verify_on: str = "coordinator") -> CostPreview:
     return CostPreview(workers=len(prices_wei), rounds=rounds, prices_wei=tuple(prices_wei),
                        spares=len(spare_prices_wei), spare_prices_wei=tuple(spare_prices_wei),
                        min_stake_wei=min_stake_wei, stake_skipped=stake_skipped, spot_checks=spot_checks,
-                       segments=segments)
+                       segments=segments, verify_on=verify_on)
+
+
+def checks_where(faults: FaultPolicy, footprint: ModelFootprint | None) -> str:
+    """Who will re-execute a training's spot checks, as far as is known before hiring: ``auto`` becomes
+    ``market`` once the measured model is at or above the size that sends every check to verifiers."""
+    if faults.verify_on == "auto" and footprint is not None and footprint.parameters >= faults.market_verify_parameters:
+        return "market"
+    return faults.verify_on
 
 
 def estimate_text(cost: CostPreview, *, asked: int, hardware: str | None) -> str:

@@ -21,7 +21,7 @@ from ..records import TrainingPhase, TrainingRecord, TrainingSpec, largest_machi
 from ..records._footprint import describe
 from ..records._datasets import TargetKind
 from ..profile import training_dir
-from ._costs import CostPreview, preview
+from ._costs import CostPreview, checks_where, preview
 
 if TYPE_CHECKING:
     from eth_account.signers.local import LocalAccount
@@ -195,7 +195,8 @@ async def distribution_cost(home: Path, training_id: str) -> CostPreview:
         raise ConfigError(f"no workers under contract for {training_id}; run discover-workers first")
     return preview([c.price_wei for c in workers], [c.price_wei for c in spares], record.spec.rounds,
                    min_stake_wei=min_stake_of(record.spec), spot_checks=record.spec.faults.spot_checks,
-                   segments=record.spec.job.segments)
+                   segments=record.spec.job.segments,
+                   verify_on=checks_where(record.spec.faults, record.spec.footprint))
 
 
 def min_stake_of(spec: TrainingSpec) -> int:

@@ -134,10 +134,14 @@ class FaultPolicy(Record):
     reexec_tolerance: float = Field(default=0.05, ge=0.0, description=(
         "a re-executed segment may end this far (relative to the segment's own change) from the committed end "
         "state when the two devices differ; on equal CPUs the states must be equal bit for bit"))
-    verify_on: Literal["coordinator", "market"] = Field(default="coordinator", description=(
+    verify_on: Literal["coordinator", "market", "auto"] = Field(default="auto", description=(
         "who re-executes a spot check's segments: the coordinator's CPU, or verifiers hired among the training's "
         "other workers of the checked worker's device class (the coordinator re-executes only a disputed segment, "
-        "and falls back to its own check when no verifier is eligible)"))
+        "and falls back to its own check when no verifier is eligible); auto: the market for a worker hired as "
+        "anything but a CPU and for a model of at least market_verify_parameters, else the coordinator"))
+    market_verify_parameters: int = Field(default=25_000_000, ge=1, description=(
+        "with verify_on=auto, a model of at least this many parameters (as its jobs declare) is verified on the "
+        "market even on CPUs"))
     verify_timeout_s: float = Field(default=120.0, gt=0.0, description=(
         "seconds a verifier has to fetch the inputs, re-execute one segment and report"))
     canary_rate: float = Field(default=0.2, ge=0.0, le=1.0, description=(

@@ -154,7 +154,8 @@ async def _cost(agent: Agent, spec: TrainingSpec, source: str | Path, label_colu
     cost = flow.preview([w.price for w in selected], [w.price for w in spares], spec.rounds,
                         min_stake_wei=agent.coordinator.min_stake(spec.min_stake_wei),
                         stake_skipped=len(agent.coordinator.stake_skipped),
-                        spot_checks=spec.faults.spot_checks, segments=spec.job.segments)
+                        spot_checks=spec.faults.spot_checks, segments=spec.job.segments,
+                        verify_on=flow.checks_where(spec.faults, prepared.footprint))
     return cost, prepared
 
 

@@ -129,7 +129,9 @@ SpotChecksOption = Annotated[int, typer.Option(
 VerifyOnOption = Annotated[VerifyOnChoice, typer.Option(  # type: ignore[valid-type]
     "--verify-on", help="who re-executes a spot check's segments: the coordinator's CPU, or verifiers hired among "
                         "the training's other workers of the same device class (the coordinator then re-executes "
-                        "only a disputed segment)")]
+                        "only a disputed segment); auto: verifiers for a worker hired as a GPU and for a model of "
+                        f"{FaultPolicy.model_fields['market_verify_parameters'].default / 1e6:g}M parameters or more, "
+                        "this machine otherwise")]
 VerifyTimeoutOption = Annotated[float, typer.Option(
     "--verify-timeout", min=0.1, metavar="SECONDS",
     help="seconds a verifier has to fetch the inputs, re-execute one segment and report (with --verify-on market)")]

@@ -33,7 +33,7 @@ from ...errors import AitbcError
 from ...messaging import SignedChannel, topics
 from ...proof._tolerances import Comparison
 from ...proof._trajectory import boundary_hashes
-from ...records import JobAssignment, TrajectoryCommitment, VerifyReport, VerifyRequest
+from ...records import CPU_CLASS, JobAssignment, TrajectoryCommitment, VerifyReport, VerifyRequest
 from ...storage import ContentStore
 from ...tasks._trajectory_replay import Reexecution, relative_distance
 from ...wire._checkpoint import decode_metadata, decode_state, encode_state
@@ -57,6 +57,16 @@ class SegmentVerdict:
     referee: Reexecution | None
     local_seconds: float
     verifiers: int  # reports taken (real checks and canaries)
+
+
+def verified_on_market(verify_on: str, device_class: str, parameters: int, threshold: int) -> bool:
+    """Whether a check of a worker hired as ``device_class`` on a model of ``parameters`` goes to verifiers:
+    always with ``market``, never with ``coordinator``; with ``auto`` when the coordinator's CPU cannot
+    reproduce the worker's sums (it was not hired as a CPU) or the model has at least ``threshold``
+    parameters (too much to re-execute on the customer's machine)."""
+    if verify_on != "auto":
+        return verify_on == "market"
+    return device_class != CPU_CLASS or parameters >= threshold
 
 
 def perturbed_state(blob: bytes, rng: random.Random, noise: float = CANARY_NOISE) -> bytes:
@@ -96,12 +106,18 @@ class MarketVerifiers:
 
     def __init__(self, *, db: TrainingDatabase, store: ContentStore, channel: SignedChannel,
                  listener: TrainingListener, audit: AuditSink, slash: Slash, timeout_s: float, canary_rate: float,
-                 state_limit: int, rng: random.Random) -> None:
+                 state_limit: int, rng: random.Random, verify_on: str = "market",
+                 threshold_parameters: int = 1) -> None:
         self.db, self.store, self.channel, self.listener, self.audit = db, store, channel, listener, audit
+        self.verify_on, self.threshold_parameters = verify_on, threshold_parameters
         self.slash = slash
         self.timeout_s, self.canary_rate, self.state_limit = timeout_s, canary_rate, state_limit
         self.rng = rng
         self.caught: set[str] = set()  # verifiers shown wrong this round: never asked again
+
+    def takes(self, device_class: str, parameters: int) -> bool:
+        """Whether this check goes to verifiers (see :func:`verified_on_market`)."""
+        return verified_on_market(self.verify_on, device_class, parameters, self.threshold_parameters)
 
     async def pick(self, job: JobAssignment, device_class: str) -> JobAssignment | None:
         """A verifier's own job this round (its contract and wrapped key), drawn at random among the other

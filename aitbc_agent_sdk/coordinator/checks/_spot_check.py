@@ -88,6 +88,7 @@ class Spent:
 
     local_seconds: float = 0.0
     verifiers: int = 0
+    on_market: bool = False  # verifiers were asked: only the refereed segments ran here
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,7 @@ class SpotChecker:
         self.rng = rng or random.SystemRandom()
         self.policy = inputs.policy
         self.tolerances = tolerances if tolerances is not None else shipped_tolerances()
-        self.market = market  # verifiers re-execute; None: this coordinator does
+        self.market = market  # verifiers, for the checks they take (MarketVerifiers.takes); None: all run here
         self.max_bytes = boundary_limit(inputs.checkpoint_limit)
 
     async def check(self, job: JobAssignment, shard: Shard, commitment: TrajectoryCommitment,
@@ -146,6 +147,9 @@ class SpotChecker:
         try:
             device_class = await self._device_class(job)
             comparison = self._comparison(commitment, device_class)
+            parameters = job.footprint.parameters if job.footprint is not None else 0
+            market = self.market if self.market is not None and self.market.takes(device_class, parameters) else None
+            spent.on_market = market is not None
             opened = await self._open(job, segments, await self._opening_timeout(job, shard, commitment, segments))
             started = time.perf_counter()
             if isinstance(opened, WorkVerdict):
@@ -156,19 +160,20 @@ class SpotChecker:
                 # to four models) whatever the number of workers checked or segments drawn.
                 async with self.turn:
                     verdict = await self._reexecute(job, shard, commitment, segments, opened, comparison,
-                                                    device_class, spent)
+                                                    device_class, spent, market)
         except Exception as exc:  # fail closed: an error is a verdict, never a pass (cancelling still works)
             log.warning("spot check of job %s could not run", job.job_id, exc_info=True)
             verdict = check_crashed(exc)
         verdict = bounded(verdict)
         # Re-executing here is the verification's cost to the customer: all of it, or only the refereed segments.
-        seconds = time.perf_counter() - started if self.market is None else spent.local_seconds
+        seconds = spent.local_seconds if spent.on_market else time.perf_counter() - started
         # The evidence trail: which segments, and the verdict (the opened states are in the store by CID).
         await self.audit.append("spot_check", worker=job.worker_id, job_id=job.job_id, round=job.round,
                                 segments=list(segments), passed=verdict.problem is None, reason=verdict.problem,
                                 slashable=verdict.slashable, opened=cids, seconds=round(seconds, 3),
                                 exact=comparison.exact, tolerance=comparison.tolerance,
-                                tolerance_source=comparison.source, verifiers=spent.verifiers)
+                                tolerance_source=comparison.source, verifiers=spent.verifiers,
+                                verified_on="market" if spent.on_market else "coordinator")
         return SpotCheck(verdict, segments, seconds)
 
     async def _device_class(self, job: JobAssignment) -> str:
@@ -227,7 +232,7 @@ class SpotChecker:
 
     async def _reexecute(self, job: JobAssignment, shard: Shard, commitment: TrajectoryCommitment,
                          segments: tuple[int, ...], opened: Mapping[int, str], comparison: Comparison,
-                         device_class: str, spent: Spent) -> WorkVerdict:
+                         device_class: str, spent: Spent, market: MarketVerifiers | None) -> WorkVerdict:
         """Each drawn segment in turn: fetch its opened start and end, check them against the commitment and
         the task, re-execute, compare; then let them go. A proven contradiction ends the check at once; any
         other problem of a re-execution is kept while the remaining segments may still prove one."""
@@ -254,10 +259,10 @@ class SpotChecker:
                     reexecute_with_threads, commitment.threads, self.inputs.task, job.model, data, job.config,
                     job.seed, commitment, {segment: start})
                 return again[segment]
-            if self.market is None:
+            if market is None:
                 again = {segment: await here()}
             else:
-                found = await self.market.verify(job, commitment, segment, blobs, opened[segment], comparison,
+                found = await market.verify(job, commitment, segment, blobs, opened[segment], comparison,
                                                  device_class, here)
                 spent.local_seconds += found.local_seconds
                 spent.verifiers += found.verifiers

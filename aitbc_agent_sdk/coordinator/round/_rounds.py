@@ -341,13 +341,15 @@ class RoundRunner:
         await self.reassign.cancel_job(job.worker_id, job.job_id, reason)
 
     def _verifiers(self) -> MarketVerifiers | None:
-        """Verifiers hired among the round's workers, when the training's policy asks for them."""
-        if self.policy.verify_on != "market":
+        """Verifiers hired among the round's workers, when the training's policy may ask for them."""
+        if self.policy.verify_on == "coordinator":
             return None
         return MarketVerifiers(db=self.ports.db, store=self.ports.store, channel=self.ports.channel,
                                listener=self.listener, audit=self.audit, slash=self.reassign.slash,
                                timeout_s=self.policy.verify_timeout_s, canary_rate=self.policy.canary_rate,
-                               state_limit=boundary_limit(self.inputs.checkpoint_limit), rng=random.SystemRandom())
+                               state_limit=boundary_limit(self.inputs.checkpoint_limit), rng=random.SystemRandom(),
+                               verify_on=self.policy.verify_on,
+                               threshold_parameters=self.policy.market_verify_parameters)
 
     # -- the round's norm check and aggregation --------------------------------------------
     async def _judge_norms(self) -> None:
