@@ -4,15 +4,22 @@ The lying verifiers are the chaos suite's (scripts/chaos/verifiers.py); their re
 mosquitto, anvil and js-ipfs, are in tests/test_chaos.py.
 """
 
+import asyncio
+import contextlib
+from functools import partial
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from aitbc_agent_sdk import Agent, AgentConfig, JobConfig, TrainingPhase, TrainingSpec
 from aitbc_agent_sdk.chain import training_key
 from aitbc_agent_sdk.records import FaultPolicy
-from aitbc_agent_sdk._stack import EMBEDDED_STAKE
+from aitbc_agent_sdk._stack import EMBEDDED_STAKE, join_embedded_market
+from aitbc_agent_sdk.provider import ProviderAgent
 from scripts.chaos.lazy import LAZY
 from scripts.chaos.verifiers import HostileVerifier, LazyVerifier
-from tests.test_fault_tolerance import events, join_market, warm
+from tests.test_fault_tolerance import CHEAPEST, events, join_market, warm
 
 
 def market_spec(canary_rate: float, workers: int = 4, **where: object) -> TrainingSpec:
@@ -50,6 +57,56 @@ async def test_verifiers_on_the_market_re_execute_every_check_and_the_coordinato
     assert all(e["verified_on"] == "market" for e in checks)
     assert report.verification is not None and report.verification.coordinator_seconds == 0
     assert wages == {w.address: w.price_wei for w in report.workers if w.role == "worker"}
+
+
+class Overlap:
+    """Verifications in flight across a set of providers, and the most at once."""
+
+    def __init__(self) -> None:
+        self.in_flight = self.most = 0
+        self.two = asyncio.Event()
+
+
+class SlowVerifier(ProviderAgent):
+    """An honest verifier that is slow: it starts re-executing only once another verification is in flight
+    too (or after 20 s), as a busy GPU box would answer late."""
+
+    def __init__(self, *args: Any, overlap: Overlap, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.overlap = overlap
+
+    async def verify_segment(self, process: Any, owner: Any, request: Any, job_dir: Path) -> Any:
+        overlap = self.overlap
+        overlap.in_flight += 1
+        overlap.most = max(overlap.most, overlap.in_flight)
+        if overlap.in_flight >= 2:
+            overlap.two.set()
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(overlap.two.wait(), 20.0)
+            return await super().verify_segment(process, owner, request, job_dir)
+        finally:
+            overlap.in_flight -= 1
+
+
+async def test_checks_wait_for_their_verifiers_at_once_not_in_turn(aitbc_home):
+    """The coordinator holds its spot-check turn (and the opened states) only to send a segment and to
+    judge a report that does not agree; while verifiers work, the other workers' checks go on. Holding it
+    throughout, as before, lets only one verification be in flight at a time."""
+    overlap = Overlap()
+    async with Agent(AgentConfig(home=aitbc_home, providers=1)) as agent, contextlib.AsyncExitStack() as stack:
+        for _ in range(3):
+            slow = await join_embedded_market(agent.stack, agent.config.home, CHEAPEST,
+                                              factory=partial(SlowVerifier, overlap=overlap))
+            await stack.enter_async_context(slow)
+            await warm(slow)
+        report = await agent.run_distributed_training(market_spec(canary_rate=0.0, workers=3))
+        log = events(agent, report.training_id)
+    assert report.status == TrainingPhase.COMPLETE
+    assert overlap.most >= 2  # two verifiers re-executing for two checks at once
+    verified = [e for e in log if e["event"] == "verification"]
+    assert len(verified) == 6 and all(e["outcome"] == "agreed" for e in verified)
+    assert not [e for e in log if e["event"] in ("result_rejected", "slashed", "verifier_wrong")]
 
 
 async def test_a_hostile_verifier_loses_to_the_referee_and_is_slashed_while_the_worker_is_paid(aitbc_home):

@@ -20,11 +20,12 @@ dispute or the coordinator's own check catches the worker (see docs/threat-model
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -56,7 +57,19 @@ class SegmentVerdict:
     agreed: bool
     referee: Reexecution | None
     local_seconds: float
-    verifiers: int  # reports taken (real checks and canaries)
+
+
+@dataclass(frozen=True)
+class Asked:
+    """One segment's requests out to one verifier: the real check and, at the canary rate, a canary."""
+
+    verifier: JobAssignment
+    real: asyncio.Task[VerifyReport | None]
+    canary: asyncio.Task[bool] | None  # True once the verifier is caught reporting the committed end for it
+
+    @property
+    def reports(self) -> int:
+        return 1 + (self.canary is not None)
 
 
 def verified_on_market(verify_on: str, device_class: str, parameters: int, threshold: int) -> bool:
@@ -114,37 +127,86 @@ class MarketVerifiers:
         self.timeout_s, self.canary_rate, self.state_limit = timeout_s, canary_rate, state_limit
         self.rng = rng
         self.caught: set[str] = set()  # verifiers shown wrong this round: never asked again
+        self.busy: set[str] = set()  # verifiers a check of this round holds
+        self.freed = asyncio.Condition()
 
     def takes(self, device_class: str, parameters: int) -> bool:
         """Whether this check goes to verifiers (see :func:`verified_on_market`)."""
         return verified_on_market(self.verify_on, device_class, parameters, self.threshold_parameters)
 
-    async def pick(self, job: JobAssignment, device_class: str) -> JobAssignment | None:
-        """A verifier's own job this round (its contract and wrapped key), drawn at random among the other
-        workers hired as ``device_class``; None when there is none."""
+    @contextlib.asynccontextmanager
+    async def reserved(self, job: JobAssignment, device_class: str) -> AsyncIterator[JobAssignment | None]:
+        """A verifier for one segment of ``job``: its own job this round (its contract and wrapped key),
+        drawn at random among the other workers hired as ``device_class`` that no other check of this round
+        holds, and held until the block ends; None when none is eligible. Checks run at once, so this waits
+        for one to be free rather than queue requests behind its own work (see docs/protocol.md)."""
         classes = {c.worker_id: c.device_class for c in await self.db.contracts(job.training_id)}
         latest: dict[str, JobAssignment] = {}
         for other in await self.db.jobs(job.training_id, job.round):
             latest[other.worker_id] = other
-        eligible = sorted((w for w, own in latest.items() if w != job.worker_id and w not in self.caught
-                           and classes.get(w) == device_class), key=str)
-        return latest[self.rng.choice(eligible)] if eligible else None
+        eligible = sorted((w for w, own in latest.items() if w != job.worker_id and classes.get(w) == device_class),
+                          key=str)
+        async with self.freed:
+            await self.freed.wait_for(lambda: not self._usable(eligible) or self._usable(eligible) - self.busy)
+            free = sorted(self._usable(eligible) - self.busy, key=str)
+            chosen = latest[self.rng.choice(free)] if free else None
+            if chosen is not None:
+                self.busy.add(chosen.worker_id)
+        try:
+            yield chosen
+        finally:
+            if chosen is not None:
+                async with self.freed:
+                    self.busy.discard(chosen.worker_id)
+                    self.freed.notify_all()
 
-    async def verify(self, job: JobAssignment, commitment: TrajectoryCommitment, segment: int,
-                     blobs: Mapping[int, bytes], start_cid: str, comparison: Comparison, device_class: str,
-                     referee: Referee) -> SegmentVerdict:
-        verifier = await self.pick(job, device_class)
-        if verifier is None:
-            return await self._refereed(job, segment, None, "no eligible verifier: re-executed here", referee, 0)
-        start, end = blobs[segment], blobs[segment + 1]
+    def _usable(self, eligible: list[str]) -> set[str]:
+        return {w for w in eligible if w not in self.caught}
+
+    async def ask(self, verifier: JobAssignment, job: JobAssignment, commitment: TrajectoryCommitment,
+                  segment: int, start: bytes, start_cid: str) -> Asked:
+        """Send ``segment`` to ``verifier`` (:meth:`reserved`), and at ``canary_rate`` a canary made from
+        ``start`` too. The answers are awaited apart (:meth:`answer`), so the caller need not hold the opened
+        states, nor its turn, while verifiers work."""
         real = asyncio.create_task(self._ask(verifier, job, commitment, segment, start_cid, len(start), None))
         canary = None
         if self.rng.random() < self.canary_rate:
-            canary = asyncio.create_task(self._canary(verifier, job, commitment, segment, start))
-        report = await real
-        asked = 1 + (canary is not None)
-        if canary is not None and await canary:
-            report = None  # a lazy verifier's agreement proves nothing
+            blob = await asyncio.to_thread(perturbed_state, start, self.rng)
+            canary_hash = (await asyncio.to_thread(boundary_hashes, blob))[1]
+            cid = await self.store.add(blob)
+            canary = asyncio.create_task(self._canary(verifier, job, commitment, segment, cid, len(blob),
+                                                      canary_hash))
+        return Asked(verifier, real, canary)
+
+    async def answer(self, asked: Asked) -> VerifyReport | None:
+        """The verifier's report; None when it did not answer, or reported the committed end for a canary
+        (then its agreement proves nothing)."""
+        try:
+            report = await asked.real
+            if asked.canary is not None and await asked.canary:
+                return None
+            return report
+        finally:  # a cancelled check leaves no request waiting
+            for waiting in (asked.real, asked.canary):
+                if waiting is not None:
+                    waiting.cancel()
+
+    async def agreed(self, job: JobAssignment, commitment: TrajectoryCommitment, segment: int,
+                     report: VerifyReport | None) -> bool:
+        """Whether ``report`` ends the segment where the worker committed, bit for bit; then it passes, and
+        nothing more is fetched or trained here."""
+        if report is None or report.problem is not None or report.state_hash != commitment.state_hashes[segment + 1]:
+            return False
+        await self.audit.append("verification", worker=job.worker_id, job_id=job.job_id, round=job.round,
+                                segment=segment, verifier=report.verifier_id, outcome="agreed", end_cid=report.end_cid)
+        return True
+
+    async def judge(self, job: JobAssignment, commitment: TrajectoryCommitment, segment: int,
+                    blobs: Mapping[int, bytes], comparison: Comparison, asked: Asked, report: VerifyReport | None,
+                    referee: Referee) -> SegmentVerdict:
+        """A report that did not agree bit for bit: within the class's tolerance it still agrees; otherwise
+        (or unanswered, or unusable) the coordinator referees, and a verifier its replay shows wrong pays."""
+        start, end = blobs[segment], blobs[segment + 1]
         ended = None
         if report is not None and report.problem is None and not comparison.exact:
             ended = await self._ended(report)  # compared within a tolerance: its end state itself
@@ -152,7 +214,7 @@ class MarketVerifiers:
                 report = report.model_copy(update={"problem": "its end state could not be fetched or hashed"})
         if report is None or report.problem is not None:
             why = "no answer" if report is None else f"could not re-execute ({report.problem})"
-            return await self._refereed(job, segment, None, f"verifier {verifier.worker_id}: {why}", referee, asked)
+            return await self._refereed(job, segment, None, f"verifier {asked.verifier.worker_id}: {why}", referee)
         assert report.state_hash is not None
         start_model = model_of(start)
         committed = None if comparison.exact else model_of(end)
@@ -161,8 +223,8 @@ class MarketVerifiers:
             await self.audit.append("verification", worker=job.worker_id, job_id=job.job_id, round=job.round,
                                     segment=segment, verifier=report.verifier_id, outcome="agreed",
                                     end_cid=report.end_cid)
-            return SegmentVerdict(True, None, 0.0, asked)
-        found = await self._refereed(job, segment, report, "disputed: re-executed here as the referee", referee, asked)
+            return SegmentVerdict(True, None, 0.0)
+        found = await self._refereed(job, segment, report, "disputed: re-executed here as the referee", referee)
         again = found.referee
         if again is not None and again.problem is None and not ends_agree(
                 comparison.exact, comparison.tolerance, report.state_hash, ended, again.state_hash, again.model,
@@ -170,15 +232,19 @@ class MarketVerifiers:
             await self._punish(report, job.round, "its re-execution disagrees with the referee's")
         return found
 
+    async def unverified(self, job: JobAssignment, segment: int, referee: Referee) -> SegmentVerdict:
+        """No verifier was eligible: the coordinator re-executes the segment itself."""
+        return await self._refereed(job, segment, None, "no eligible verifier: re-executed here", referee)
+
     async def _refereed(self, job: JobAssignment, segment: int, report: VerifyReport | None, why: str,
-                        referee: Referee, asked: int) -> SegmentVerdict:
+                        referee: Referee) -> SegmentVerdict:
         started = time.perf_counter()
         again = await referee()
         seconds = time.perf_counter() - started
         await self.audit.append("verification", worker=job.worker_id, job_id=job.job_id, round=job.round,
                                 segment=segment, verifier=report.verifier_id if report else None, outcome="refereed",
                                 reason=why, seconds=round(seconds, 3))
-        return SegmentVerdict(False, again, seconds, asked)
+        return SegmentVerdict(False, again, seconds)
 
     async def _ask(self, verifier: JobAssignment, job: JobAssignment, commitment: TrajectoryCommitment, segment: int,
                    start_cid: str, start_bytes: int, canary_hash: str | None) -> VerifyReport | None:
@@ -204,12 +270,10 @@ class MarketVerifiers:
             return None
 
     async def _canary(self, verifier: JobAssignment, job: JobAssignment, commitment: TrajectoryCommitment,
-                      segment: int, start: bytes) -> bool:
-        """Send a perturbed start; True when the verifier reports the committed end for it (it did not train)."""
-        blob = await asyncio.to_thread(perturbed_state, start, self.rng)
-        canary_hash = (await asyncio.to_thread(boundary_hashes, blob))[1]
-        cid = await self.store.add(blob)
-        report = await self._ask(verifier, job, commitment, segment, cid, len(blob), canary_hash)
+                      segment: int, cid: str, size: int, canary_hash: str) -> bool:
+        """Ask for a canary (a perturbed start, already stored at ``cid``); True when the verifier reports the
+        committed end for it (it did not train)."""
+        report = await self._ask(verifier, job, commitment, segment, cid, size, canary_hash)
         lazy = report is not None and report.problem is None and (
             report.state_hash == commitment.state_hashes[segment + 1]
             or report.model_hash == commitment.model_hashes[segment + 1])

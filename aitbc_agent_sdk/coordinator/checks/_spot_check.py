@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -118,6 +119,18 @@ def reexecute_with_threads(threads: int, *args: Any) -> dict[int, Reexecution]:
             torch.set_num_threads(before)
 
 
+@dataclass(frozen=True)
+class _CheckInputs:
+    """What re-executing any drawn segment of one check needs: the job, its commitment, the shard's data,
+    the opened states' CIDs and how ends are compared."""
+
+    job: JobAssignment
+    commitment: TrajectoryCommitment
+    data: Any
+    opened: Mapping[int, str]
+    comparison: Comparison
+
+
 class SpotChecker:
     """Spot checks for one round; the shards it re-executes on are loaded once and kept for the round."""
 
@@ -156,11 +169,8 @@ class SpotChecker:
                 verdict = opened
             else:
                 cids = {str(b): cid for b, cid in opened.items()}
-                # One check at a time, one segment at a time: the coordinator holds two opened states (each up
-                # to four models) whatever the number of workers checked or segments drawn.
-                async with self.turn:
-                    verdict = await self._reexecute(job, shard, commitment, segments, opened, comparison,
-                                                    device_class, spent, market)
+                verdict = await self._reexecute(job, shard, commitment, segments, opened, comparison,
+                                                device_class, spent, market)
         except Exception as exc:  # fail closed: an error is a verdict, never a pass (cancelling still works)
             log.warning("spot check of job %s could not run", job.job_id, exc_info=True)
             verdict = check_crashed(exc)
@@ -234,49 +244,101 @@ class SpotChecker:
                          segments: tuple[int, ...], opened: Mapping[int, str], comparison: Comparison,
                          device_class: str, spent: Spent, market: MarketVerifiers | None) -> WorkVerdict:
         """Each drawn segment in turn: fetch its opened start and end, check them against the commitment and
-        the task, re-execute, compare; then let them go. A proven contradiction ends the check at once; any
-        other problem of a re-execution is kept while the remaining segments may still prove one."""
+        the task, re-execute (here or by a verifier), compare; then let them go. A proven contradiction ends
+        the check at once; any other problem of a re-execution is kept while the remaining segments may
+        still prove one."""
         data = await self.data.load(shard.cid)
+        check = _CheckInputs(job, commitment, data, opened, comparison)
         first_problem: WorkVerdict | None = None
         for segment in segments:
-            blobs = await self._fetch({b: opened[b] for b in (segment, segment + 1)})
-            if isinstance(blobs, WorkVerdict):
-                return blobs
-            for boundary, blob in blobs.items():
-                try:
-                    _, state_hash = await asyncio.to_thread(boundary_hashes, blob)
-                except Exception as exc:  # not a boundary file at all
-                    return WorkVerdict(f"missing work: opened boundary {boundary} is malformed ({exc})")
-                if state_hash != commitment.state_hashes[boundary]:
-                    return WorkVerdict(f"missing work: opened boundary {boundary} does not match the commitment")
-            # Both opened states must be ones the task could be in before anything is replayed.
-            unfit = await asyncio.to_thread(unfit_states, self.inputs.task, job.model, data, job.config, blobs)
-            if unfit:
-                boundary, problem = next(iter(unfit.items()))
-                return unverifiable(f"opened boundary {boundary} is not a state of this task: {problem}")
-            async def here(start: bytes = blobs[segment], segment: int = segment) -> Reexecution:
-                again = await asyncio.to_thread(
-                    reexecute_with_threads, commitment.threads, self.inputs.task, job.model, data, job.config,
-                    job.seed, commitment, {segment: start})
-                return again[segment]
             if market is None:
-                again = {segment: await here()}
+                # One check at a time, one segment at a time: the coordinator holds two opened states (each up
+                # to four models) whatever the number of workers checked or segments drawn.
+                async with self.turn:
+                    verdict, final = await self._here(check, segment)
             else:
-                found = await market.verify(job, commitment, segment, blobs, opened[segment], comparison,
-                                                 device_class, here)
-                spent.local_seconds += found.local_seconds
-                spent.verifiers += found.verifiers
-                if found.agreed:
-                    continue
-                assert found.referee is not None
-                again = {segment: found.referee}
-            verdict = await self._compare(commitment, (segment,), blobs, again, comparison)
-            if verdict.slashable:
+                verdict, final = await self._on_market(check, segment, device_class, spent, market)
+            if final:
                 return verdict
             if verdict.problem is not None and first_problem is None:
                 first_problem = verdict
-            del blobs, again
         return first_problem or PASS
+
+    async def _here(self, check: _CheckInputs, segment: int) -> tuple[WorkVerdict, bool]:
+        """The segment re-executed on this machine; its verdict, and whether that ends the check."""
+        blobs = await self._load(check, segment, fit=True)
+        if isinstance(blobs, WorkVerdict):
+            return blobs, True
+        return await self._judged(check, segment, blobs, await self._replay(check, segment, blobs[segment]))
+
+    async def _on_market(self, check: _CheckInputs, segment: int, device_class: str, spent: Spent,
+                         market: MarketVerifiers) -> tuple[WorkVerdict, bool]:
+        """The segment re-executed by a verifier. The opened states are held, and the turn taken, only to
+        check them and send the requests, and again if the report does not agree bit for bit: while
+        verifiers work, other checks go on."""
+        # The verifier first, the turn second: a check holding the turn never waits for a verifier another
+        # check holds (and that check may need the turn to judge its report).
+        async with market.reserved(check.job, device_class) as verifier:
+            async with self.turn:
+                blobs = await self._load(check, segment, fit=True)
+                if isinstance(blobs, WorkVerdict):
+                    return blobs, True
+                if verifier is None:
+                    replay = partial(self._replay, check, segment, blobs[segment])
+                    found = await market.unverified(check.job, segment, replay)
+                    spent.local_seconds += found.local_seconds
+                    assert found.referee is not None
+                    return await self._judged(check, segment, blobs, found.referee)
+                asked = await market.ask(verifier, check.job, check.commitment, segment, blobs[segment],
+                                         check.opened[segment])
+                del blobs
+            report = await market.answer(asked)
+        spent.verifiers += asked.reports
+        if await market.agreed(check.job, check.commitment, segment, report):
+            return PASS, False
+        async with self.turn:
+            blobs = await self._load(check, segment, fit=False)  # the same CIDs: checked for the task already
+            if isinstance(blobs, WorkVerdict):
+                return blobs, True
+            found = await market.judge(check.job, check.commitment, segment, blobs, check.comparison, asked, report,
+                                       partial(self._replay, check, segment, blobs[segment]))
+            spent.local_seconds += found.local_seconds
+            if found.agreed:
+                return PASS, False
+            assert found.referee is not None
+            return await self._judged(check, segment, blobs, found.referee)
+
+    async def _load(self, check: _CheckInputs, segment: int, fit: bool) -> dict[int, bytes] | WorkVerdict:
+        """The opened start and end of ``segment``, each hashing as committed and (with ``fit``) a state the
+        task could be in."""
+        blobs = await self._fetch({b: check.opened[b] for b in (segment, segment + 1)})
+        if isinstance(blobs, WorkVerdict):
+            return blobs
+        for boundary, blob in blobs.items():
+            try:
+                _, state_hash = await asyncio.to_thread(boundary_hashes, blob)
+            except Exception as exc:  # not a boundary file at all
+                return WorkVerdict(f"missing work: opened boundary {boundary} is malformed ({exc})")
+            if state_hash != check.commitment.state_hashes[boundary]:
+                return WorkVerdict(f"missing work: opened boundary {boundary} does not match the commitment")
+        if fit:  # both opened states must be ones the task could be in before anything is replayed
+            job = check.job
+            unfit = await asyncio.to_thread(unfit_states, self.inputs.task, job.model, check.data, job.config, blobs)
+            if unfit:
+                boundary, problem = next(iter(unfit.items()))
+                return unverifiable(f"opened boundary {boundary} is not a state of this task: {problem}")
+        return blobs
+
+    async def _replay(self, check: _CheckInputs, segment: int, start: bytes) -> Reexecution:
+        job = check.job
+        again = await asyncio.to_thread(reexecute_with_threads, check.commitment.threads, self.inputs.task, job.model,
+                                        check.data, job.config, job.seed, check.commitment, {segment: start})
+        return again[segment]
+
+    async def _judged(self, check: _CheckInputs, segment: int, blobs: Mapping[int, bytes],
+                      again: Reexecution) -> tuple[WorkVerdict, bool]:
+        verdict = await self._compare(check.commitment, (segment,), blobs, {segment: again}, check.comparison)
+        return verdict, verdict.slashable
 
     async def _compare(self, commitment: TrajectoryCommitment, segments: tuple[int, ...],
                        blobs: Mapping[int, bytes], again: Mapping[int, Reexecution],
