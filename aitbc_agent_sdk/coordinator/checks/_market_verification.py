@@ -163,17 +163,25 @@ class MarketVerifiers:
     def _usable(self, eligible: list[str]) -> set[str]:
         return {w for w in eligible if w not in self.caught}
 
+    def draws_canary(self) -> bool:
+        """Whether this segment's request goes out with a canary (then the caller fetches its start)."""
+        return self.rng.random() < self.canary_rate
+
     async def ask(self, verifier: JobAssignment, job: JobAssignment, commitment: TrajectoryCommitment,
-                  segment: int, start: bytes, start_cid: str) -> Asked:
-        """Send ``segment`` to ``verifier`` (:meth:`reserved`), and at ``canary_rate`` a canary made from
-        ``start`` too. The answers are awaited apart (:meth:`answer`), so the caller need not hold the opened
-        states, nor its turn, while verifiers work."""
-        real = asyncio.create_task(self._ask(verifier, job, commitment, segment, start_cid, len(start), None))
+                  segment: int, start_cid: str, start_bytes: int, canary_from: bytes | None) -> Asked:
+        """Send ``segment`` to ``verifier`` (:meth:`reserved`), and with ``canary_from`` (the opened start) a
+        canary made from it too. The answers are awaited apart (:meth:`answer`), so the caller need not hold
+        the opened states, nor its turn, while verifiers work."""
+        real = asyncio.create_task(self._ask(verifier, job, commitment, segment, start_cid, start_bytes, None))
         canary = None
-        if self.rng.random() < self.canary_rate:
-            blob = await asyncio.to_thread(perturbed_state, start, self.rng)
-            canary_hash = (await asyncio.to_thread(boundary_hashes, blob))[1]
-            cid = await self.store.add(blob)
+        if canary_from is not None:
+            try:
+                blob = await asyncio.to_thread(perturbed_state, canary_from, self.rng)
+                canary_hash = (await asyncio.to_thread(boundary_hashes, blob))[1]
+                cid = await self.store.add(blob)
+            except BaseException:
+                real.cancel()
+                raise
             canary = asyncio.create_task(self._canary(verifier, job, commitment, segment, cid, len(blob),
                                                       canary_hash))
         return Asked(verifier, real, canary)

@@ -28,7 +28,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -53,7 +53,7 @@ from .._listener import TrainingListener
 from .._logbook import AuditSink
 from ..round._round_times import RoundTimes
 from .._training_db import TrainingDatabase
-from ._market_verification import MarketVerifiers
+from ._market_verification import MarketVerifiers, Referee, SegmentVerdict
 from ._work_checks import (
     PASS, WorkVerdict, bounded, check_crashed, pick_segments, reexecution_verdict, unverifiable,
 )
@@ -117,6 +117,9 @@ def reexecute_with_threads(threads: int, *args: Any) -> dict[int, Reexecution]:
             return reexecute_segments(*args)
         finally:
             torch.set_num_threads(before)
+
+
+Unverified = Callable[[JobAssignment, int, Referee], Awaitable[SegmentVerdict]]
 
 
 @dataclass(frozen=True)
@@ -264,40 +267,52 @@ class SpotChecker:
                 first_problem = verdict
         return first_problem or PASS
 
-    async def _here(self, check: _CheckInputs, segment: int) -> tuple[WorkVerdict, bool]:
-        """The segment re-executed on this machine; its verdict, and whether that ends the check."""
+    async def _here(self, check: _CheckInputs, segment: int, unverified: Unverified | None = None,
+                    spent: Spent | None = None) -> tuple[WorkVerdict, bool]:
+        """The segment re-executed on this machine (with ``unverified``: because no verifier was eligible);
+        its verdict, and whether that ends the check."""
         blobs = await self._load(check, segment, fit=True)
         if isinstance(blobs, WorkVerdict):
             return blobs, True
-        return await self._judged(check, segment, blobs, await self._replay(check, segment, blobs[segment]))
+        replay = partial(self._replay, check, segment, blobs[segment])
+        if unverified is None:
+            return await self._judged(check, segment, blobs, await replay())
+        found = await unverified(check.job, segment, replay)
+        assert found.referee is not None and spent is not None
+        spent.local_seconds += found.local_seconds
+        return await self._judged(check, segment, blobs, found.referee)
 
     async def _on_market(self, check: _CheckInputs, segment: int, device_class: str, spent: Spent,
                          market: MarketVerifiers) -> tuple[WorkVerdict, bool]:
-        """The segment re-executed by a verifier. The opened states are held, and the turn taken, only to
-        check them and send the requests, and again if the report does not agree bit for bit: while
-        verifiers work, other checks go on."""
+        """The segment re-executed by a verifier, which fetches the opened start and checks it against the
+        commitment itself. This machine fetches the start only to make a canary of it, and both states
+        only to judge a report that does not agree bit for bit; it holds them, and its turn, only then:
+        while verifiers work, other checks go on."""
         # The verifier first, the turn second: a check holding the turn never waits for a verifier another
         # check holds (and that check may need the turn to judge its report).
         async with market.reserved(check.job, device_class) as verifier:
-            async with self.turn:
-                blobs = await self._load(check, segment, fit=True)
-                if isinstance(blobs, WorkVerdict):
-                    return blobs, True
-                if verifier is None:
-                    replay = partial(self._replay, check, segment, blobs[segment])
-                    found = await market.unverified(check.job, segment, replay)
-                    spent.local_seconds += found.local_seconds
-                    assert found.referee is not None
-                    return await self._judged(check, segment, blobs, found.referee)
-                asked = await market.ask(verifier, check.job, check.commitment, segment, blobs[segment],
-                                         check.opened[segment])
-                del blobs
+            if verifier is None:
+                async with self.turn:
+                    return await self._here(check, segment, market.unverified, spent)
+            start_cid = check.opened[segment]
+            size = await self._declared_size(start_cid)
+            if size is None or market.draws_canary():
+                async with self.turn:
+                    blobs = await self._load(check, segment, fit=False, boundaries=(segment,))
+                    if isinstance(blobs, WorkVerdict):
+                        return blobs, True
+                    start = blobs[segment]
+                    asked = await market.ask(verifier, check.job, check.commitment, segment, start_cid, len(start),
+                                             start if size is not None else None)
+                    del blobs, start
+            else:
+                asked = await market.ask(verifier, check.job, check.commitment, segment, start_cid, size, None)
             report = await market.answer(asked)
         spent.verifiers += asked.reports
         if await market.agreed(check.job, check.commitment, segment, report):
             return PASS, False
         async with self.turn:
-            blobs = await self._load(check, segment, fit=False)  # the same CIDs: checked for the task already
+            blobs = await self._load(check, segment, fit=True)
             if isinstance(blobs, WorkVerdict):
                 return blobs, True
             found = await market.judge(check.job, check.commitment, segment, blobs, check.comparison, asked, report,
@@ -308,10 +323,21 @@ class SpotChecker:
             assert found.referee is not None
             return await self._judged(check, segment, blobs, found.referee)
 
-    async def _load(self, check: _CheckInputs, segment: int, fit: bool) -> dict[int, bytes] | WorkVerdict:
-        """The opened start and end of ``segment``, each hashing as committed and (with ``fit``) a state the
-        task could be in."""
-        blobs = await self._fetch({b: check.opened[b] for b in (segment, segment + 1)})
+    async def _declared_size(self, cid: str) -> int | None:
+        """What an opened state's root block says it holds, within the bound; None when it cannot be read
+        in time or is beyond the bound (then the state is fetched here, and judged as any other)."""
+        try:
+            size = await asyncio.wait_for(self.store.size(cid), self.policy.fetch_timeout_s)
+        except Exception:  # unreadable: fetched here, where a problem is the worker's verdict
+            return None
+        return size if 0 < size <= self.max_bytes else None
+
+    async def _load(self, check: _CheckInputs, segment: int, fit: bool,
+                    boundaries: tuple[int, ...] | None = None) -> dict[int, bytes] | WorkVerdict:
+        """The opened start and end of ``segment`` (or only ``boundaries``), each hashing as committed and
+        (with ``fit``) a state the task could be in."""
+        wanted = boundaries if boundaries is not None else (segment, segment + 1)
+        blobs = await self._fetch({b: check.opened[b] for b in wanted})
         if isinstance(blobs, WorkVerdict):
             return blobs
         for boundary, blob in blobs.items():
