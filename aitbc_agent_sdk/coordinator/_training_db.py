@@ -301,6 +301,13 @@ class TrainingDatabase:
         await self._run(lambda c: c.execute("INSERT INTO strikes VALUES (?,?,?,?,?)",
                                             (training_id, worker_id, job_id, reason, time.time())))
 
+    async def struck_verifiers(self, training_id: str) -> set[str]:
+        """Workers of ``training_id`` shown wrong as verifiers (strikes saved with a ``verifier:`` reason)."""
+        rows = await self._run(lambda c: c.execute(
+            "SELECT DISTINCT worker_id FROM strikes WHERE training_id=? AND reason LIKE 'verifier:%'",
+            (training_id,)).fetchall())
+        return {str(row[0]) for row in rows}
+
     async def strikes(self, worker_id: str) -> int:
         rows = await self._run(lambda c: c.execute(
             "SELECT COUNT(*) FROM strikes WHERE worker_id=?", (worker_id,)).fetchone())

@@ -126,7 +126,7 @@ class MarketVerifiers:
         self.slash = slash
         self.timeout_s, self.canary_rate, self.state_limit = timeout_s, canary_rate, state_limit
         self.rng = rng
-        self.caught: set[str] = set()  # verifiers shown wrong this round: never asked again
+        self.caught: set[str] = set()  # verifiers shown wrong in this training: never asked again
         self.busy: set[str] = set()  # verifiers a check of this round holds
         self.freed = asyncio.Condition()
 
@@ -141,6 +141,7 @@ class MarketVerifiers:
         holds, and held until the block ends; None when none is eligible. Checks run at once, so this waits
         for one to be free rather than queue requests behind its own work (see docs/protocol.md)."""
         classes = {c.worker_id: c.device_class for c in await self.db.contracts(job.training_id)}
+        self.caught |= await self.db.struck_verifiers(job.training_id)  # in earlier rounds too
         latest: dict[str, JobAssignment] = {}
         for other in await self.db.jobs(job.training_id, job.round):
             latest[other.worker_id] = other
