@@ -214,15 +214,16 @@ def test_a_canary_start_is_a_different_state_of_the_same_shape_and_ends_compare_
 
 
 def test_auto_sends_a_gpu_or_a_large_model_to_the_market_and_a_small_cpu_job_to_the_coordinator():
-    from aitbc_agent_sdk.coordinator.checks._market_verification import verified_on_market
     from aitbc_agent_sdk.flow import checks_where
     from aitbc_agent_sdk.records import ModelFootprint
 
-    assert not verified_on_market("auto", "cpu", 10_000, 25_000_000)
-    assert verified_on_market("auto", "cpu", 25_000_000, 25_000_000)  # at the threshold: too much for a laptop
-    assert verified_on_market("auto", "NVIDIA H100 80GB HBM3", 10_000, 25_000_000)
-    assert verified_on_market("auto", "unconfirmed", 10_000, 25_000_000)  # not a CPU: cannot be reproduced here
-    assert verified_on_market("market", "cpu", 1, 25_000_000) and not verified_on_market("coordinator", "h100", 10**9, 1)
+    auto = FaultPolicy(verify_on="auto", market_verify_parameters=25_000_000)
+    assert not auto.verified_on_market("cpu", 10_000)
+    assert auto.verified_on_market("cpu", 25_000_000)  # at the threshold: too much for a laptop
+    assert auto.verified_on_market("NVIDIA H100 80GB HBM3", 10_000)
+    assert auto.verified_on_market("unconfirmed", 10_000)  # not a CPU: cannot be reproduced here
+    assert FaultPolicy(verify_on="market").verified_on_market("cpu", 1)
+    assert not FaultPolicy(verify_on="coordinator", market_verify_parameters=1).verified_on_market("h100", 10**9)
     # the cost preview: auto resolves to the market once the rehearsal measured a large model
     big = ModelFootprint(parameters=85_000_000, weights_bytes=340_000_000, parameter_bytes=340_000_000,
                          optimizer_bytes=680_000_000, activation_bytes=1)

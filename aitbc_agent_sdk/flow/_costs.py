@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..market._discovery import eth_amount, stake_skip_text
-from ..records import FaultPolicy, ModelFootprint
+from ..records import CPU_CLASS, FaultPolicy, ModelFootprint
 
 WEI_PER_ETH = 10**18
 
@@ -106,9 +106,8 @@ def preview(prices_wei: Sequence[int], spare_prices_wei: Sequence[int], rounds: 
 def checks_where(faults: FaultPolicy, footprint: ModelFootprint | None) -> str:
     """Who will re-execute a training's spot checks, as far as is known before hiring: ``auto`` becomes
     ``market`` once the measured model is at or above the size that sends every check to verifiers."""
-    if faults.verify_on == "auto" and footprint is not None and footprint.parameters >= faults.market_verify_parameters:
-        return "market"
-    return faults.verify_on
+    large = footprint is not None and faults.verified_on_market(CPU_CLASS, footprint.parameters)
+    return "market" if faults.verify_on == "auto" and large else faults.verify_on
 
 
 def estimate_text(cost: CostPreview, *, asked: int, hardware: str | None) -> str:

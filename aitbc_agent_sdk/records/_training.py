@@ -12,6 +12,7 @@ from .. import limits
 from ._base import Address, Cid, Id, Record, Wei
 from ._datasets import MAX_TARGET_WIDTH, TargetKind
 from ._footprint import ModelFootprint
+from ._market import CPU_CLASS
 from ._sizes import ByteSize
 from ._tasks import TaskRef
 
@@ -147,6 +148,15 @@ class FaultPolicy(Record):
     canary_rate: float = Field(default=0.2, ge=0.0, le=1.0, description=(
         "share of verifications sent as canaries (a perturbed start whose true end cannot be the committed one): "
         "a verifier that reports the committed end for one is lazy, and slashed"))
+
+    def verified_on_market(self, device_class: str, parameters: int) -> bool:
+        """Whether a check of a worker hired as ``device_class`` on a model of ``parameters`` goes to verifiers:
+        always with ``market``, never with ``coordinator``; with ``auto`` when the coordinator's CPU cannot
+        reproduce the worker's sums (it was not hired as a CPU) or the model has at least
+        ``market_verify_parameters`` (too much to re-execute on the customer's machine)."""
+        if self.verify_on != "auto":
+            return self.verify_on == "market"
+        return device_class != CPU_CLASS or parameters >= self.market_verify_parameters
 
 
 class ElasticPolicy(Record):

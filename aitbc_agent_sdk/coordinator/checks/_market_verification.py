@@ -34,7 +34,7 @@ from ...errors import AitbcError
 from ...messaging import SignedChannel, topics
 from ...proof._tolerances import Comparison
 from ...proof._trajectory import boundary_hashes
-from ...records import CPU_CLASS, JobAssignment, TrajectoryCommitment, VerifyReport, VerifyRequest
+from ...records import JobAssignment, TrajectoryCommitment, VerifyReport, VerifyRequest
 from ...storage import ContentStore
 from ...tasks._trajectory_replay import Reexecution, relative_distance
 from ...wire._checkpoint import decode_metadata, decode_state, encode_state
@@ -70,16 +70,6 @@ class Asked:
     @property
     def reports(self) -> int:
         return 1 + (self.canary is not None)
-
-
-def verified_on_market(verify_on: str, device_class: str, parameters: int, threshold: int) -> bool:
-    """Whether a check of a worker hired as ``device_class`` on a model of ``parameters`` goes to verifiers:
-    always with ``market``, never with ``coordinator``; with ``auto`` when the coordinator's CPU cannot
-    reproduce the worker's sums (it was not hired as a CPU) or the model has at least ``threshold``
-    parameters (too much to re-execute on the customer's machine)."""
-    if verify_on != "auto":
-        return verify_on == "market"
-    return device_class != CPU_CLASS or parameters >= threshold
 
 
 def perturbed_state(blob: bytes, rng: random.Random, noise: float = CANARY_NOISE) -> bytes:
@@ -119,20 +109,15 @@ class MarketVerifiers:
 
     def __init__(self, *, db: TrainingDatabase, store: ContentStore, channel: SignedChannel,
                  listener: TrainingListener, audit: AuditSink, slash: Slash, timeout_s: float, canary_rate: float,
-                 state_limit: int, rng: random.Random, verify_on: str = "market",
-                 threshold_parameters: int = 1) -> None:
+                 state_limit: int, rng: random.Random, takes: Callable[[str, int], bool]) -> None:
         self.db, self.store, self.channel, self.listener, self.audit = db, store, channel, listener, audit
-        self.verify_on, self.threshold_parameters = verify_on, threshold_parameters
+        self.takes = takes  # (device class, parameters) -> whether a check goes to verifiers
         self.slash = slash
         self.timeout_s, self.canary_rate, self.state_limit = timeout_s, canary_rate, state_limit
         self.rng = rng
         self.caught: set[str] = set()  # verifiers shown wrong in this training: never asked again
         self.busy: set[str] = set()  # verifiers a check of this round holds
         self.freed = asyncio.Condition()
-
-    def takes(self, device_class: str, parameters: int) -> bool:
-        """Whether this check goes to verifiers (see :func:`verified_on_market`)."""
-        return verified_on_market(self.verify_on, device_class, parameters, self.threshold_parameters)
 
     @contextlib.asynccontextmanager
     async def reserved(self, job: JobAssignment, device_class: str) -> AsyncIterator[JobAssignment | None]:
@@ -206,9 +191,12 @@ class MarketVerifiers:
         nothing more is fetched or trained here."""
         if report is None or report.problem is not None or report.state_hash != commitment.state_hashes[segment + 1]:
             return False
+        await self._record_agreement(job, segment, report)
+        return True
+
+    async def _record_agreement(self, job: JobAssignment, segment: int, report: VerifyReport) -> None:
         await self.audit.append("verification", worker=job.worker_id, job_id=job.job_id, round=job.round,
                                 segment=segment, verifier=report.verifier_id, outcome="agreed", end_cid=report.end_cid)
-        return True
 
     async def judge(self, job: JobAssignment, commitment: TrajectoryCommitment, segment: int,
                     blobs: Mapping[int, bytes], comparison: Comparison, asked: Asked, report: VerifyReport | None,
@@ -229,9 +217,7 @@ class MarketVerifiers:
         committed = None if comparison.exact else model_of(end)
         if ends_agree(comparison.exact, comparison.tolerance, report.state_hash, ended,
                       commitment.state_hashes[segment + 1], committed, start_model):
-            await self.audit.append("verification", worker=job.worker_id, job_id=job.job_id, round=job.round,
-                                    segment=segment, verifier=report.verifier_id, outcome="agreed",
-                                    end_cid=report.end_cid)
+            await self._record_agreement(job, segment, report)
             return SegmentVerdict(True, None, 0.0)
         found = await self._refereed(job, segment, report, "disputed: re-executed here as the referee", referee)
         again = found.referee

@@ -348,8 +348,7 @@ class RoundRunner:
                                listener=self.listener, audit=self.audit, slash=self.reassign.slash,
                                timeout_s=self.policy.verify_timeout_s, canary_rate=self.policy.canary_rate,
                                state_limit=boundary_limit(self.inputs.checkpoint_limit), rng=random.SystemRandom(),
-                               verify_on=self.policy.verify_on,
-                               threshold_parameters=self.policy.market_verify_parameters)
+                               takes=self.policy.verified_on_market)
 
     # -- the round's norm check and aggregation --------------------------------------------
     async def _judge_norms(self) -> None:
