@@ -39,7 +39,12 @@ Three measurements, each a ratio within this run:
    in their own processes) above the unchecked run's, each per checked result and against the checked jobs'
    training seconds; and the verifiers' re-executions (canaries included) per drawn segment.
 
+6. **Disputes** (``--disputes``): the coordinator's one step of a dispute against its replay of the whole
+   segment as the referee, for a 32-step segment of the gpt workload; and a side's traced re-execution
+   (a state hash after every step) against a plain one.
+
     python bench/bench_verification.py [--rounds 20000] [--real-rounds 24] [--quick] [--large] [--memory] [--market]
+                                       [--disputes]
 """
 
 from __future__ import annotations
@@ -71,7 +76,9 @@ from aitbc_agent_sdk.tasks._bound_task import bind_task  # noqa: E402
 from aitbc_agent_sdk.data._shard_files import TokenData  # noqa: E402
 from aitbc_agent_sdk.tasks._task_loop import train_task  # noqa: E402
 from aitbc_agent_sdk.proof._trajectory import TrajectoryRecorder, boundary_hashes, recompute_plan  # noqa: E402
-from aitbc_agent_sdk.tasks._trajectory_replay import open_boundaries, reexecute_segments, unfit_states  # noqa: E402
+from aitbc_agent_sdk.tasks._trajectory_replay import (  # noqa: E402
+    open_boundaries, reexecute_segments, replay_step, trace_segment, unfit_states,
+)
 from aitbc_agent_sdk.coordinator.checks._market_verification import perturbed_state  # noqa: E402
 
 POLICY = FaultPolicy()
@@ -174,6 +181,42 @@ def measure_large() -> dict:
             "verification_over_training_ratio": round(cost / seconds, 4),
             "market": {**market, "coordinator_over_training_ratio": round(market["seconds"] / seconds, 4),
                        "states_held_over_training_ratio": round(market["states_held_s"] / seconds, 4)}}
+
+
+def measure_disputes(quick: bool, repeat: int) -> dict:
+    """A dispute's one step against the referee's replay of the whole segment, on the coordinator's CPU: the
+    gpt workload's job in 8 segments (32 steps each, as a long job's segments are), its middle segment.
+    Beside it, what a side pays to trace every step of the segment (a state hash per step) against a
+    plain re-execution of it. Medians of ``repeat``."""
+    bound, data, config = workloads(quick)["gpt-bytes"]
+    config = config.model_copy(update={"segments": 8})
+    with tempfile.TemporaryDirectory() as tmp:
+        spec, train_s, commitment = train(bound, data, config, Path(tmp), record=True)
+        segment = commitment.segments // 2
+        start = open_boundaries(bound, spec, data, config, 7, commitment, Path(tmp), {segment})[segment]
+        first, last = commitment.segment_steps_of(segment)
+        steps, end = last - first, commitment.state_hashes[segment + 1]
+        referee, traced, one_step = [], [], []
+        for _ in range(repeat):
+            started = time.perf_counter()
+            again = reexecute_segments(bound, spec, data, config, 7, commitment, {segment: start})[segment]
+            assert again.state_hash == end
+            referee.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            trace = trace_segment(bound, spec, data, config, 7, commitment, segment, start,
+                                  points=tuple(range(1, steps + 1))).trace
+            traced.append(time.perf_counter() - started)
+            assert trace[-1] == end and len(set(trace)) == steps
+        agreed = trace_segment(bound, spec, data, config, 7, commitment, segment, start, stop=steps - 1).end.end
+        for _ in range(repeat):
+            started = time.perf_counter()
+            assert replay_step(bound, spec, data, config, 7, commitment, last - 1, agreed).state_hash == end
+            one_step.append(time.perf_counter() - started)
+    referee_s, traced_s, step_s = (statistics.median(x) for x in (referee, traced, one_step))
+    return {"segment_steps": steps, "train_s": round(train_s, 2), "referee_segment_s": round(referee_s, 3),
+            "dispute_step_s": round(step_s, 3), "dispute_over_referee_ratio": round(step_s / referee_s, 4),
+            "dispute_over_training_ratio": round(step_s / train_s, 5),
+            "trace_over_reexecution_ratio": round(traced_s / referee_s, 3)}
 
 
 MEMORY_GPT = {"layers": 6, "heads": 8, "width": 512, "context": 128, "windows_per_epoch": 128, "eval_windows": 4}
@@ -441,6 +484,7 @@ def main() -> None:
     parser.add_argument("--large", action="store_true", help="also an 85M-parameter gpt job (minutes)")
     parser.add_argument("--memory", action="store_true", help="the coordinator's peak memory per check")
     parser.add_argument("--market", action="store_true", help="checks re-executed by verifiers against the coordinator")
+    parser.add_argument("--disputes", action="store_true", help="a dispute's one step against the referee's segment")
     args = parse_args(parser, repeat=1, rounds=2000, real_rounds=4, workers=2, training_rounds=1)
     torch.set_num_threads(1)  # as a provider's training process runs
     quick = "--quick" in sys.argv[1:]
@@ -449,6 +493,7 @@ def main() -> None:
         compute["gpt-85m"] = measure_large()
     memory = measure_memory() if args.memory else None
     market = measure_market(args.workers, args.training_rounds, args.repeat) if args.market else None
+    disputes = measure_disputes(quick, args.repeat) if args.disputes or quick else None
     steps = compute["mlp-digits"]["steps"]
     segments = compute["mlp-digits"]["segments"]
     detection = simulate(args.rounds, JobConfig().segments, max(steps // segments, 1))
@@ -458,7 +503,8 @@ def main() -> None:
     print(json.dumps({"bench": "verification", "spot_checks": POLICY.spot_checks, "segments": JobConfig().segments,
                       "compute": compute, "detection": detection, "real_rounds": real,
                       "caught_at_half_skipped_ratio": at_half, "accuracy": accuracy,
-                      **({"memory": memory} if memory else {}), **({"market": market} if market else {})}))
+                      **({"memory": memory} if memory else {}), **({"market": market} if market else {}),
+                      **({"disputes": disputes} if disputes else {})}))
 
 
 if __name__ == "__main__":

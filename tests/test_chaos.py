@@ -246,3 +246,15 @@ def test_checks_want_a_lazy_verifier_caught_by_a_canary_and_slashed_and_nobody_e
     assert any("slashed ['0xA']" in f for f in innocent.failures)
     colluder = _judged_verifier(tmp_path / "colluder", "colluding-verifier", caught[2:])
     assert any("only a canary proves it" in f for f in colluder.failures)
+
+
+def test_checks_want_a_hostile_verifier_shown_wrong_at_one_step_of_a_dispute(tmp_path):
+    def shown(reason: str) -> list[dict]:
+        return [{"event": "dispute", "fields": {"worker": "0xA", "verifier": "0xD", "outcome": "verifier",
+                                                "steps_trained_here": 1}, "ts": 3},
+                {"event": "verifier_wrong", "fields": {"worker": "0xD", "reason": reason}, "ts": 3},
+                {"event": "slashed", "fields": {"worker": "0xD"}, "ts": 4}]
+    good = _judged_verifier(tmp_path / "good", "hostile-verifier", shown("bisected to step 7: its trace ..."))
+    assert not good.failures and good.event_seen, good.failures
+    refereed = _judged_verifier(tmp_path / "refereed", "hostile-verifier", shown("disagrees with the referee's"))
+    assert any("dispute's one step" in f for f in refereed.failures)

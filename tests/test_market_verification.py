@@ -22,13 +22,13 @@ from scripts.chaos.verifiers import HostileVerifier, LazyVerifier
 from tests.test_fault_tolerance import CHEAPEST, events, join_market, warm
 
 
-def market_spec(canary_rate: float, workers: int = 4, rounds: int = 1, spot_checks: int = 2,
+def market_spec(canary_rate: float, workers: int = 4, rounds: int = 1, spot_checks: int = 2, segments: int = 64,
                 **where: object) -> TrainingSpec:
     choice = {"verify_on": "market", **where}
     faults = FaultPolicy(heartbeat_timeout_s=2.0, ping_timeout_s=1.0, canary_rate=canary_rate,
                          spot_checks=spot_checks, **choice)
     return TrainingSpec(model_type="mlp", target_workers=workers, rounds=rounds, spare_workers=0, seed=3,
-                        faults=faults, job=JobConfig(batch_size=32, learning_rate=1e-2, epochs=1))
+                        faults=faults, job=JobConfig(batch_size=32, learning_rate=1e-2, epochs=1, segments=segments))
 
 
 async def paid(agent: Agent, training_id: str) -> dict[str, int]:
@@ -110,7 +110,7 @@ async def test_checks_wait_for_their_verifiers_at_once_not_in_turn(aitbc_home):
     assert not [e for e in log if e["event"] in ("result_rejected", "slashed", "verifier_wrong")]
 
 
-async def test_a_hostile_verifier_loses_to_the_referee_and_is_slashed_once_while_the_worker_is_paid(aitbc_home):
+async def test_a_hostile_verifier_loses_its_dispute_at_one_step_and_is_slashed_once_the_worker_paid(aitbc_home):
     """Five segments of each of three honest workers' results a round draw among three verifiers, so the
     hostile one goes unasked in the first round with odds of (2/3)^15 only; once shown wrong it is slashed,
     and never asked again in this training (a later round included), so never slashed twice."""
@@ -118,7 +118,9 @@ async def test_a_hostile_verifier_loses_to_the_referee_and_is_slashed_once_while
         hostile = await join_market(agent, HostileVerifier)
         async with hostile:
             await warm(hostile)
-            report = await agent.run_distributed_training(market_spec(canary_rate=0.0, rounds=2, spot_checks=5))
+            # segments of several steps: each dispute traces them (one round) before it narrows to one
+            report = await agent.run_distributed_training(market_spec(canary_rate=0.0, rounds=2, spot_checks=5,
+                                                                      segments=8))
         log = events(agent, report.training_id)
         wages = await paid(agent, report.training_id)
         state = await agent.stack.registry.provider(hostile.address)
@@ -128,8 +130,12 @@ async def test_a_hostile_verifier_loses_to_the_referee_and_is_slashed_once_while
     assert {e["worker"] for e in wrong} == {hostile.address}
     assert [e["worker"] for e in log if e["event"] == "slashed"] == [hostile.address]
     assert state.slashes == 1 and state.stake < EMBEDDED_STAKE
-    refereed = [e for e in log if e["event"] == "verification" and e["outcome"] == "refereed"]
-    assert refereed and all(e["verifier"] == hostile.address for e in refereed)
+    # each disagreement narrowed to one step, trained here; no segment replayed here as the referee
+    disputes = [e for e in log if e["event"] == "dispute"]
+    assert disputes and all(e["verifier"] == hostile.address and e["outcome"] == "verifier" for e in disputes)
+    # a segment of several steps is traced once (every step of it) before it narrows; one of one step is not
+    assert all(e["steps_trained_here"] == 1 and e["rounds"] == (e["segment_steps"] > 1) for e in disputes)
+    assert not [e for e in log if e["event"] == "verification" and e["outcome"] == "refereed"]
     caught_in = min(e["round"] for e in wrong)
     assert not [e for e in log if e["event"] == "verification" and e["verifier"] == hostile.address
                 and e["round"] > caught_in]  # never asked again
@@ -155,7 +161,7 @@ async def test_a_lazy_verifier_is_caught_by_a_canary_and_slashed(aitbc_home):
     assert not [e for e in log if e["event"] == "result_rejected"]
 
 
-async def test_a_worker_that_skipped_steps_is_caught_by_a_verifier_and_slashed_on_the_referees_word(aitbc_home):
+async def test_a_worker_that_skipped_steps_is_caught_by_a_verifier_and_slashed_at_one_step(aitbc_home):
     async with Agent(AgentConfig(home=aitbc_home, providers=4)) as agent:
         cheat = await join_market(agent, LAZY["lazy"])
         async with cheat:
@@ -167,8 +173,10 @@ async def test_a_worker_that_skipped_steps_is_caught_by_a_verifier_and_slashed_o
     assert report.status == TrainingPhase.COMPLETE
     rejected = [e for e in log if e["event"] == "result_rejected"]
     assert [e["worker"] for e in rejected] == [cheat.address] and "spot check: segment" in rejected[0]["reason"]
-    disputed = [e for e in log if e["event"] == "verification" and e["worker"] == cheat.address]
-    assert disputed and disputed[0]["outcome"] == "refereed" and disputed[0]["verifier"] is not None
+    disputed = [e for e in log if e["event"] == "dispute" and e["worker"] == cheat.address]
+    assert disputed and disputed[0]["outcome"] == "worker" and disputed[0]["verifier"] is not None
+    assert disputed[0]["steps_trained_here"] == 1 and "step" in rejected[0]["reason"]
+    assert not [e for e in log if e["event"] == "verification" and e["outcome"] == "refereed"]
     assert not [e for e in log if e["event"] == "verifier_wrong"]  # the verifier was right
     assert state.slashes == 1
 
@@ -176,14 +184,16 @@ async def test_a_worker_that_skipped_steps_is_caught_by_a_verifier_and_slashed_o
 def test_reports_and_requests_hold_what_they_claim():
     from pydantic import ValidationError
 
-    from aitbc_agent_sdk.records import VerifyReport
+    from aitbc_agent_sdk.records import MAX_TRACE_POINTS, VerifyReport
 
     base = dict(request_id="v1", training_id="training_x", verifier_id="0x" + "1" * 40, round=1, segment=0)
     ended = dict(end_cid="bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy", state_hash="a" * 64,
                  model_hash="b" * 64, signature="0x" + "11" * 65)
     assert VerifyReport(**base, **ended).problem is None
     assert VerifyReport(**base, problem="could not").end_cid is None
-    for bad in ({**ended, "problem": "both"}, {k: v for k, v in ended.items() if k != "signature"}, {}):
+    for bad in ({**ended, "problem": "both"}, {k: v for k, v in ended.items() if k != "signature"}, {},
+                {"problem": "could not", "trace": ("c" * 64,)}, {**ended, "trace": ("not a hash",)},
+                {**ended, "trace": ("c" * 64,) * (MAX_TRACE_POINTS + 1)}):
         with pytest.raises(ValidationError):
             VerifyReport(**base, **bad)
 

@@ -31,7 +31,9 @@ from aitbc_agent_sdk.proof._trajectory import (
     TrajectoryRecorder, boundary_hashes, boundary_name, encode_boundary, kept_boundaries, load_boundary,
     read_commitment, tensor_digest,
 )
-from aitbc_agent_sdk.tasks._trajectory_replay import open_boundaries, reexecute_segment, relative_distance
+from aitbc_agent_sdk.tasks._trajectory_replay import (
+    open_boundaries, reexecute_segment, relative_distance, replay_step, trace_segment,
+)
 from aitbc_agent_sdk.wire._update_codec import decode_update
 
 WORKER = "0x" + "ab" * 20
@@ -170,6 +172,32 @@ def test_gpt_segments_with_dropout_and_a_resumed_optimizer_re_execute_bit_for_bi
         assert again.problem is None
         assert again.state_hash == commitment.state_hashes[segment + 1]
     assert commitment.model_hashes[-1] == tensor_digest(model.state_dict())
+
+
+def test_a_segment_traced_step_by_step_replays_one_step_from_any_state_on_it_with_dropout(tmp_path):
+    """What a dispute needs: every step seeded on its own, so the state after any step (not only a boundary)
+    and that step's index are all the referee needs to train the next one."""
+    bound = bind_task(TaskRef(name="gpt", params=TINY_GPT))
+    data = byte_tokens("textwrap.py")
+    config = JobConfig(epochs=2, batch_size=16, learning_rate=3e-3, segments=2)  # 6 steps: 2 segments of 3
+    spec, _, commitment, _ = record(bound, data, config, tmp_path, seed=3)
+    fill(bound, spec, data, config, commitment, tmp_path, seed=3)
+    start = boundary(tmp_path, 1)  # segment 1: steps 3, 4 and 5
+    traced = trace_segment(bound, spec, data, config, 3, commitment, 1, start, points=(1, 2, 3))
+    assert traced.end.state_hash == traced.trace[-1] == commitment.state_hashes[2]
+    assert len(set(traced.trace)) == 3
+    after_one = trace_segment(bound, spec, data, config, 3, commitment, 1, start, points=(1,), stop=1)
+    assert after_one.end.state_hash == after_one.trace[0] == traced.trace[0]
+    assert replay_step(bound, spec, data, config, 3, commitment, 3, start).state_hash == traced.trace[0]
+    assert replay_step(bound, spec, data, config, 3, commitment, 4, after_one.end.end).state_hash == traced.trace[1]
+    # the step's index picks its batch and its dropout: the same state trained as another step lands elsewhere
+    assert replay_step(bound, spec, data, config, 3, commitment, 5, after_one.end.end).state_hash != traced.trace[1]
+    unfit = replay_step(bound, spec, data, config, 3, commitment, 4, b"\x00" * 64)
+    assert unfit.problem is not None and not unfit.state_hash
+    with pytest.raises(ValueError, match="do not lie"):
+        trace_segment(bound, spec, data, config, 3, commitment, 1, start, points=(2, 1))
+    with pytest.raises(ValueError, match="do not lie"):
+        trace_segment(bound, spec, data, config, 3, commitment, 1, start, points=(3,), stop=2)
 
 
 def test_without_a_recorder_training_is_as_before_and_the_recorder_leaves_the_rng_alone():

@@ -7,8 +7,8 @@ optimizer, scheduler) and each segment's batches as they are consumed; its
 most three times its weights and optimizer) are written as safetensors files. The coordinator later
 asks for a few boundary files and re-executes the segments between them (:mod:`._trajectory_replay`);
 the worker recomputes one it did not keep from the kept one before it (:func:`recompute_plan`).
-Each segment starts with the global RNG seeded from the job's seed and the segment's index, so
-dropout replays from the boundary state alone.
+Each step starts with the global RNG seeded from the job's seed and the step's index, so dropout
+replays from any step's state alone: a boundary's, or a mid-segment one a dispute narrows to.
 
 Boundary files arrive from strangers: decoding bounds the header, never unpickles, and a file
 whose tensors or JSON are not a state the task's own model, optimizer and scheduler could be in
@@ -89,16 +89,16 @@ def segment_steps(total_steps: int, segments: int) -> int:
     return math.ceil(total_steps / min(segments, total_steps))
 
 
-def segment_seed(seed: int, segment: int) -> int:
-    """The global RNG's seed at the start of ``segment`` of the job seeded ``seed``."""
-    digest = hashlib.sha256(f"aitbc-trajectory:{seed}:{segment}".encode()).digest()
+def step_seed(seed: int, step: int) -> int:
+    """The global RNG's seed at the start of ``step`` of the job seeded ``seed``."""
+    digest = hashlib.sha256(f"aitbc-trajectory-step:{seed}:{step}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
-def seed_segment(seed: int, segment: int, device: torch.device) -> None:
-    """Seed the global RNG that dropout on ``device`` draws from for ``segment``: the CPU's, and the GPU's
-    on one (not torch.manual_seed, which costs a stack trace per lazy backend each call)."""
-    value = segment_seed(seed, segment)
+def seed_step(seed: int, step: int, device: torch.device) -> None:
+    """Seed the global RNG that dropout on ``device`` draws from for ``step``: the CPU's, and the GPU's on
+    one (not torch.manual_seed, which costs a stack trace per lazy backend each call)."""
+    value = step_seed(seed, step)
     torch.default_generator.manual_seed(value)
     if device.type == "cuda":
         torch.cuda.manual_seed(value)
@@ -163,6 +163,11 @@ def _hashes(model_tensors: Mapping[str, torch.Tensor], optim: Mapping[str, torch
     model_hash = tensor_digest(model_tensors)
     state = hashlib.sha256("\n".join((model_hash, tensor_digest(optim), _canonical(dict(metadata)))).encode())
     return model_hash, state.hexdigest()
+
+
+def state_hash(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Scheduler | None) -> str:
+    """The state hash :func:`encode_boundary`'s file would have, with no file made: a dispute's trace."""
+    return _hashes(*_boundary_parts(model, optimizer, scheduler))[1]
 
 
 def encode_boundary(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Scheduler | None) -> bytes:
@@ -307,7 +312,7 @@ class TrajectoryRecorder:
 
     def start(self, total_steps: int, seed: int, device: torch.device, model: nn.Module,
               optimizer: torch.optim.Optimizer, scheduler: Scheduler | None) -> None:
-        """Boundary 0 (after a kept state is restored, before the first batch), and segment 0's RNG."""
+        """Boundary 0 (after a kept state is restored, before the first batch), and step 0's RNG."""
         if total_steps < 1:
             raise TrainingError("a committed trajectory needs at least one step")
         self.total_steps, self.seed, self.device = total_steps, seed, device
@@ -319,7 +324,7 @@ class TrajectoryRecorder:
             self.directory.mkdir(parents=True)
         self._hashing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trajectory")
         self._boundary(model, optimizer, scheduler)
-        seed_segment(seed, 0, device)
+        seed_step(seed, 0, device)
 
     def consume(self, batch: Batch) -> None:
         hash_batch(self._batches, batch)
@@ -329,13 +334,13 @@ class TrajectoryRecorder:
         if self.steps > self.total_steps:
             raise TrainingError(f"the task's batches() yielded more than the {self.total_steps} batches its "
                                 f"steps_per_epoch() x epochs promise; a committed trajectory needs them to agree")
+        if self.steps < self.total_steps:
+            seed_step(self.seed, self.steps, self.device)
         if self.steps % self.segment_steps and self.steps != self.total_steps:
             return
         self.batch_hashes.append(self._batches.hexdigest())
         self._batches = hashlib.sha256()
         self._boundary(model, optimizer, scheduler)
-        if self.steps < self.total_steps:
-            seed_segment(self.seed, len(self.batch_hashes), self.device)
 
     def finish(self) -> None:
         self.close()

@@ -375,7 +375,8 @@ class ProviderAgent:
                     report = VerifyReport(
                         request_id=request.request_id, training_id=job.training_id, verifier_id=self.address,
                         round=job.round, segment=request.segment, end_cid=cid, state_hash=found.state_hash,
-                        model_hash=found.model_hash, signature=self.sign_checkpoint(job, cid, contract))
+                        model_hash=found.model_hash, signature=self.sign_checkpoint(job, cid, contract),
+                        trace=found.trace)
         except (AitbcError, TimeoutError) as exc:
             log.warning("verification %s failed: %s", request.request_id, exc)
             report = report.model_copy(update={"problem": f"could not re-execute: {str(exc)[:200]}"})

@@ -105,6 +105,8 @@ class _ReplayRequest:
     commitment: TrajectoryCommitment
     wanted: tuple[int, ...]
     owner: str | None = None
+    points: tuple[int, ...] = ()  # reexecute, in a dispute: the steps to hash the state after
+    stop: int | None = None  # reexecute, in a dispute: the steps to train before it ends
 
     @property
     def starts(self) -> tuple[int, ...]:
@@ -128,6 +130,7 @@ class _ReplayRequest:
             "seed": self.seed, "device": device, "model": self.model.model_dump(mode="json"),
             "config": self.config.model_dump(mode="json"), "wanted": list(self.wanted),
             "segment": self.wanted[0], "commitment": self.commitment.model_dump(mode="json"),
+            "points": list(self.points), "stop": self.stop,
             "task": self.task.model_dump(mode="json") if self.task is not None else None})
 
 
@@ -264,11 +267,14 @@ class TrainingProcess:
 
     async def reexecute(self, job_dir: Path, *, job_id: str, model: ModelSpec, config: JobConfig, seed: int,
                         commitment: TrajectoryCommitment, segment: int, owner: str | None = None,
-                        task: TaskRef | None = None) -> dict[str, Any]:
+                        task: TaskRef | None = None, points: tuple[int, ...] = (),
+                        stop: int | None = None) -> dict[str, Any]:
         """As a verifier: train ``segment`` of another worker's job again from its start state
         (``job_dir/NNNNNN.safetensors``, beside the job's shard and task package). The end state lands in
-        ``job_dir/TRAJECTORY_DIR``; returns its ``state_hash`` and ``model_hash``, or a ``problem``."""
-        request = _ReplayRequest("reexecute", job_id, model, config, seed, task, commitment, (segment,), owner)
+        ``job_dir/TRAJECTORY_DIR``; returns its ``state_hash`` and ``model_hash``, or a ``problem``; in a
+        dispute, the ``trace`` of state hashes after ``points`` steps, the end being after ``stop``."""
+        request = _ReplayRequest("reexecute", job_id, model, config, seed, task, commitment, (segment,), owner,
+                                 points, stop)
         return await self._run(job_dir, request, None)
 
     async def _run(self, job_dir: Path, request: _Request, on_epoch: EpochCallback | None) -> dict[str, Any]:

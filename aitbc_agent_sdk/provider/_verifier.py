@@ -12,6 +12,7 @@ slashing evidence. One verification runs at a time; more than a few waiting are 
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ __all__ = ["MAX_WAITING_VERIFICATIONS", "Reexecuted", "reexecute_for", "remove_d
 
 MAX_WAITING_VERIFICATIONS = 4  # verifications queued behind the one running; more are dropped
 BOUNDARY_SLACK = 1 << 20  # a boundary file's header and the optimizer's scalars
+SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def start_state_limit(weights_bytes: int) -> int:
@@ -44,6 +46,7 @@ class Reexecuted:
     state_hash: str | None = None
     model_hash: str | None = None
     problem: str | None = None
+    trace: tuple[str, ...] = ()  # a dispute's: the state hashes after the request's points
 
 
 async def reexecute_for(process: TrainingProcess, inputs: JobInputs, store: ContentStore, owner: TrainingOwner,
@@ -60,7 +63,8 @@ async def reexecute_for(process: TrainingProcess, inputs: JobInputs, store: Cont
     await asyncio.to_thread((job_dir / boundary_name(segment)).write_bytes, start)
     del start
     done = await process.reexecute(job_dir, job_id=job.job_id, model=job.model, config=job.config, seed=job.seed,
-                                   commitment=request.commitment, segment=segment, owner=owner.hex, task=job.task)
+                                   commitment=request.commitment, segment=segment, owner=owner.hex, task=job.task,
+                                   points=request.points, stop=request.stop)
     if done.get("problem") is not None:
         return Reexecuted(problem=str(done["problem"])[:256])
     end = job_dir / TRAJECTORY_DIR / boundary_name(segment + 1)
@@ -68,7 +72,10 @@ async def reexecute_for(process: TrainingProcess, inputs: JobInputs, store: Cont
         raise TrainingError("the training process left no end state")
     # Hashed here, not taken from the process's word: it runs the customer's code, and this report is signed.
     model_hash, state_hash = await asyncio.to_thread(lambda: boundary_hashes(end.read_bytes()))
-    return Reexecuted(end=end, state_hash=state_hash, model_hash=model_hash)
+    trace = tuple(str(h) for h in done.get("trace") or ())
+    if len(trace) != len(request.points) or not all(SHA256.fullmatch(h) for h in trace):
+        return Reexecuted(problem=f"the training process traced {len(trace)} of {len(request.points)} steps")
+    return Reexecuted(end=end, state_hash=state_hash, model_hash=model_hash, trace=trace)
 
 
 def remove_dir(job_dir: Path) -> None:

@@ -31,7 +31,7 @@ from ..tasks._task_loop import EpochStats, training_device
 from ..tasks._task_checks import TaskOrigin, describe_task_error
 from ..tasks._task_package import decode_package, load_task
 from ..proof._trajectory import TrajectoryRecorder, boundary_name
-from ..tasks._trajectory_replay import recompute_boundaries, reexecute_segment
+from ..tasks._trajectory_replay import recompute_boundaries, trace_segment
 from ..wire._update_codec import decode_residual, encode_residual, encode_update
 
 from ._process import CHECKPOINT_FILE, RESIDUAL_FILE, SHARD_FILE, STATE_FILE, TASK_FILE, TRAJECTORY_DIR, WEIGHTS_FILE
@@ -143,7 +143,8 @@ def _reexecute(request: dict[str, Any], task: BoundTask, job_dir: Path, out_dir:
                spec: ModelSpec) -> dict[str, Any]:
     """A verifier's work: train ``segment`` again from the start state staged in ``job_dir``, as many threads
     as the job trained with, and leave the end state in ``out_dir/TRAJECTORY_DIR``. Compares nothing: the
-    coordinator does, with the hashes this returns. A ``problem`` says why the segment could not be replayed."""
+    coordinator does, with the hashes this returns. A ``problem`` says why the segment could not be replayed.
+    In a dispute: ``trace`` holds the state hashes after the request's ``points``, and ``stop`` ends it early."""
     commitment = TrajectoryCommitment.model_validate(request["commitment"])
     segment = int(request["segment"])
     data = load_shard(job_dir)
@@ -154,14 +155,17 @@ def _reexecute(request: dict[str, Any], task: BoundTask, job_dir: Path, out_dir:
     before = torch.get_num_threads()
     torch.set_num_threads(commitment.threads)
     try:
-        again = reexecute_segment(task, spec, data, config, int(request["seed"]), commitment, segment, start,
-                                  device=training_device(str(request.get("device", "auto"))))
+        traced = trace_segment(task, spec, data, config, int(request["seed"]), commitment, segment, start,
+                               points=tuple(int(p) for p in request.get("points") or ()), stop=request.get("stop"),
+                               device=training_device(str(request.get("device", "auto"))))
     finally:
         torch.set_num_threads(before)
+    again = traced.end
     if again.problem is not None:
         return {"event": "done", "problem": again.problem[:256], "contradicts": again.contradicts}
     (directory / boundary_name(segment + 1)).write_bytes(again.end)
-    return {"event": "done", "state_hash": again.state_hash, "model_hash": again.model_hash}
+    return {"event": "done", "state_hash": again.state_hash, "model_hash": again.model_hash,
+            "trace": list(traced.trace)}
 
 
 def write_checkpoint(state: dict[str, torch.Tensor], reference: dict[str, torch.Tensor], job_dir: Path,

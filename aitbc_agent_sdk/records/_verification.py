@@ -15,6 +15,7 @@ from ._market import DeviceClass
 
 MAX_SEGMENTS = 1024  # committed segments in one job: 1025 boundary hashes, about 200 KB of metadata
 MAX_CHECKED_SEGMENTS = 16  # segments one challenge may ask a worker to open
+MAX_TRACE_POINTS = 256  # state hashes one dispute request asks for: a longer segment is narrowed in rounds
 MAX_COMMITMENT_BYTES = 1 << 20  # the commitment's JSON inside a checkpoint's safetensors metadata
 COMMITMENT_KEY = "trajectory"  # that metadata key
 MAX_HARDWARE_PRODUCT = 1 << 22  # entries of a hardware challenge's product: 16 MiB of int32 to store and fetch
@@ -99,7 +100,8 @@ class TrajectoryOpening(Record):
 
 class VerifyRequest(Record):
     """The coordinator hires a verifier (another worker of the training, of the checked worker's device class)
-    to train one segment of a committed trajectory again from its opened start state.
+    to train one segment of a committed trajectory again from its opened start state. In a dispute it asks
+    the verifier and the checked worker both (``points``, ``stop``): see coordinator/checks/_disputes.py.
 
     ``job`` is the checked job re-addressed to the verifier: its own contract, and the dataset's key wrapped
     for it. ``commitment`` is the checked worker's, except that boundary ``segment``'s state hash is that of
@@ -112,11 +114,19 @@ class VerifyRequest(Record):
     start_cid: Cid
     start_bytes: int = Field(ge=1, le=1 << 40, description="the start state's exact size: fetched no further")
     deadline_s: Finite = Field(gt=0.0)
+    points: tuple[Annotated[int, Field(ge=1)], ...] = Field(default=(), max_length=MAX_TRACE_POINTS, description=(
+        "a dispute's trace: report the state hash after each of these steps into the segment (increasing)"))
+    stop: int | None = Field(default=None, ge=1, description=(
+        "a dispute's agreed state: train only this many steps of the segment, and report that state as the end"))
 
     @model_validator(mode="after")
     def _within(self) -> VerifyRequest:
         if self.segment >= self.commitment.segments:
             raise ValueError(f"segment {self.segment} outside the commitment's {self.commitment.segments}")
+        first, last = self.commitment.segment_steps_of(self.segment)
+        stop = last - first if self.stop is None else self.stop
+        if stop > last - first or any(p > stop for p in self.points) or list(self.points) != sorted(set(self.points)):
+            raise ValueError(f"points and stop must increase within the segment's {last - first} steps")
         return self
 
 
@@ -135,12 +145,16 @@ class VerifyReport(Record):
     model_hash: Sha256 | None = None
     signature: str | None = Field(default=None, pattern=r"^0x[0-9a-fA-F]{130}$")
     problem: str | None = Field(default=None, max_length=256)
+    trace: tuple[Sha256, ...] = Field(default=(), max_length=MAX_TRACE_POINTS, description=(
+        "the state hashes after the request's ``points``, in order"))
 
     @model_validator(mode="after")
     def _answered(self) -> VerifyReport:
         ended = (self.end_cid, self.state_hash, self.model_hash, self.signature)
         if (self.problem is None) != all(v is not None for v in ended):
             raise ValueError("a report carries an end state (cid, hashes, signature) or a problem, not both")
+        if self.problem is not None and self.trace:
+            raise ValueError("a report with a problem carries no trace")
         return self
 
 

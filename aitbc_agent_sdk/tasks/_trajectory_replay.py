@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,8 @@ from aitbc_agent_sdk.tasks._task import Batch
 from aitbc_agent_sdk.tasks._task_loop import train_step
 from aitbc_agent_sdk.proof._trajectory import (
     boundary_hashes, boundary_name, encode_boundary, encode_hashed_boundary, hash_batch, isolated_rng,
-    kept_boundaries, load_boundary, opened_state_problem, recompute_plan, seed_segment, segment_steps,
+    kept_boundaries, load_boundary, opened_state_problem, recompute_plan, seed_step, segment_steps,
+    state_hash,
 )
 
 
@@ -66,7 +67,8 @@ def reexecute_segment(task: BoundTask, spec: ModelSpec, data: Any, config: JobCo
 
 def reexecute_segments(task: BoundTask, spec: ModelSpec, data: Any, config: JobConfig, seed: int,
                        commitment: TrajectoryCommitment, starts: Mapping[int, bytes], *,
-                       device: torch.device = torch.device("cpu")) -> dict[int, Reexecution]:
+                       device: torch.device = torch.device("cpu"),
+                       after_step: AfterStep | None = None) -> dict[int, Reexecution]:
     """:func:`reexecute_segment` for several segments in one pass over the job's batch stream (the batches
     before the last one are drawn and hashed once, not once per segment). Every opened start state is
     checked against the task's freshly built model, optimizer and scheduler before anything is replayed
@@ -95,15 +97,84 @@ def reexecute_segments(task: BoundTask, spec: ModelSpec, data: Any, config: JobC
         def ended(run: int, _: int) -> None:
             done[run] = _ended(*job)
         runs = {s: (starts[s], s + 1) for s in wanted}
-        problem, unloaded = _replay(task, job, seed, commitment, runs, batches, total, ended, device)
+        problem, unloaded = _replay(task, job, seed, commitment, runs, batches, total, ended, device, after_step)
         done.update({s: Reexecution(problem=f"opened start state does not fit the task: {why}")
                      for s, why in unloaded.items()})
     if problem is not None:  # segments finished before it keep their end states
         return {s: done.get(s, Reexecution(problem=problem, contradicts=True)) for s in starts}
-    return done
+    return {s: done.get(s, Reexecution(problem=STOPPED)) for s in starts}
 
 
 Job = tuple[torch.nn.Module, torch.optim.Optimizer, Any]
+STOPPED = "stopped before the segment's end"  # an ``after_step`` hook ended the run
+
+
+@dataclass(frozen=True)
+class Traced:
+    """A segment re-executed for a dispute: the state it ended in (after ``stop`` steps, or all of them) and
+    the state hashes after each of the steps asked for, in order."""
+
+    end: Reexecution
+    trace: tuple[str, ...] = ()
+
+
+def trace_segment(task: BoundTask, spec: ModelSpec, data: Any, config: JobConfig, seed: int,
+                  commitment: TrajectoryCommitment, segment: int, start: bytes, *, points: Sequence[int] = (),
+                  stop: int | None = None, device: torch.device = torch.device("cpu")) -> Traced:
+    """:func:`reexecute_segment`, hashing the state after each of ``points`` steps into the segment (strictly
+    increasing, from 1), and ending after ``stop`` of its steps when given (no later than the last point)."""
+    first, last = commitment.segment_steps_of(segment)
+    stop = last - first if stop is None else stop
+    if not 1 <= stop <= last - first or any(not 1 <= p <= stop for p in points) or list(points) != sorted(set(points)):
+        raise ValueError(f"points {list(points)[:8]} and stop {stop} do not lie in segment {segment}'s "
+                         f"{last - first} steps")
+    wanted = set(points)
+    trace: list[str] = []
+    stopped: list[Reexecution] = []
+
+    def after(_: int, steps: int, job: Job) -> bool:
+        if steps in wanted:
+            trace.append(state_hash(*job))
+        if steps == stop and stop < last - first:
+            stopped.append(_ended(*job))
+            return True
+        return False
+    again = reexecute_segments(task, spec, data, config, seed, commitment, {segment: start}, device=device,
+                               after_step=after)[segment]
+    if stopped and again.problem == STOPPED:
+        again = stopped[0]
+    return Traced(again, tuple(trace) if again.problem is None else ())
+
+
+def replay_step(task: BoundTask, spec: ModelSpec, data: Any, config: JobConfig, seed: int,
+                commitment: TrajectoryCommitment, step: int, state: bytes, *,
+                device: torch.device = torch.device("cpu")) -> Reexecution:
+    """Train one step, ``step`` of the job (counted from its first), from ``state``, the state after the
+    steps before it: what a dispute's referee computes once the parties' traces narrow it to that step.
+    The batch is the job's own (drawn from its seeded stream); the state must be one the task can be in."""
+    batch_size, total = _steps(task, data, config)
+    if (commitment.steps, commitment.segment_steps) != (total, segment_steps(total, config.segments)):
+        return Reexecution(problem="the commitment is not of this job's steps", contradicts=True)
+    if not 0 <= step < total:
+        raise ValueError(f"step {step} outside the job's {total}")
+    with isolated_rng(device):
+        model, optimizer, scheduler = job = _fresh(task, spec, len(data), config, total, device)
+        if (unfit := opened_state_problem(state, *job)) is not None:
+            return Reexecution(problem=f"the state before step {step} cannot be replayed: {unfit}")
+        try:
+            load_boundary(state, model, optimizer, scheduler)
+        except TrainingError as exc:
+            return Reexecution(problem=f"the state before step {step} does not fit the task: {exc}")
+        batches = _stream(task, data, config, batch_size, torch.Generator().manual_seed(seed), device)
+        model.train()
+        for drawn in range(step + 1):
+            seed_step(seed, drawn, device)
+            batch = next(batches, None)
+            if batch is None:
+                return Reexecution(problem=f"the job's batches end at step {drawn}", contradicts=True)
+        train_step(task.task, model, batch, task.params, optimizer, scheduler, device,
+                   task.task.grad_clip_norm(task.params))
+        return _ended(*job)
 
 
 def _steps(task: BoundTask, data: Any, config: JobConfig) -> tuple[int, int]:
@@ -147,15 +218,17 @@ def _opened_problems(commitment: TrajectoryCommitment, starts: Mapping[int, byte
 
 
 Runs = Mapping[int, tuple[bytes, int]]  # start boundary -> (its state file, the boundary to train up to)
+AfterStep = Callable[[int, int, 'Job'], bool]  # (run, steps into it, the job's state) -> stop the run
 
 
 def _replay(task: BoundTask, job: Job, seed: int, commitment: TrajectoryCommitment, runs: Runs,
             batches: Iterator[Batch], total: int, reached: Callable[[int, int], None],
-            device: torch.device) -> tuple[str | None, dict[int, str]]:
+            device: torch.device, after_step: AfterStep | None = None) -> tuple[str | None, dict[int, str]]:
     """Draw the job's batches up to the last boundary a run trains to, hashing each segment's; train each
     run from its opened start, calling ``reached(run, boundary)`` at every boundary it reaches (the job's
-    state is then that boundary's). Returns what ended the pass early (stream or batch order), and the
-    runs whose start did not load, with why."""
+    state is then that boundary's), and ``after_step(run, steps)`` after each of its steps (``steps`` into
+    the run's first segment; True ends the run there). Returns what ended the pass early (stream or batch
+    order), and the runs whose start did not load, with why."""
     model, optimizer, scheduler = job
     clip = task.task.grad_clip_norm(task.params)
     model.train()
@@ -166,23 +239,23 @@ def _replay(task: BoundTask, job: Job, seed: int, commitment: TrajectoryCommitme
     hasher = hashlib.sha256()
     for step in range(commitment.segment_steps_of(last)[1]):
         segment = step // k
-        if step % k == 0:
-            if segment in runs:
-                training = None
-                try:
-                    load_boundary(runs[segment][0], model, optimizer, scheduler)
-                except TrainingError as exc:
-                    unloaded[segment] = str(exc)
-                else:
-                    training = segment
-            if training is not None:
-                seed_segment(seed, segment, device)  # before its first batch is drawn, as the recorder does
+        if step % k == 0 and segment in runs:
+            training = None
+            try:
+                load_boundary(runs[segment][0], model, optimizer, scheduler)
+            except TrainingError as exc:
+                unloaded[segment] = str(exc)
+            else:
+                training = segment
+        seed_step(seed, step, device)  # every step, before its batch is drawn, as the recorder does
         batch = next(batches, None)
         if batch is None:
             return f"the job's batches end at step {step}, before segment {last} does", unloaded
         hash_batch(hasher, batch)
         if training is not None:
             train_step(task.task, model, batch, task.params, optimizer, scheduler, device, clip)
+            if after_step is not None and after_step(training, step + 1 - training * k, job):
+                training = None  # the run stops here: the hook kept what it wanted
         if (step + 1) % k == 0 or step + 1 == total:
             if hasher.hexdigest() != commitment.batch_hashes[segment]:
                 return f"batch order of segment {segment} differs from the commitment", unloaded

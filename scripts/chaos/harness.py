@@ -906,7 +906,7 @@ def judge(run: ScenarioRun, result: ScenarioResult, final: dict[str, Any], audit
 def judge_verifier(run: ScenarioRun, result: ScenarioResult, events: Sequence[dict[str, Any]],
                    released: dict[str, int]) -> None:
     """A verifier row: the market re-executed the checks; the liar lost its bond exactly when the evidence
-    (the referee's replay, a canary) shows it lied; its own honest training is still paid."""
+    (a dispute's one step, a canary) shows it lied; its own honest training is still paid."""
     fail = result.failures.append
     verifier = run.verifier
     checks = _by(events, "verification")
@@ -915,6 +915,10 @@ def judge_verifier(run: ScenarioRun, result: ScenarioResult, events: Sequence[di
     failed_canaries = [e for e in canaries if not e["fields"].get("passed")]
     wrong = _by(events, "verifier_wrong", worker=verifier)
     slashed = bool(_by(events, "slashed", worker=verifier))
+    disputes = _by(events, "dispute")
+    run.notes.append(f"disputes: {len(disputes)}, settled at one step: "
+                     f"{len([e for e in disputes if e['fields'].get('steps_trained_here') == 1])}; outcomes "
+                     f"{sorted(e['fields'].get('outcome') for e in disputes)}")
     run.notes.append(f"verifications: {outcomes['agreed']} agreed, {outcomes['refereed']} refereed; the liar "
                      f"asked {len(_by(checks, 'verification', verifier=verifier))} times, {len(canaries)} canaries "
                      f"({len(failed_canaries)} failed), slashed={slashed}")
@@ -924,8 +928,8 @@ def judge_verifier(run: ScenarioRun, result: ScenarioResult, events: Sequence[di
         fail(f"the lying verifier {verifier} was not slashed")
     if result.scenario == "lazy-verifier" and not failed_canaries:
         fail("the lazy verifier was never caught by a canary")
-    if result.scenario == "hostile-verifier" and not any("referee" in e["fields"].get("reason", "") for e in wrong):
-        fail(f"the hostile verifier was not shown wrong by the referee: {[e['fields'] for e in wrong]}")
+    if result.scenario == "hostile-verifier" and not any("bisected" in e["fields"].get("reason", "") for e in wrong):
+        fail(f"the hostile verifier was not shown wrong by a dispute's one step: {[e['fields'] for e in wrong]}")
     if result.scenario == "colluding-verifier" and slashed != bool(failed_canaries):
         fail(f"the colluder slashed={slashed} but failed {len(failed_canaries)} canaries: only a canary proves it")
     if not released.get(verifier):

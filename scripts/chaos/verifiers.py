@@ -5,7 +5,7 @@ Each is a ProviderAgent (an honest worker for its own jobs) whose verification s
 - ``LazyVerifier`` trains nothing and reports the end state the checked worker committed to (it is in the
   request's commitment), so it approves everything; canaries catch it.
 - ``HostileVerifier`` re-executes, then moves its end state before it reports it, so it rejects honest
-  work; the coordinator's referee replay shows it wrong.
+  work (and it moves the agreed state a dispute asks it for); the dispute's one step shows it wrong.
 - ``ColludingVerifier`` is lazy for its partner's checks only (``partner``: the partner's address, given
   when the scenario starts it) and honest for everyone else's.
 
@@ -15,6 +15,7 @@ Listed in :data:`VERIFIERS` by scenario name.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,7 @@ class HostileVerifier(ProviderAgent):
         def moved() -> Reexecuted:
             end.write_bytes(perturbed_state(end.read_bytes(), random.Random(7)))
             model_hash, state_hash = boundary_hashes(end.read_bytes())
-            return Reexecuted(end=end, state_hash=state_hash, model_hash=model_hash)
+            return dataclasses.replace(found, state_hash=state_hash, model_hash=model_hash)  # its trace as traced
         return await asyncio.to_thread(moved)
 
 

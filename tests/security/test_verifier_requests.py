@@ -48,6 +48,15 @@ async def test_verification_requests_from_strangers_or_out_of_bounds_do_no_work(
         await rig.send(verify, too_big.model_copy(update={"start_bytes": 1 << 39}))  # far above the job's bound
         real_id, real = request()
         await rig.send(verify, real)
+        # a dispute's requests, on the worker's own job: trace every step of the segment, and stop after one
+        first, last = commitment.segment_steps_of(0)
+        points = tuple(range(1, last - first + 1))
+        traced_id, traced = request()
+        await rig.send(verify, traced.model_copy(update={"points": points}))
+        stopped_id, stopped = request()
+        await rig.send(verify, stopped.model_copy(update={"points": (1,), "stop": 1}))
+        beyond_id, beyond = request()  # steps the segment does not have: refused as malformed, no work
+        await rig.send(verify, beyond.model_copy(update={"points": (last - first + 1,)}))
 
         answered = await reports.first(lambda v: v.message.request_id == real_id)
         assert answered.sender == provider.address and answered.message.problem is None
@@ -55,6 +64,11 @@ async def test_verification_requests_from_strangers_or_out_of_bounds_do_no_work(
         assert answered.message.end_cid is not None and answered.message.signature is not None
         refused = await reports.first(lambda v: v.message.request_id == too_big_id)
         assert "exceed the job's bound" in (refused.message.problem or "")
-        assert {v.message.request_id for v in reports.items} == {real_id, too_big_id}
+        trace = (await reports.first(lambda v: v.message.request_id == traced_id)).message
+        assert len(trace.trace) == len(points) and trace.trace[-1] == trace.state_hash == commitment.state_hashes[1]
+        after_one = (await reports.first(lambda v: v.message.request_id == stopped_id)).message
+        assert after_one.state_hash == after_one.trace[0] == trace.trace[0]
+        assert {v.message.request_id for v in reports.items} == {real_id, too_big_id, traced_id, stopped_id}
+        assert beyond_id not in {v.message.request_id for v in reports.items}
         assert provider.dropped["verifications: no contract of the sender for it"] == 2
-        assert provider.verifications == 1
+        assert provider.verifications == 3

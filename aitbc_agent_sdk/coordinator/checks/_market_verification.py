@@ -4,9 +4,11 @@ For each drawn segment the coordinator hires a verifier at random among the trai
 checked worker's device class (its contract's, confirmed at hiring), unknown to the worker until then. The
 verifier fetches the opened start state, trains the segment again and reports the end state, uploaded and
 signed. When its end agrees with the committed one (bit for bit on a CPU, within the class's tolerance on a
-GPU) the segment passes and the coordinator trained nothing. When they disagree, or the verifier does not
-answer, the coordinator re-executes that segment itself as the referee: the party its replay shows wrong is
-the one that pays (the worker by the spot check's slashable verdict, the verifier by its signed report).
+GPU) the segment passes and the coordinator trained nothing. When they disagree bit for bit (a CPU class),
+the dispute narrows to one step that the coordinator trains (:mod:`._disputes`); the side shown wrong pays
+(the worker by the spot check's slashable verdict, the verifier by its signed report), and a verifier shown
+wrong is replaced by another. When the verifier does not answer, the class compares within a tolerance, or
+the dispute stays undecided, the coordinator re-executes the segment itself as the referee.
 
 Canaries keep verifiers honest about the agreements nobody disputes: at a secret rate the coordinator also
 sends the verifier a perturbed copy of the start state, whose true end cannot be the committed one. A
@@ -32,6 +34,7 @@ import torch
 
 from ...errors import AitbcError
 from ...messaging import SignedChannel, topics
+from ...proof._bisection import Wrong
 from ...proof._tolerances import Comparison
 from ...proof._trajectory import boundary_hashes
 from ...records import JobAssignment, TrajectoryCommitment, VerifyReport, VerifyRequest
@@ -41,6 +44,7 @@ from ...wire._checkpoint import decode_metadata, decode_state, encode_state
 from .._listener import TrainingListener
 from .._logbook import AuditSink
 from .._training_db import TrainingDatabase
+from ._disputes import Bisection, Settled, StepReplay
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +122,7 @@ class MarketVerifiers:
         self.caught: set[str] = set()  # verifiers shown wrong in this training: never asked again
         self.busy: set[str] = set()  # verifiers a check of this round holds
         self.freed = asyncio.Condition()
+        self.bisection = Bisection(store=store, audit=audit, state_limit=state_limit, timeout_s=timeout_s)
 
     @contextlib.asynccontextmanager
     async def reserved(self, job: JobAssignment, device_class: str) -> AsyncIterator[JobAssignment | None]:
@@ -191,6 +196,8 @@ class MarketVerifiers:
         nothing more is fetched or trained here."""
         if report is None or report.problem is not None or report.state_hash != commitment.state_hashes[segment + 1]:
             return False
+        if report.verifier_id in self.caught:  # shown wrong meanwhile (another check's canary): its word is worthless
+            return False
         await self._record_agreement(job, segment, report)
         return True
 
@@ -227,6 +234,23 @@ class MarketVerifiers:
             await self._punish(report, job.round, "its re-execution disagrees with the referee's")
         return found
 
+    @staticmethod
+    def disputable(report: VerifyReport | None) -> bool:
+        """A report with an end state of its own: a dispute can narrow it (a CPU class's)."""
+        return report is not None and report.problem is None and report.state_hash is not None
+
+    async def dispute(self, job: JobAssignment, commitment: TrajectoryCommitment, segment: int,
+                      verifier: JobAssignment, report: VerifyReport, start_cid: str, start_bytes: int,
+                      replay: StepReplay) -> Settled:
+        """Narrow the worker's and ``verifier``'s disagreement over ``segment`` to one step, trained by
+        ``replay`` (:class:`~._disputes.Bisection`); a verifier shown wrong is slashed and not asked again."""
+        def ask(side: JobAssignment, points: tuple[int, ...], stop: int | None) -> Awaitable[VerifyReport | None]:
+            return self._ask(side, job, commitment, segment, start_cid, start_bytes, None, points, stop)
+        settled = await self.bisection.settle(job, verifier, commitment, segment, report, start_cid, ask, replay)
+        if settled.wrong in (Wrong.VERIFIER, Wrong.BOTH):
+            await self._punish(report, job.round, f"bisected to step {settled.step}: its trace does not follow")
+        return settled
+
     async def unverified(self, job: JobAssignment, segment: int, referee: Referee) -> SegmentVerdict:
         """No verifier was eligible: the coordinator re-executes the segment itself."""
         return await self._refereed(job, segment, None, "no eligible verifier: re-executed here", referee)
@@ -242,9 +266,11 @@ class MarketVerifiers:
         return SegmentVerdict(False, again, seconds)
 
     async def _ask(self, verifier: JobAssignment, job: JobAssignment, commitment: TrajectoryCommitment, segment: int,
-                   start_cid: str, start_bytes: int, canary_hash: str | None) -> VerifyReport | None:
-        """One request to ``verifier`` and its report; None when it does not answer in time. A canary waits
-        behind the real check on the verifier's slot: it gets twice the time."""
+                   start_cid: str, start_bytes: int, canary_hash: str | None, points: tuple[int, ...] = (),
+                   stop: int | None = None) -> VerifyReport | None:
+        """One request to ``verifier`` (in a dispute, to the worker too: ``verifier`` is then ``job``) and its
+        report; None when it does not answer in time. A canary waits behind the real check on the
+        verifier's slot: it gets twice the time."""
         timeout = self.timeout_s * (1 if canary_hash is None else 2)
         request_id = "v" + secrets.token_hex(12)
         hashes = list(commitment.state_hashes)
@@ -252,7 +278,8 @@ class MarketVerifiers:
             hashes[segment] = canary_hash
         request = VerifyRequest(
             request_id=request_id, segment=segment, start_cid=start_cid, start_bytes=start_bytes,
-            deadline_s=timeout, commitment=commitment.model_copy(update={"state_hashes": tuple(hashes)}),
+            deadline_s=timeout, points=points, stop=stop,
+            commitment=commitment.model_copy(update={"state_hashes": tuple(hashes)}),
             job=job.model_copy(update={"job_id": request_id, "worker_id": verifier.worker_id,
                                        "contract_id": verifier.contract_id, "data_key": verifier.data_key}))
         waiting = self.listener.expect_report(request_id, verifier.worker_id)

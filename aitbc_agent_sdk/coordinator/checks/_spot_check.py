@@ -19,6 +19,9 @@ optimizer and scheduler could be in (:mod:`~aitbc_agent_sdk.proof._opened_state`
 is replayed; one that is not, and any error while checking (a hostile state that slipped through, or
 the coordinator's own failure), makes the result unverifiable: unpaid, not slashed, and the audit
 log says why.
+
+With ``verify_on`` market the segments go to verifiers instead (:mod:`._market_verification`), and a
+disagreement is narrowed to one step that this machine trains (:mod:`._disputes`).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -39,12 +42,13 @@ from ...errors import AitbcError
 from ...messaging import SignedChannel, topics
 from ...records import (
     UNCONFIRMED_CLASS, JobAssignment, Shard, ToleranceTable, TrajectoryChallenge, TrajectoryCommitment,
-    TrajectoryOpening,
+    TrajectoryOpening, VerifyReport,
 )
 from ...wire._checkpoint import decode_state
 from ...proof._tolerances import Comparison, comparison_for, precision_of, shipped_tolerances
 from ...proof._trajectory import boundary_hashes, recompute_segments
-from ...tasks._trajectory_replay import Reexecution, reexecute_segments, relative_distance, unfit_states
+from ...proof._bisection import Wrong
+from ...tasks._trajectory_replay import Reexecution, reexecute_segments, relative_distance, replay_step, unfit_states
 from ..round._deadlines import job_deadline, job_work
 from ...storage import ContentStore
 from ..data._datasets import DatasetStore
@@ -53,7 +57,7 @@ from .._listener import TrainingListener
 from .._logbook import AuditSink
 from ..round._round_times import RoundTimes
 from .._training_db import TrainingDatabase
-from ._market_verification import MarketVerifiers, Referee, SegmentVerdict
+from ._market_verification import Asked, MarketVerifiers, Referee, SegmentVerdict
 from ._work_checks import (
     PASS, WorkVerdict, bounded, check_crashed, pick_segments, reexecution_verdict, unverifiable,
 )
@@ -61,6 +65,8 @@ from ._work_checks import (
 log = logging.getLogger(__name__)
 BOUNDARY_SLACK = 1 << 20  # a boundary file's header and the optimizer's scalars
 RECOMPUTE_SLACK = 2.0  # a worker recomputes at half its measured training speed or better (a busy host)
+VERIFIERS_PER_SEGMENT = 3  # verifiers a segment goes to while each is shown wrong in turn; then the referee
+T = TypeVar("T")
 
 
 def measured_step_s(train_seconds: float, steps: int, limit_s: float) -> float:
@@ -108,15 +114,20 @@ def model_part(blob: bytes) -> dict[str, torch.Tensor]:
 _THREADS = threading.Lock()
 
 
-def reexecute_with_threads(threads: int, *args: Any) -> dict[int, Reexecution]:
-    """:func:`reexecute_segments` with as many intra-op threads as the worker trained with (bit-exact on a CPU)."""
+def with_threads(threads: int, replay: Callable[..., T], *args: Any) -> T:
+    """``replay(*args)`` with as many intra-op threads as the worker trained with (bit-exact on a CPU)."""
     with _THREADS:
         before = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
-            return reexecute_segments(*args)
+            return replay(*args)
         finally:
             torch.set_num_threads(before)
+
+
+def reexecute_with_threads(threads: int, *args: Any) -> dict[int, Reexecution]:
+    """:func:`reexecute_segments` with as many intra-op threads as the worker trained with."""
+    return with_threads(threads, reexecute_segments, *args)
 
 
 Unverified = Callable[[JobAssignment, int, Referee], Awaitable[SegmentVerdict]]
@@ -285,33 +296,44 @@ class SpotChecker:
     async def _on_market(self, check: _CheckInputs, segment: int, device_class: str, spent: Spent,
                          market: MarketVerifiers) -> tuple[WorkVerdict, bool]:
         """The segment re-executed by a verifier, which fetches the opened start and checks it against the
-        commitment itself. This machine fetches the start only to make a canary of it, and both states
-        only to judge a report that does not agree bit for bit; it holds them, and its turn, only then:
-        while verifiers work, other checks go on."""
-        # The verifier first, the turn second: a check holding the turn never waits for a verifier another
-        # check holds (and that check may need the turn to judge its report).
-        async with market.reserved(check.job, device_class) as verifier:
-            if verifier is None:
-                async with self.turn:
-                    return await self._here(check, segment, market.unverified, spent)
-            start_cid = check.opened[segment]
-            size = await self._declared_size(start_cid)
-            if size is None or market.draws_canary():
-                async with self.turn:
-                    blobs = await self._load(check, segment, fit=False, boundaries=(segment,))
-                    if isinstance(blobs, WorkVerdict):
-                        return blobs, True
-                    start = blobs[segment]
-                    asked = await market.ask(verifier, check.job, check.commitment, segment, start_cid, len(start),
-                                             start if size is not None else None)
-                    del blobs, start
-            else:
-                asked = await market.ask(verifier, check.job, check.commitment, segment, start_cid, size, None)
-            report = await market.answer(asked)
-        spent.verifiers += asked.reports
-        if await market.agreed(check.job, check.commitment, segment, report):
-            return PASS, False
+        commitment itself. This machine fetches the start only to make a canary of it. A report that
+        disagrees bit for bit is disputed: narrowed to one step, which this machine trains; a verifier shown
+        wrong there is replaced by another. Both states are fetched here, and the segment replayed, only
+        for the referee: a class compared within a tolerance, no answer, or a dispute left undecided."""
+        asked: Asked | None = None
+        report: VerifyReport | None = None
+        for _ in range(VERIFIERS_PER_SEGMENT):
+            # The verifier first, the turn second: a check holding the turn never waits for a verifier another
+            # check holds (and that check may need the turn to judge its report).
+            async with market.reserved(check.job, device_class) as verifier:
+                if verifier is None:
+                    break
+                sent = await self._send(check, segment, verifier, market)
+                if isinstance(sent, WorkVerdict):
+                    return sent, True
+                asked, start_bytes = sent
+                report = await market.answer(asked)
+            spent.verifiers += asked.reports
+            if await market.agreed(check.job, check.commitment, segment, report):
+                return PASS, False
+            if asked.verifier.worker_id in market.caught:  # by its canary: another verifier checks the segment
+                asked = report = None
+                continue
+            if not (check.comparison.exact and market.disputable(report)):
+                break
+            assert report is not None
+            settled = await market.dispute(check.job, check.commitment, segment, asked.verifier, report,
+                                           check.opened[segment], start_bytes, partial(self._one_step, check))
+            spent.verifiers += settled.requests
+            spent.local_seconds += settled.local_seconds
+            if settled.wrong in (Wrong.WORKER, Wrong.BOTH):
+                return WorkVerdict(f"spot check: {settled.reason}", slashable=True), True
+            if settled.wrong is None:
+                break  # undecided: the referee below
+            asked = report = None  # that verifier lied and is never drawn again: another checks the segment
         async with self.turn:
+            if asked is None:  # no verifier eligible (or every one asked lied)
+                return await self._here(check, segment, market.unverified, spent)
             blobs = await self._load(check, segment, fit=True)
             if isinstance(blobs, WorkVerdict):
                 return blobs, True
@@ -322,6 +344,30 @@ class SpotChecker:
                 return PASS, False
             assert found.referee is not None
             return await self._judged(check, segment, blobs, found.referee)
+
+    async def _send(self, check: _CheckInputs, segment: int, verifier: JobAssignment,
+                    market: MarketVerifiers) -> tuple[Asked, int] | WorkVerdict:
+        """Ask ``verifier`` for ``segment`` (and, at the canary rate, a canary made of its start); the asked
+        requests, and the start state's size."""
+        start_cid = check.opened[segment]
+        size = await self._declared_size(start_cid)
+        if size is not None and not market.draws_canary():
+            return await market.ask(verifier, check.job, check.commitment, segment, start_cid, size, None), size
+        async with self.turn:
+            blobs = await self._load(check, segment, fit=False, boundaries=(segment,))
+            if isinstance(blobs, WorkVerdict):
+                return blobs
+            start = blobs[segment]
+            asked = await market.ask(verifier, check.job, check.commitment, segment, start_cid, len(start),
+                                     start if size is not None else None)
+            return asked, len(start)
+
+    async def _one_step(self, check: _CheckInputs, step: int, state: bytes) -> Reexecution:
+        """A dispute's one step, trained here from the state both sides agree precedes it."""
+        job = check.job
+        async with self.turn:
+            return await asyncio.to_thread(with_threads, check.commitment.threads, replay_step, self.inputs.task,
+                                           job.model, check.data, job.config, job.seed, check.commitment, step, state)
 
     async def _declared_size(self, cid: str) -> int | None:
         """What an opened state's root block says it holds, within the bound; None when it cannot be read
