@@ -239,3 +239,16 @@ def test_auto_sends_a_gpu_or_a_large_model_to_the_market_and_a_small_cpu_job_to_
                          optimizer_bytes=680_000_000, activation_bytes=1)
     assert checks_where(FaultPolicy(), big) == "market" and checks_where(FaultPolicy(), None) == "auto"
     assert checks_where(FaultPolicy(verify_on="coordinator"), big) == "coordinator"
+
+
+def test_a_verifier_gets_the_segments_training_at_twice_the_workers_measured_speed_on_top_of_the_timeout():
+    from aitbc_agent_sdk.coordinator.checks._spot_check import RECOMPUTE_SLACK, _CheckInputs
+    from aitbc_agent_sdk.records import TrajectoryCommitment
+
+    hashes = ("a" * 64,) * 4
+    commitment = TrajectoryCommitment(job_id="job-1", worker="0x" + "ab" * 20, steps=250, segment_steps=100,
+                                      device="cpu", model_hashes=hashes, state_hashes=hashes,
+                                      batch_hashes=hashes[:3])
+    check = _CheckInputs(job=None, commitment=commitment, data=None, opened={}, comparison=None, step_s=7.6)
+    assert check.work_s(0) == pytest.approx(RECOMPUTE_SLACK * 7.6 * 100) and RECOMPUTE_SLACK >= 2
+    assert check.work_s(2) == pytest.approx(RECOMPUTE_SLACK * 7.6 * 50)  # the last segment's 50 steps

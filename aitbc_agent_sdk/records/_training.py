@@ -144,7 +144,8 @@ class FaultPolicy(Record):
         "with verify_on=auto, a model of at least this many parameters (as its jobs declare) is verified on the "
         "market even on CPUs"))
     verify_timeout_s: float = Field(default=120.0, gt=0.0, description=(
-        "seconds a verifier has to fetch the inputs, re-execute one segment and report"))
+        "seconds a verifier has to fetch the inputs and report, beyond re-executing the segment at twice the "
+        "worker's measured time"))
     canary_rate: float = Field(default=0.2, ge=0.0, le=1.0, description=(
         "share of verifications sent as canaries (a perturbed start whose true end cannot be the committed one): "
         "a verifier that reports the committed end for one is lazy, and slashed"))

@@ -134,7 +134,8 @@ VerifyOnOption = Annotated[VerifyOnChoice, typer.Option(  # type: ignore[valid-t
                         "this machine otherwise")]
 VerifyTimeoutOption = Annotated[float, typer.Option(
     "--verify-timeout", min=0.1, metavar="SECONDS",
-    help="seconds a verifier has to fetch the inputs, re-execute one segment and report (with --verify-on market)")]
+    help="seconds a verifier has to fetch the inputs and report, beyond re-executing the segment at twice the "
+         "worker's measured time (with --verify-on market)")]
 CanaryRateOption = Annotated[float, typer.Option(
     "--canary-rate", min=0.0, max=1.0, metavar="SHARE",
     help="share of verifications sent as canaries, whose committed end a lazy verifier would approve (with "

@@ -159,11 +159,14 @@ class MarketVerifiers:
         return self.rng.random() < self.canary_rate
 
     async def ask(self, verifier: JobAssignment, job: JobAssignment, commitment: TrajectoryCommitment,
-                  segment: int, start_cid: str, start_bytes: int, canary_from: bytes | None) -> Asked:
+                  segment: int, start_cid: str, start_bytes: int, canary_from: bytes | None,
+                  work_s: float = 0.0) -> Asked:
         """Send ``segment`` to ``verifier`` (:meth:`reserved`), and with ``canary_from`` (the opened start) a
-        canary made from it too. The answers are awaited apart (:meth:`answer`), so the caller need not hold
+        canary made from it too; each may take ``work_s`` (the segment's training) beyond the policy's
+        ``verify_timeout_s``. The answers are awaited apart (:meth:`answer`), so the caller need not hold
         the opened states, nor its turn, while verifiers work."""
-        real = asyncio.create_task(self._ask(verifier, job, commitment, segment, start_cid, start_bytes, None))
+        real = asyncio.create_task(self._ask(verifier, job, commitment, segment, start_cid, start_bytes, None,
+                                             work_s=work_s))
         canary = None
         if canary_from is not None:
             try:
@@ -174,7 +177,7 @@ class MarketVerifiers:
                 real.cancel()
                 raise
             canary = asyncio.create_task(self._canary(verifier, job, commitment, segment, cid, len(blob),
-                                                      canary_hash))
+                                                      canary_hash, work_s))
         return Asked(verifier, real, canary)
 
     async def answer(self, asked: Asked) -> VerifyReport | None:
@@ -241,11 +244,11 @@ class MarketVerifiers:
 
     async def dispute(self, job: JobAssignment, commitment: TrajectoryCommitment, segment: int,
                       verifier: JobAssignment, report: VerifyReport, start_cid: str, start_bytes: int,
-                      replay: StepReplay) -> Settled:
+                      replay: StepReplay, work_s: float = 0.0) -> Settled:
         """Narrow the worker's and ``verifier``'s disagreement over ``segment`` to one step, trained by
         ``replay`` (:class:`~._disputes.Bisection`); a verifier shown wrong is slashed and not asked again."""
         def ask(side: JobAssignment, points: tuple[int, ...], stop: int | None) -> Awaitable[VerifyReport | None]:
-            return self._ask(side, job, commitment, segment, start_cid, start_bytes, None, points, stop)
+            return self._ask(side, job, commitment, segment, start_cid, start_bytes, None, points, stop, work_s)
         settled = await self.bisection.settle(job, verifier, commitment, segment, report, start_cid, ask, replay)
         if settled.wrong in (Wrong.VERIFIER, Wrong.BOTH):
             await self._punish(report, job.round, f"bisected to step {settled.step}: its trace does not follow")
@@ -267,11 +270,11 @@ class MarketVerifiers:
 
     async def _ask(self, verifier: JobAssignment, job: JobAssignment, commitment: TrajectoryCommitment, segment: int,
                    start_cid: str, start_bytes: int, canary_hash: str | None, points: tuple[int, ...] = (),
-                   stop: int | None = None) -> VerifyReport | None:
+                   stop: int | None = None, work_s: float = 0.0) -> VerifyReport | None:
         """One request to ``verifier`` (in a dispute, to the worker too: ``verifier`` is then ``job``) and its
         report; None when it does not answer in time. A canary waits behind the real check on the
         verifier's slot: it gets twice the time."""
-        timeout = self.timeout_s * (1 if canary_hash is None else 2)
+        timeout = (self.timeout_s + work_s) * (1 if canary_hash is None else 2)
         request_id = "v" + secrets.token_hex(12)
         hashes = list(commitment.state_hashes)
         if canary_hash is not None:
@@ -292,10 +295,10 @@ class MarketVerifiers:
             return None
 
     async def _canary(self, verifier: JobAssignment, job: JobAssignment, commitment: TrajectoryCommitment,
-                      segment: int, cid: str, size: int, canary_hash: str) -> bool:
+                      segment: int, cid: str, size: int, canary_hash: str, work_s: float) -> bool:
         """Ask for a canary (a perturbed start, already stored at ``cid``); True when the verifier reports the
         committed end for it (it did not train)."""
-        report = await self._ask(verifier, job, commitment, segment, cid, size, canary_hash)
+        report = await self._ask(verifier, job, commitment, segment, cid, size, canary_hash, work_s=work_s)
         lazy = report is not None and report.problem is None and (
             report.state_hash == commitment.state_hashes[segment + 1]
             or report.model_hash == commitment.model_hashes[segment + 1])

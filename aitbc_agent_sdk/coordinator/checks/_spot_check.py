@@ -143,6 +143,12 @@ class _CheckInputs:
     data: Any
     opened: Mapping[int, str]
     comparison: Comparison
+    step_s: float  # the worker's measured seconds per step: how long a verifier may take to train a segment
+
+    def work_s(self, segment: int) -> float:
+        """The time a verifier may spend training ``segment``, on top of the policy's ``verify_timeout_s``."""
+        first, last = self.commitment.segment_steps_of(segment)
+        return RECOMPUTE_SLACK * self.step_s * (last - first)
 
 
 class SpotChecker:
@@ -177,14 +183,15 @@ class SpotChecker:
             parameters = job.footprint.parameters if job.footprint is not None else 0
             market = self.market if self.market is not None and self.market.takes(device_class, parameters) else None
             spent.on_market = market is not None
-            opened = await self._open(job, segments, await self._opening_timeout(job, shard, commitment, segments))
+            step_s = await self._step_s(job, shard, commitment)
+            opened = await self._open(job, segments, self._opening_timeout(commitment, segments, step_s))
             started = time.perf_counter()
             if isinstance(opened, WorkVerdict):
                 verdict = opened
             else:
                 cids = {str(b): cid for b, cid in opened.items()}
                 verdict = await self._reexecute(job, shard, commitment, segments, opened, comparison,
-                                                device_class, spent, market)
+                                                device_class, spent, market, step_s)
         except Exception as exc:  # fail closed: an error is a verdict, never a pass (cancelling still works)
             log.warning("spot check of job %s could not run", job.job_id, exc_info=True)
             verdict = check_crashed(exc)
@@ -212,15 +219,17 @@ class SpotChecker:
                               precision=precision_of(commitment.device, getattr(self.inputs.task.task, "bf16", True)),
                               reference="cpu", default=self.policy.reexec_tolerance)
 
-    async def _opening_timeout(self, job: JobAssignment, shard: Shard, commitment: TrajectoryCommitment,
-                               segments: tuple[int, ...]) -> float:
-        """The opening's deadline: the policy's floor, plus the worker's recomputation at its measured speed."""
-        wanted = {b for s in segments for b in (s, s + 1)}
-        steps = recompute_segments(len(commitment.state_hashes), wanted) * commitment.segment_steps
+    async def _step_s(self, job: JobAssignment, shard: Shard, commitment: TrajectoryCommitment) -> float:
+        """The worker's seconds per step, as its checkpoint says it trained, within the job's deadline."""
         found = await self.db.checkpoint(job.job_id)
         limit = job_deadline(job_work(shard.samples, job.config.epochs),
                              self.round_times.of(job.training_id, job.worker_id), self.policy)
-        step_s = measured_step_s(found[0].train_seconds if found is not None else 0.0, commitment.steps, limit)
+        return measured_step_s(found[0].train_seconds if found is not None else 0.0, commitment.steps, limit)
+
+    def _opening_timeout(self, commitment: TrajectoryCommitment, segments: tuple[int, ...], step_s: float) -> float:
+        """The opening's deadline: the policy's floor, plus the worker's recomputation at its measured speed."""
+        wanted = {b for s in segments for b in (s, s + 1)}
+        steps = recompute_segments(len(commitment.state_hashes), wanted) * commitment.segment_steps
         return opening_deadline_s(self.policy.opening_timeout_s, step_s, steps)
 
     async def _open(self, job: JobAssignment, segments: tuple[int, ...], timeout: float
@@ -256,13 +265,14 @@ class SpotChecker:
 
     async def _reexecute(self, job: JobAssignment, shard: Shard, commitment: TrajectoryCommitment,
                          segments: tuple[int, ...], opened: Mapping[int, str], comparison: Comparison,
-                         device_class: str, spent: Spent, market: MarketVerifiers | None) -> WorkVerdict:
+                         device_class: str, spent: Spent, market: MarketVerifiers | None,
+                         step_s: float) -> WorkVerdict:
         """Each drawn segment in turn: fetch its opened start and end, check them against the commitment and
         the task, re-execute (here or by a verifier), compare; then let them go. A proven contradiction ends
         the check at once; any other problem of a re-execution is kept while the remaining segments may
         still prove one."""
         data = await self.data.load(shard.cid)
-        check = _CheckInputs(job, commitment, data, opened, comparison)
+        check = _CheckInputs(job, commitment, data, opened, comparison, step_s)
         first_problem: WorkVerdict | None = None
         for segment in segments:
             if market is None:
@@ -323,7 +333,8 @@ class SpotChecker:
                 break
             assert report is not None
             settled = await market.dispute(check.job, check.commitment, segment, asked.verifier, report,
-                                           check.opened[segment], start_bytes, partial(self._one_step, check))
+                                           check.opened[segment], start_bytes, partial(self._one_step, check),
+                                           check.work_s(segment))
             spent.verifiers += settled.requests
             spent.local_seconds += settled.local_seconds
             if settled.wrong in (Wrong.WORKER, Wrong.BOTH):
@@ -352,14 +363,15 @@ class SpotChecker:
         start_cid = check.opened[segment]
         size = await self._declared_size(start_cid)
         if size is not None and not market.draws_canary():
-            return await market.ask(verifier, check.job, check.commitment, segment, start_cid, size, None), size
+            return await market.ask(verifier, check.job, check.commitment, segment, start_cid, size, None,
+                                    check.work_s(segment)), size
         async with self.turn:
             blobs = await self._load(check, segment, fit=False, boundaries=(segment,))
             if isinstance(blobs, WorkVerdict):
                 return blobs
             start = blobs[segment]
             asked = await market.ask(verifier, check.job, check.commitment, segment, start_cid, len(start),
-                                     start if size is not None else None)
+                                     start if size is not None else None, check.work_s(segment))
             return asked, len(start)
 
     async def _one_step(self, check: _CheckInputs, step: int, state: bytes) -> Reexecution:
