@@ -17,6 +17,7 @@ from aitbc_agent_sdk.chain import training_key
 from aitbc_agent_sdk.records import FaultPolicy
 from aitbc_agent_sdk._stack import EMBEDDED_STAKE, join_embedded_market
 from aitbc_agent_sdk.provider import ProviderAgent
+from aitbc_agent_sdk.provider._verifier import Reexecuted
 from scripts.chaos.lazy import LAZY
 from scripts.chaos.verifiers import HostileVerifier, LazyVerifier
 from tests.test_fault_tolerance import CHEAPEST, events, join_market, warm
@@ -57,6 +58,7 @@ async def test_verifiers_on_the_market_re_execute_every_check_and_the_coordinato
     assert len(checks) == 3 and all(e["passed"] and e["seconds"] == 0 and e["verifiers"] >= 2 for e in checks)
     assert all(e["verified_on"] == "market" for e in checks)
     assert report.verification is not None and report.verification.coordinator_seconds == 0
+    assert report.verification.on_market == 3 and report.verification.verifier_reports >= 6
     assert wages == {w.address: w.price_wei for w in report.workers if w.role == "worker"}
 
 
@@ -179,6 +181,39 @@ async def test_a_worker_that_skipped_steps_is_caught_by_a_verifier_and_slashed_a
     assert not [e for e in log if e["event"] == "verification" and e["outcome"] == "refereed"]
     assert not [e for e in log if e["event"] == "verifier_wrong"]  # the verifier was right
     assert state.slashes == 1
+
+
+class StonewallingLazy(LAZY["lazy"]):
+    """A lazy worker that will not trace its own segments when disputed (labelled fault: a real provider
+    never refuses its own trace, but a cheat may)."""
+
+    async def verify_segment(self, process, owner, request, job_dir):
+        if request.points or request.stop is not None:
+            self.refused = getattr(self, "refused", 0) + 1
+            return Reexecuted(problem="will not trace")
+        return await super().verify_segment(process, owner, request, job_dir)
+
+
+async def test_a_worker_that_will_not_trace_leaves_the_dispute_undecided_and_the_referee_catches_it(aitbc_home):
+    """A dispute never passes work nobody checked: undecided, the segment is replayed here as before."""
+    async with Agent(AgentConfig(home=aitbc_home, providers=4)) as agent:
+        cheat = await join_market(agent, StonewallingLazy)
+        async with cheat:
+            await warm(cheat)
+            # one segment a job: every dispute has steps to trace (a one-step segment is settled without)
+            report = await agent.run_distributed_training(market_spec(canary_rate=0.0, segments=1).model_copy(
+                update={"spare_workers": 1}))
+        log = events(agent, report.training_id)
+        state = await agent.stack.registry.provider(cheat.address)
+    assert report.status == TrainingPhase.COMPLETE
+    undecided = [e for e in log if e["event"] == "dispute" and e["worker"] == cheat.address]
+    assert undecided and all(e["outcome"] == "undecided" and e["steps_trained_here"] == 0 for e in undecided)
+    assert "the worker did not trace" in undecided[0]["reason"] and getattr(cheat, "refused", 0) >= 1
+    refereed = [e for e in log if e["event"] == "verification" and e["outcome"] == "refereed"]
+    assert refereed and refereed[0]["worker"] == cheat.address
+    rejected = [e for e in log if e["event"] == "result_rejected"]
+    assert [e["worker"] for e in rejected] == [cheat.address] and "spot check: segment" in rejected[0]["reason"]
+    assert not [e for e in log if e["event"] == "verifier_wrong"] and state.slashes == 1
 
 
 def test_reports_and_requests_hold_what_they_claim():

@@ -19,6 +19,15 @@ def test_spend_sums_the_coordinators_seconds_against_the_checked_jobs_training()
     assert spend.ratio == 0.3 and spend.verifier_wei == 0
 
 
+def test_checks_the_market_took_count_apart_with_their_verifiers_reports():
+    checks = [{"job_id": "j1", "passed": True, "seconds": 0.0, "verified_on": "market", "verifiers": 6},
+              {"job_id": "j2", "passed": True, "seconds": 0.2, "verified_on": "market", "verifiers": 9},
+              {"job_id": "j3", "passed": True, "seconds": 2.0, "verified_on": "coordinator", "verifiers": 0},
+              {"job_id": "j4", "passed": True, "seconds": 0.0, "verified_on": "market", "verifiers": "lots"}]
+    spend = verification_spend(checks, {})
+    assert (spend.on_market, spend.verifier_reports, spend.coordinator_seconds) == (3, 15, 2.2)
+
+
 def test_a_check_with_odd_fields_counts_as_failed_and_costs_nothing_negative():
     spend = verification_spend([{"job_id": "j1", "seconds": -4.0}], {})
     assert (spend.failed, spend.coordinator_seconds, spend.ratio) == (1, 0.0, None)

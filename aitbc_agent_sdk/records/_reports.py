@@ -106,14 +106,19 @@ class RoundReport(Record):
 
 
 class VerificationSpend(Record):
-    """What checking the workers' results cost a training: spot checks re-execute on the coordinator's CPU,
-    so the spend is its seconds, set against the training time of the jobs it checked."""
+    """What checking the workers' results cost a training: the coordinator's own seconds (re-executing, or
+    with verifiers on the market only a dispute's step and the refereed segments), set against the training
+    time of the jobs it checked, and the verifiers' work apart."""
 
     checks: int = Field(ge=0)
     failed: int = Field(ge=0, description="checks that did not pass (rejected, unverifiable or not opened)")
     coordinator_seconds: Finite = Field(ge=0.0, description="re-executing on the coordinator")
     checked_training_seconds: Finite = Field(ge=0.0, description="the checked jobs' own training, as reported")
-    verifier_wei: Wei = Field(default=0, description="paid to verifiers: none, while checks run on the coordinator")
+    verifier_wei: Wei = Field(default=0, description="paid to verifiers per check: none yet (they are paid for their "
+                                                     "own jobs only)")
+    on_market: int = Field(default=0, ge=0, description="checks whose segments verifiers re-executed")
+    verifier_reports: int = Field(default=0, ge=0, description=(
+        "reports verifiers and disputed workers sent: checks, canaries and a dispute's traces"))
 
     @property
     def ratio(self) -> float | None:
@@ -132,7 +137,14 @@ class VerificationSpend(Record):
         checked = {str(c.get("job_id")) for c in checks}
         return cls(checks=len(checks), failed=sum(1 for c in checks if not c.get("passed")),
                    coordinator_seconds=sum(max(float(c.get("seconds") or 0.0), 0.0) for c in checks),
-                   checked_training_seconds=sum(training_seconds.get(j, 0.0) for j in checked))
+                   checked_training_seconds=sum(training_seconds.get(j, 0.0) for j in checked),
+                   on_market=sum(1 for c in checks if c.get("verified_on") == "market"),
+                   verifier_reports=sum(_count(c.get("verifiers")) for c in checks))
+
+
+def _count(value: Any) -> int:
+    """A count from an audit log field: a non-negative int, or 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 class TrainingReport(Record):

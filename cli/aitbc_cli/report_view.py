@@ -132,13 +132,12 @@ def report_tables(report: TrainingReport) -> list[Any]:
                    f"{report.compute_seconds:.1f}")
     tables = [rounds, workers, escrow]
     if (v := report.verification) is not None:  # what checking the results cost, apart from the training
-        checking = narrow_table("Verification (spot checks, re-executed on this machine)", "checks", "failed",
-                                "coordinator s", "checked jobs' training s", "ratio", "verifiers ETH",
-                                right=("checks", "failed", "coordinator s", "checked jobs' training s", "ratio",
-                                       "verifiers ETH"))
-        checking.add_row(str(v.checks), str(v.failed), f"{v.coordinator_seconds:.1f}",
-                         f"{v.checked_training_seconds:.1f}", "-" if v.ratio is None else f"{v.ratio:.2f}x",
-                         eth_text(v.verifier_wei))
+        columns = ("checks", "failed", "by verifiers", "verifier reports", "coordinator s",
+                   "checked jobs' training s", "ratio", "verifiers ETH")
+        checking = narrow_table("Verification (spot checks)", *columns, right=columns)
+        checking.add_row(str(v.checks), str(v.failed), str(v.on_market), str(v.verifier_reports),
+                         f"{v.coordinator_seconds:.1f}", f"{v.checked_training_seconds:.1f}",
+                         "-" if v.ratio is None else f"{v.ratio:.2f}x", eth_text(v.verifier_wei))
         tables.append(checking)
     return tables
 

@@ -237,10 +237,13 @@ async def _snapshot(home: Path, training_id: str) -> Snapshot:
 
 
 def verification_line(spend: VerificationSpend) -> str:
-    """What the spot checks so far cost: this machine's seconds against the checked jobs' training."""
+    """What the spot checks so far cost: this machine's seconds against the checked jobs' training, and the
+    verifiers' reports apart."""
     ratio = "" if spend.ratio is None else f" ({spend.ratio:.2f}x)"
+    market = (f"; {spend.on_market} re-executed by verifiers ({spend.verifier_reports} reports)"
+              if spend.on_market else "")
     return (f"verification: {spend.checks} spot checks, {spend.failed} failed; {spend.coordinator_seconds:.1f} s "
-            f"re-executing here for {spend.checked_training_seconds:.1f} s of checked training{ratio}; "
+            f"re-executing here for {spend.checked_training_seconds:.1f} s of checked training{ratio}{market}; "
             f"verifiers paid {flow.eth_text(spend.verifier_wei)} ETH")
 
 
