@@ -84,8 +84,8 @@ def verification_note(spot_checks: int, segments: int, verify_on: str = "coordin
     share = f"about {100 * checked / max(segments, 1):.0f} % of each job's training compute"
     if verify_on == "market":
         return (f"every result is spot-checked by verifiers hired among the other workers: {checked} of its "
-                f"{segments} segments re-executed there ({share}); this machine re-executes only a disputed or "
-                f"unanswered segment (no ETH)")
+                f"{segments} segments re-executed there ({share}); this machine trains one step of a disputed "
+                f"segment, or replays one nobody answered for (no ETH)")
     if verify_on == "auto":
         return (f"every result is spot-checked: {checked} of its {segments} segments re-executed ({share}), on "
                 f"this machine's CPU for a worker hired as a CPU, by verifiers among the other workers for a GPU "

@@ -137,8 +137,8 @@ class FaultPolicy(Record):
         "state when the two devices differ; on equal CPUs the states must be equal bit for bit"))
     verify_on: Literal["coordinator", "market", "auto"] = Field(default="auto", description=(
         "who re-executes a spot check's segments: the coordinator's CPU, or verifiers hired among the training's "
-        "other workers of the checked worker's device class (the coordinator re-executes only a disputed segment, "
-        "and falls back to its own check when no verifier is eligible); auto: the market for a worker hired as "
+        "other workers of the checked worker's device class (the coordinator trains one step of a disputed segment, "
+        "replays one nobody answered for, and falls back to its own check when no verifier is eligible); auto: the market for a worker hired as "
         "anything but a CPU and for a model of at least market_verify_parameters, else the coordinator"))
     market_verify_parameters: int = Field(default=25_000_000, ge=1, description=(
         "with verify_on=auto, a model of at least this many parameters (as its jobs declare) is verified on the "

@@ -128,8 +128,8 @@ SpotChecksOption = Annotated[int, typer.Option(
     "(0: no spot checks)")]
 VerifyOnOption = Annotated[VerifyOnChoice, typer.Option(  # type: ignore[valid-type]
     "--verify-on", help="who re-executes a spot check's segments: the coordinator's CPU, or verifiers hired among "
-                        "the training's other workers of the same device class (the coordinator then re-executes "
-                        "only a disputed segment); auto: verifiers for a worker hired as a GPU and for a model of "
+                        "the training's other workers of the same device class (the coordinator then trains one "
+                        "step of a disputed segment, or replays one nobody answered for); auto: verifiers for a worker hired as a GPU and for a model of "
                         f"{FaultPolicy.model_fields['market_verify_parameters'].default / 1e6:g}M parameters or more, "
                         "this machine otherwise")]
 VerifyTimeoutOption = Annotated[float, typer.Option(
