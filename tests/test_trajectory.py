@@ -15,9 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from pydantic import ValidationError
 
 from aitbc_agent_sdk.errors import TrainingError
-from aitbc_agent_sdk.records import COMMITMENT_KEY, JobConfig, TaskRef
+from aitbc_agent_sdk.records import COMMITMENT_KEY, JobConfig, TaskRef, TrajectoryCommitment
 from aitbc_agent_sdk.provider._process import TRAJECTORY_DIR, TrainingProcess
 from aitbc_agent_sdk.provider._sandbox import TrainingSandbox, take_trajectory
 from aitbc_agent_sdk.provider._worker_process import CHECKPOINT_FILE, WEIGHTS_FILE, write_checkpoint
@@ -336,3 +337,13 @@ def test_several_segments_re_execute_in_one_pass_like_one_at_a_time(mlp_job):
     wrong = {**picked, 3: boundary(directory, 2)}  # one opened state is not segment 3's
     found = reexecute_segments(MLP, spec, data, MLP_CONFIG, 5, commitment, wrong)
     assert "does not match" in found[3].problem and found[1].problem is None
+
+
+def test_a_commitment_of_the_segment_seeded_version_is_refused_as_malformed_not_replayed(mlp_job):
+    """Version 1 seeded the RNG each segment; a replay now seeds each step, so an honest old worker's
+    segments with dropout would not match: its commitment is malformed (unpaid, not slashed), never replayed."""
+    _, _, commitment, _ = mlp_job
+    assert commitment.version == 2
+    old = json.loads(commitment.model_dump_json()) | {"version": 1}
+    with pytest.raises(ValidationError):
+        TrajectoryCommitment.model_validate(old)

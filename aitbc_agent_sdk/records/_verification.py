@@ -31,7 +31,9 @@ class TrajectoryCommitment(Record):
     re-execution starts from (model, optimizer, scheduler, RNG). ``batch_hashes[j]`` covers the
     batches of segment ``j``, in order."""
 
-    version: Literal[1] = 1
+    # 2: every step seeds its own RNG, so any step's state replays alone (1 seeded each segment: an old
+    # worker's commitment is refused as malformed, unpaid but never slashed for a replay it cannot match)
+    version: Literal[2] = 2
     job_id: Id
     worker: Address
     steps: int = Field(ge=1, le=10**9)
