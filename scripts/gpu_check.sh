@@ -11,7 +11,9 @@
 #   5. (issue #18) how far re-executed committed segments land from the committed end state, on the
 #      GPU and on the CPU, honest against skipped (scripts/spot_check_tolerance.py), and the tolerance
 #      table rows they give (issue #29), in $OUT/tolerances.json;
-#   6. (issue #27) tokens/s of a GPT-2-small-shaped gpt job on the provider path against the plain bf16 loop.
+#   6. (issue #27) tokens/s of a GPT-2-small-shaped gpt job on the provider path against the plain bf16 loop;
+#   7. (issue #29) whether a dispute narrows by hash on this device: two traced re-executions of a segment
+#      and each step replayed alone (scripts/dispute_trace_check.py).
 # Without a GPU (torch sees no CUDA device) the GPU-only rows say SKIP and everything else runs
 # on the CPU, so the script itself is checked on any machine. --quick: smaller benchmark, no
 # market flow. Prints a markdown table (also to $OUT/gpu_check.md when $OUT is set); exits 1
@@ -228,6 +230,11 @@ spot_check_tolerance() {
   "$PY" scripts/spot_check_tolerance.py --device "$device" --table "$table" | grep '|'
 }
 
+# Issue #29: two traces of one segment, and each step alone, on the device that trained it.
+dispute_traces() {
+  "$PY" scripts/dispute_trace_check.py --device "$device" | grep '|'
+}
+
 check "NVML inventory" inventory
 if ((quick)); then
   row "market flow" "SKIP" "--quick"
@@ -259,6 +266,7 @@ check "BalancedStep under torchrun" balanced_step
 [[ $device == cpu ]] && row "BalancedStep with NCCL" "SKIP" "no GPU: ran over gloo above"
 check "cluster GPU paths (unit)" unit_tests
 check "spot-check re-execution distance" spot_check_tolerance
+check "dispute traces, same device" dispute_traces
 
 mode="on $gpus GPU(s)"
 ((gpus == 0)) && mode="with no GPU: CPU-only parts"

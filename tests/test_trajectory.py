@@ -347,3 +347,14 @@ def test_a_commitment_of_the_segment_seeded_version_is_refused_as_malformed_not_
     old = json.loads(commitment.model_dump_json()) | {"version": 1}
     with pytest.raises(ValidationError):
         TrajectoryCommitment.model_validate(old)
+
+
+def test_the_gpu_checks_dispute_trace_agrees_bit_for_bit_on_a_cpu():
+    """scripts/dispute_trace_check.py, which scripts/gpu_check.sh runs on a card, on this CPU: two traces of
+    a segment and each step replayed alone all hash alike (it exits 1 when they do not)."""
+    from scripts.dispute_trace_check import measure
+
+    found = measure(torch.device("cpu"))
+    steps = found["segment_steps"]
+    assert steps == 8 and found["repeatable_steps"] == found["replayed_alone_steps"] == steps
+    assert found["ends_as_committed"]
