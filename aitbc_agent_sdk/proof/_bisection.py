@@ -15,7 +15,6 @@ changes it there is replaced by it. A side cannot close the dispute by changing 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -59,7 +58,7 @@ def trace_points(dispute: Disputed, limit: int) -> tuple[int, ...]:
     span = dispute.disputed - dispute.agreed
     if span <= limit:
         return tuple(range(dispute.agreed + 1, dispute.disputed + 1))
-    return tuple(dispute.agreed + math.ceil(span * (i + 1) / limit) for i in range(limit))
+    return tuple(dispute.agreed + -(-span * (i + 1) // limit) for i in range(limit))  # integer ceilings
 
 
 def narrow(dispute: Disputed, points: Sequence[int], worker_trace: Sequence[str],

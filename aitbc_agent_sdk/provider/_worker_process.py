@@ -155,9 +155,12 @@ def _reexecute(request: dict[str, Any], task: BoundTask, job_dir: Path, out_dir:
     before = torch.get_num_threads()
     torch.set_num_threads(commitment.threads)
     try:
+        # The device the worker committed to: a CPU trajectory replays on this CPU even beside a GPU, bit for
+        # bit as the coordinator's referee does (a GPU's sums would part from it at the first step).
+        prefer = "cpu" if commitment.device == "cpu" else str(request.get("device", "auto"))
         traced = trace_segment(task, spec, data, config, int(request["seed"]), commitment, segment, start,
                                points=tuple(int(p) for p in request.get("points") or ()), stop=request.get("stop"),
-                               device=training_device(str(request.get("device", "auto"))))
+                               device=training_device(prefer))
     finally:
         torch.set_num_threads(before)
     again = traced.end

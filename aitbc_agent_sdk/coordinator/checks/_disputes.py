@@ -65,7 +65,8 @@ class Bisection:
         requests = rounds = 0
         while not dispute.narrowed:
             points = trace_points(dispute, self.limit)
-            traces = await asyncio.gather(ask(job, points, None), ask(verifier, points, None))
+            # each side trains up to the disputed step only: the steps after it are not in dispute
+            traces = await asyncio.gather(ask(job, points, dispute.disputed), ask(verifier, points, dispute.disputed))
             requests, rounds = requests + 2, rounds + 1
             for side, traced in zip(("worker", "verifier"), traces):
                 if traced is None or traced.problem is not None or len(traced.trace) != len(points):

@@ -151,6 +151,21 @@ class MarketVerifiers:
                     self.busy.discard(chosen.worker_id)
                     self.freed.notify_all()
 
+    @contextlib.asynccontextmanager
+    async def holding(self, *parties: str) -> AsyncIterator[None]:
+        """Hold a dispute's worker and verifier (taken together, once neither is held: no check then holds
+        one while it waits for another), so no other check of this round asks either of them meanwhile
+        and their traces do not queue behind other work."""
+        async with self.freed:
+            await self.freed.wait_for(lambda: not self.busy.intersection(parties))
+            self.busy.update(parties)
+        try:
+            yield
+        finally:
+            async with self.freed:
+                self.busy.difference_update(parties)
+                self.freed.notify_all()
+
     def _usable(self, eligible: list[str]) -> set[str]:
         return {w for w in eligible if w not in self.caught}
 

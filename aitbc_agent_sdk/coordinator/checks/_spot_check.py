@@ -332,9 +332,10 @@ class SpotChecker:
             if not (check.comparison.exact and market.disputable(report)):
                 break
             assert report is not None
-            settled = await market.dispute(check.job, check.commitment, segment, asked.verifier, report,
-                                           check.opened[segment], start_bytes, partial(self._one_step, check),
-                                           check.work_s(segment))
+            async with market.holding(asked.verifier.worker_id, check.job.worker_id):
+                settled = await market.dispute(check.job, check.commitment, segment, asked.verifier, report,
+                                               check.opened[segment], start_bytes, partial(self._one_step, check),
+                                               check.work_s(segment))
             spent.verifiers += settled.requests
             spent.local_seconds += settled.local_seconds
             if settled.wrong in (Wrong.WORKER, Wrong.BOTH):
