@@ -74,6 +74,8 @@ contract TrainingEscrow {
     mapping(bytes32 => address[]) private _workers;
     /// @notice Funds that could not be pushed, per token (address(0) = ETH); pulled with `withdraw`.
     mapping(address => mapping(address => uint256)) public owed;
+    /// @notice Per training: what `fundVerification` added and `payVerifiers` has not paid yet.
+    mapping(bytes32 => uint256) public verificationBudget;
 
     uint256 private _lock = 1;
 
@@ -96,6 +98,8 @@ contract TrainingEscrow {
     /// @dev What `reclaim` returns to the depositor once the claim window is over.
     event Reclaimed(bytes32 indexed trainingId, address indexed to, uint256 amount);
     event Withdrawn(address indexed to, address indexed token, uint256 amount);
+    event VerificationFunded(bytes32 indexed trainingId, uint256 amount);
+    event VerifierPaid(bytes32 indexed trainingId, address indexed verifier, uint256 amount, bytes32 evidence);
 
     error TrainingExists(bytes32 trainingId);
     error UnknownTraining(bytes32 trainingId);
@@ -123,6 +127,7 @@ contract TrainingEscrow {
     error NothingOwed(address account);
     error TransferFailed(address to, uint256 amount);
     error Reentrancy();
+    error OverVerificationBudget(uint256 remaining, uint256 requested);
 
     modifier nonReentrant() {
         if (_lock != 1) revert Reentrancy();
@@ -340,6 +345,57 @@ contract TrainingEscrow {
         address token = t.token;
         for (uint256 i; i < workers.length; ++i) {
             _pay(trainingId, token, workers[i], amounts[i]);
+        }
+    }
+
+    /// @notice Add `amount` to the training's budget for paying its workers per verification (a
+    ///         re-execution of another worker's segment): msg.value for ETH, else pulled with
+    ///         `transferFrom` (approve first). What `payVerifiers` does not spend is refunded with the
+    ///         rest of the deposit: no slot holds it.
+    function fundVerification(bytes32 trainingId, uint256 amount)
+        external
+        payable
+        nonReentrant
+        onlyCoordinator(trainingId)
+    {
+        if (amount == 0) revert ZeroAmount(address(0));
+        Training storage t = _trainings[trainingId];
+        t.deposited += amount;
+        verificationBudget[trainingId] += amount;
+        emit VerificationFunded(trainingId, amount);
+        if (t.token == address(0)) {
+            if (msg.value != amount) revert DepositMismatch(amount, msg.value);
+        } else {
+            if (msg.value != 0) revert DepositMismatch(0, msg.value);
+            _pullToken(t.token, msg.sender, amount);
+        }
+    }
+
+    /// @notice Pay workers of the training (each holds or held a slot) for verifications, from its
+    ///         verification budget; each `evidence` names the reports paid for.
+    function payVerifiers(
+        bytes32 trainingId,
+        address[] calldata verifiers,
+        uint256[] calldata amounts,
+        bytes32[] calldata evidence
+    ) external nonReentrant onlyCoordinator(trainingId) {
+        if (verifiers.length != amounts.length || verifiers.length != evidence.length) revert LengthMismatch();
+        if (verifiers.length == 0) revert NoWorkers();
+        uint256 total;
+        for (uint256 i; i < verifiers.length; ++i) {
+            if (_slots[trainingId][verifiers[i]].status == SLOT_NONE) revert NotAWorker(trainingId, verifiers[i]);
+            if (amounts[i] == 0) revert ZeroAmount(verifiers[i]);
+            total += amounts[i];
+            emit VerifierPaid(trainingId, verifiers[i], amounts[i], evidence[i]);
+        }
+        uint256 budget = verificationBudget[trainingId];
+        if (total > budget) revert OverVerificationBudget(budget, total);
+        verificationBudget[trainingId] = budget - total;
+        Training storage t = _trainings[trainingId];
+        t.paid += total;
+        address token = t.token;
+        for (uint256 i; i < verifiers.length; ++i) {
+            _pay(trainingId, token, verifiers[i], amounts[i]);
         }
     }
 

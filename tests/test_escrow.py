@@ -703,3 +703,39 @@ async def test_add_worker_funds_one_more_slot_in_an_open_training(env: Env) -> N
     assert (await env.escrow.held(tid)).amount == 3 * ETH
     assert (await env.registry.provider(w2)).completed == 1
     await assert_conserved(env)
+
+
+async def test_verifiers_are_paid_per_check_from_a_budget_whose_rest_is_refunded(env: Env) -> None:
+    w0, w1, w2, stranger = (w.address for w in env.workers)
+    tid = await _open(env, "verified", [ETH, ETH, ETH])
+    await env.escrow.fund_verification(env.coordinator, tid, ETH // 10)
+    assert await env.escrow.verification_budget(tid) == ETH // 10
+    assert (await env.escrow.training(tid)).deposited == 3 * ETH + ETH // 10
+    before = await env.chain.balance(w1)
+    await env.escrow.pay_verifiers(env.coordinator, tid, [w1, w2], [ETH // 50, ETH // 100],
+                                   [result_hash("report-1"), result_hash("report-2")])
+    assert await env.chain.balance(w1) == before + ETH // 50
+    assert await env.escrow.verification_budget(tid) == ETH // 10 - 3 * ETH // 100
+    assert await env.escrow.slot(tid, w1) == (ETH, 0)  # a slot's pay for its own work is apart
+    paid = [e for e in await env.escrow.events(tid) if e.name == "VerifierPaid"]
+    assert [(e.args["verifier"], e.args["amount"]) for e in paid] == [(w1, ETH // 50), (w2, ETH // 100)]
+    for args, reason in ((([stranger], [1], [result_hash("x")]), "NotAWorker"),
+                         (([w1], [0], [result_hash("x")]), "ZeroAmount"),
+                         (([w1], [ETH], [result_hash("x")]), "OverVerificationBudget")):
+        with pytest.raises(ContractRevertError) as info:
+            await env.escrow.pay_verifiers(env.coordinator, tid, *args)
+        assert info.value.reason == reason
+    with pytest.raises(ContractRevertError) as info:  # only the training's coordinator
+        await env.escrow.pay_verifiers(await _new_sender(env.chain, ETH), tid, [w1], [1], [result_hash("x")])
+    assert info.value.reason == "NotCoordinator"
+    with pytest.raises(ContractRevertError) as info:  # the deposit must match exactly
+        await env.escrow.fund_verification(env.coordinator, tid, ETH, value=ETH - 1)
+    assert info.value.reason == "DepositMismatch"
+    await env.escrow.release(env.coordinator, tid, [w0, w1, w2], [ETH] * 3, [result_hash(f"r{i}") for i in range(3)])
+    await env.escrow.refund(env.coordinator, tid)
+    state = await env.escrow.training(tid)
+    assert state.refunded == ETH // 10 - 3 * ETH // 100  # the budget's rest, no slot holds it
+    with pytest.raises(ContractRevertError) as info:  # closed: no more verification pay
+        await env.escrow.pay_verifiers(env.coordinator, tid, [w1], [1], [result_hash("x")])
+    assert info.value.reason == "TrainingClosed"
+    await assert_conserved(env)

@@ -57,7 +57,7 @@ MAX_DURATION_S = 30 * 24 * 3600
 # before anyone may force the refund (after the contract's grace period on top).
 DEFAULT_DEADLINE_S = 24 * 3600
 EventName = Literal["TrainingOpened", "SlotOpened", "WorkerReplaced", "SlotDropped", "Released", "PaymentDeferred",
-                    "Refunded", "Redeemed", "Reclaimed"]
+                    "Refunded", "Redeemed", "Reclaimed", "VerificationFunded", "VerifierPaid"]
 # Every per-training event has trainingId as its first indexed topic.
 TRAINING_EVENTS: tuple[EventName, ...] = (
     "TrainingOpened",
@@ -69,6 +69,8 @@ TRAINING_EVENTS: tuple[EventName, ...] = (
     "Refunded",
     "Redeemed",
     "Reclaimed",
+    "VerificationFunded",
+    "VerifierPaid",
 )
 
 
@@ -203,6 +205,29 @@ class EscrowClient(ContractClient):
         hashes = [_bytes32(h, "result hash") for h in result_hashes]
         _same_length(addrs, amounts, hashes)
         return await self._transact(sender, "release", [tid, addrs, list(amounts), hashes])
+
+    async def fund_verification(self, sender: TransactionSender, training_id: bytes, amount: int, *,
+                                value: int | None = None) -> TxReceipt:
+        """Add ``amount`` to the training's budget for paying workers per verification (coordinator only);
+        what is not paid from it is refunded with the deposit. ETH trainings send it as the tx value."""
+        tid = _bytes32(training_id, "training_id")
+        if value is None:
+            value = amount if (await self.training(tid)).token == ETH_TOKEN else 0
+        return await self._transact(sender, "fundVerification", [tid, amount], value=value)
+
+    async def pay_verifiers(self, sender: TransactionSender, training_id: bytes, verifiers: Sequence[str],
+                            amounts: Sequence[int], evidence: Sequence[bytes]) -> TxReceipt:
+        """Pay each verifier (a worker of the training) its amount from the verification budget, for the
+        reports ``evidence`` names, in one tx."""
+        tid = _bytes32(training_id, "training_id")
+        addrs = _addresses(verifiers)
+        digests = [_bytes32(e, "evidence") for e in evidence]
+        _same_length(addrs, amounts, digests)
+        return await self._transact(sender, "payVerifiers", [tid, addrs, list(amounts), digests])
+
+    async def verification_budget(self, training_id: bytes) -> int:
+        """What the training's verification budget still holds."""
+        return int(await self._call("verificationBudget", _bytes32(training_id, "training_id")))
 
     async def refund(self, sender: TransactionSender, training_id: bytes) -> TxReceipt:
         """Close the training and return to the coordinator (the depositor) what no active slot
