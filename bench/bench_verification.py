@@ -426,7 +426,9 @@ async def embedded_checks(verify_on: str, spot_checks: int, workers: int, rounds
             log = [e.fields | {"event": e.event} for e in read_log(path)]
     checks = [e for e in log if e["event"] == "spot_check"]
     spent = report.verification
+    wages = sum(int(e.get("amount_wei") or 0) for e in log if e["event"] == "payment")
     return {"cpu_s": cpu, "checks": len(checks), "coordinator_s": spent.coordinator_seconds if spent else 0.0,
+            "verifier_wei": spent.verifier_wei if spent else 0, "wages_wei": wages,
             "checked_training_s": spent.checked_training_seconds if spent else 0.0,
             "verifier_segments": sum(int(c.get("verifiers") or 0) for c in checks),
             "drawn_segments": sum(len(c.get("segments") or ()) for c in checks),
@@ -455,7 +457,10 @@ def measure_market(workers: int, rounds: int, repeat: int) -> dict:
             "extra_cpu_s_per_check": round(extra_cpu / checks, 4),
             "extra_cpu_over_training_ratio": round(extra_cpu / training, 4),
             "verifier_reexecutions_per_drawn_segment": round(
-                sum(r["verifier_segments"] for r in rows) / max(sum(r["drawn_segments"] for r in rows), 1), 4)}
+                sum(r["verifier_segments"] for r in rows) / max(sum(r["drawn_segments"] for r in rows), 1), 4),
+            # issue #29's spend goal: the verifiers' fees against the workers' wages (<= 10 %)
+            "verifier_fees_over_wages_ratio": round(
+                sum(r["verifier_wei"] for r in rows) / max(sum(r["wages_wei"] for r in rows), 1), 4)}
     out["market_over_coordinator_reexec_ratio"] = round(
         out["market"]["coordinator_reexec_s_per_check"] / max(out["coordinator"]["coordinator_reexec_s_per_check"],
                                                                1e-9), 4)

@@ -145,7 +145,8 @@ def _judged(tmp_path: Path, *, released: dict[str, int], refunded: int, deposite
                   {"ok": True, "entries": entries},
                   {"payments": [{"worker_id": w, "amount_wei": a} for w, a in released.items()]},
                   {"state": _State(deposited, sum(released.values()), refunded), "released": released,
-                   "replaced": replaced, "refunded": refunded, "held": held, "redeemed": 0},
+                   "replaced": replaced, "refunded": refunded, "held": held, "redeemed": 0, "fees": 0,
+                   "verification_funded": 0},
                   0.95)
     return result
 
@@ -201,15 +202,19 @@ def _judged_impostor(tmp_path: Path, *, hired_impostor: bool, flagged_event: boo
     return _judged_complete_run(run_, events, released)
 
 
-def _judged_complete_run(run_: harness.ScenarioRun, entries: list[dict], released: dict[str, int]) -> ScenarioResult:
-    """Judge a three-round run that completed at 0.95 with a 120-wei escrow fully released."""
+def _judged_complete_run(run_: harness.ScenarioRun, entries: list[dict], released: dict[str, int],
+                         fees: int = 0, funded: int | None = None) -> ScenarioResult:
+    """Judge a three-round run that completed at 0.95 with a 120-wei escrow fully released, and ``fees`` wei
+    of verification paid from ``funded`` (as much, unless given) funded on chain."""
+    funded = fees if funded is None else funded
     result = ScenarioResult(scenario=run_.name)
     harness.judge(run_, result,
                   {"phase": "complete", "round_metrics": [{"round": r, "accuracy": 0.95} for r in (1, 2, 3)]},
                   {"ok": True, "entries": entries},
                   {"payments": [{"worker_id": w, "amount_wei": a} for w, a in released.items()]},
-                  {"state": _State(120, 120, 0), "released": released, "replaced": [], "refunded": 0, "held": 0,
-                   "redeemed": 0}, 0.95)
+                  {"state": _State(120 + funded, 120 + fees, funded - fees), "released": released, "replaced": [],
+                   "refunded": funded - fees, "held": 0, "redeemed": 0, "fees": fees,
+                   "verification_funded": funded}, 0.95)
     return result
 
 
@@ -222,7 +227,8 @@ def test_checks_pass_a_flagged_impostor_and_catch_a_hired_or_unflagged_one(tmp_p
     assert any("no 'hardware_flagged' event for 0xF" in f for f in unflagged.failures)
 
 
-def _judged_verifier(tmp_path: Path, scenario: str, events: list[dict]) -> ScenarioResult:
+def _judged_verifier(tmp_path: Path, scenario: str, events: list[dict], fees: int = 0,
+                     funded: int | None = None) -> ScenarioResult:
     run_ = harness.ScenarioRun(scenario, CONFIG, tmp_path)
     run_.tid, run_.verifier = "training_x", "0xD"
     run_.hired = [{"worker_id": w, "role": "worker", "price_wei": 10} for w in ("0xA", "0xB", "0xC", "0xD")]
@@ -230,7 +236,7 @@ def _judged_verifier(tmp_path: Path, scenario: str, events: list[dict]) -> Scena
     entries = [{"event": "escrow_funded", "fields": {"deposit_wei": 120}, "ts": 1.0},
                {"event": "verification", "fields": {"worker": "0xA", "verifier": "0xB", "outcome": "agreed"}, "ts": 2},
                *events]
-    return _judged_complete_run(run_, entries, released)
+    return _judged_complete_run(run_, entries, released, fees, funded)
 
 
 def test_checks_want_a_lazy_verifier_caught_by_a_canary_and_slashed_and_nobody_else(tmp_path):
@@ -258,3 +264,16 @@ def test_checks_want_a_hostile_verifier_shown_wrong_at_one_step_of_a_dispute(tmp
     assert not good.failures and good.event_seen, good.failures
     refereed = _judged_verifier(tmp_path / "refereed", "hostile-verifier", shown("disagrees with the referee's"))
     assert any("dispute's one step" in f for f in refereed.failures)
+
+
+def test_checks_want_verification_fees_funded_and_paid_as_the_audit_log_says(tmp_path):
+    caught = [{"event": "canary", "fields": {"worker": "0xD", "passed": False}, "ts": 3},
+              {"event": "verifier_wrong", "fields": {"worker": "0xD", "reason": "canary"}, "ts": 3},
+              {"event": "slashed", "fields": {"worker": "0xD"}, "ts": 4}]
+    paid = {"event": "verifiers_paid", "fields": {"amount_wei": 5, "verifiers": {"0xB": 5}}, "ts": 5}
+    good = _judged_verifier(tmp_path / "good", "lazy-verifier", [*caught, paid], fees=5)
+    assert not good.failures and good.conservation_ok, good.failures
+    unlogged = _judged_verifier(tmp_path / "unlogged", "lazy-verifier", caught, fees=5)
+    assert any("verification fees: audit 0, paid on chain 5" in f for f in unlogged.failures)
+    overfunded = _judged_verifier(tmp_path / "overfunded", "lazy-verifier", [*caught, paid], fees=5, funded=7)
+    assert any("funded 7" in f for f in overfunded.failures)

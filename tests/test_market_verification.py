@@ -32,11 +32,13 @@ def market_spec(canary_rate: float, workers: int = 4, rounds: int = 1, spot_chec
                         faults=faults, job=JobConfig(batch_size=32, learning_rate=1e-2, epochs=1, segments=segments))
 
 
-async def paid(agent: Agent, training_id: str) -> dict[str, int]:
+async def paid(agent: Agent, training_id: str, event: str = "Released") -> dict[str, int]:
+    """Wei per worker in the chain's ``event``s of the training (``Released``: wages; ``VerifierPaid``: fees)."""
+    who = "worker" if event == "Released" else "verifier"
     totals: dict[str, int] = {}
     for e in await agent.stack.escrow.events(training_key(agent.stack.account.address, training_id)):
-        if e.name == "Released":
-            totals[e.args["worker"]] = totals.get(e.args["worker"], 0) + int(e.args["amount"])
+        if e.name == event:
+            totals[e.args[who]] = totals.get(e.args[who], 0) + int(e.args["amount"])
     return totals
 
 
@@ -48,6 +50,7 @@ async def test_verifiers_on_the_market_re_execute_every_check_and_the_coordinato
         report = await agent.run_distributed_training(market_spec(canary_rate=0.5, workers=3, **where))
         log = events(agent, report.training_id)
         wages = await paid(agent, report.training_id)
+        verifier_fees = await paid(agent, report.training_id, "VerifierPaid")
     assert report.status == TrainingPhase.COMPLETE
     assert not [e for e in log if e["event"] in ("result_rejected", "slashed", "verifier_wrong", "worker_replaced")]
     verified = [e for e in log if e["event"] == "verification"]
@@ -59,6 +62,13 @@ async def test_verifiers_on_the_market_re_execute_every_check_and_the_coordinato
     assert all(e["verified_on"] == "market" for e in checks)
     assert report.verification is not None and report.verification.coordinator_seconds == 0
     assert report.verification.on_market == 3 and report.verification.verifier_reports >= 6
+    # each verification paid through the escrow at the verifier's own price for the share of the job it
+    # trained again, apart from the wages (every worker is a verifier here too)
+    fees = [e for e in log if e["event"] == "verifiers_paid"]
+    assert len(fees) == 1 and fees[0]["reports"] == report.verification.verifier_reports
+    assert report.verification.verifier_wei == fees[0]["amount_wei"] == sum(verifier_fees.values()) > 0
+    prices = {w.address: w.price_wei for w in report.workers}
+    assert set(verifier_fees) <= set(prices) and all(0 < fee < prices[w] for w, fee in verifier_fees.items())
     assert wages == {w.address: w.price_wei for w in report.workers if w.role == "worker"}
 
 
@@ -125,6 +135,7 @@ async def test_a_hostile_verifier_loses_its_dispute_at_one_step_and_is_slashed_o
                                                                       segments=8))
         log = events(agent, report.training_id)
         wages = await paid(agent, report.training_id)
+        verifier_fees = await paid(agent, report.training_id, "VerifierPaid")
         state = await agent.stack.registry.provider(hostile.address)
     assert report.status == TrainingPhase.COMPLETE
     assert not [e for e in log if e["event"] == "result_rejected"]  # the work it disputed was honest
@@ -142,8 +153,10 @@ async def test_a_hostile_verifier_loses_its_dispute_at_one_step_and_is_slashed_o
     assert not [e for e in log if e["event"] == "verification" and e["verifier"] == hostile.address
                 and e["round"] > caught_in]  # never asked again
     assert {e["round"] for e in log if e["event"] == "verification"} == {1, 2}
-    # every worker, the hostile verifier too, trained honestly and is paid for it
+    # every worker, the hostile verifier too, trained honestly and is paid for it; no verification of the
+    # liar's is paid (in the round it was caught, nor before), the honest verifiers' are
     assert wages == {w.address: 2 * w.price_wei for w in report.workers if w.role == "worker"}
+    assert hostile.address not in verifier_fees and verifier_fees
 
 
 async def test_a_lazy_verifier_is_caught_by_a_canary_and_slashed(aitbc_home):
@@ -154,12 +167,14 @@ async def test_a_lazy_verifier_is_caught_by_a_canary_and_slashed(aitbc_home):
             report = await agent.run_distributed_training(market_spec(canary_rate=1.0))
         log = events(agent, report.training_id)
         state = await agent.stack.registry.provider(lazy.address)
+        verifier_fees = await paid(agent, report.training_id, "VerifierPaid")
     assert report.status == TrainingPhase.COMPLETE
     assert getattr(lazy, "lazy_reports", 0) > 0
     failed = [e for e in log if e["event"] == "canary" and not e["passed"]]
     assert failed and {e["worker"] for e in failed} == {lazy.address}
     assert [e["worker"] for e in log if e["event"] == "slashed"] == [lazy.address]
     assert state.slashes == 1
+    assert lazy.address not in verifier_fees and verifier_fees  # its approvals earned nothing
     assert not [e for e in log if e["event"] == "result_rejected"]
 
 

@@ -42,3 +42,19 @@ def test_the_cost_preview_says_what_share_of_each_job_this_machine_re_executes()
     assert any("2 of its 2 segments" in n and "100 %" in n for n in preview([1], [], 1, spot_checks=5,
                                                                              segments=2).notes())
     assert not any("spot" in n for n in preview([10], [], 1).notes())  # not part of every preview
+
+
+def test_the_cost_preview_prices_the_verifiers_when_checks_go_to_the_market():
+    from aitbc_agent_sdk.flow import preview
+
+    here = preview([64 * 10**15] * 2, [], 3, spot_checks=5, segments=64)
+    assert here.verification_wei == 0 and len(here.items()) == 1
+    market = preview([64 * 10**15] * 2, [], 3, spot_checks=5, segments=64, verify_on="market", canary_rate=0.2)
+    # 5 segments and 0.2 x 5 canaries of 64, at each verifier's price: 6/64 of the deposit
+    assert market.verification_wei == market.deposit_wei * 6 // 64
+    assert market.items()[-1] == ("verifiers, paid per check through the escrow as it falls due (about)",
+                                  market.verification_wei)
+    assert market.as_json()["verification_wei"] == str(market.verification_wei)
+    auto = preview([64 * 10**15] * 2, [], 3, spot_checks=5, segments=64, verify_on="auto", canary_rate=0.0)
+    assert len(auto.items()) == 1 and auto.verification_wei == auto.deposit_wei * 5 // 64
+    assert any("up to about" in n for n in auto.notes())

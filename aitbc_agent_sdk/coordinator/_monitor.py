@@ -14,7 +14,8 @@ from ._training_db import TrainingDatabase
 
 POOL_EVENTS = ("worker_added", "worker_released", "rebalanced", "scale_up_refused", "worker_replaced",
                "worker_failed", "result_rejected", "straggler_detected", "speculative_job", "resend_requested",
-               "spot_check", "held_for_checking", "hardware_flagged", "slashed", "dispute", "verifier_wrong")
+               "spot_check", "held_for_checking", "hardware_flagged", "slashed", "dispute", "verifier_wrong",
+               "verifiers_paid")
 
 
 class WorkerView(BaseModel):
@@ -82,7 +83,7 @@ async def _verification(db: TrainingDatabase, training_id: str, events: list[dic
     if not checks:
         return None
     trained = {c.job_id: c.train_seconds for c in await db.checkpoints(training_id, None)}
-    return VerificationSpend.of_checks(checks, trained)
+    return VerificationSpend.of_checks(checks, trained, [e for e in events if e["event"] == "verifiers_paid"])
 
 
 def pool_events(audit_dir: Path | None, training_id: str) -> list[dict[str, Any]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -34,10 +35,21 @@ class CostPreview:
     spot_checks: int | None = None  # segments re-executed per result; None: not part of this preview
     segments: int = 64  # a job's committed segments (JobConfig.segments)
     verify_on: str = "coordinator"  # who re-executes them (FaultPolicy.verify_on, or what auto resolved to)
+    canary_rate: float = 0.2  # canaries a verifier also re-executes, per check (FaultPolicy.canary_rate)
 
     @property
     def deposit_wei(self) -> int:
         return sum(self.prices_wei) * self.rounds
+
+    @property
+    def verification_wei(self) -> int:
+        """What verifiers would be paid if every check went to them: each re-executes a segment (and, at the
+        canary rate, a canary) for its own price's share of a job, so the deposit's share is the checked
+        segments' (rounded up). Paid through the escrow as it falls due, apart from the deposit."""
+        if not self.spot_checks or self.verify_on == "coordinator":
+            return 0
+        checked = min(self.spot_checks, self.segments) * (1 + self.canary_rate)
+        return math.ceil(self.deposit_wei * checked / max(self.segments, 1))
 
     @property
     def spares_wei(self) -> int:
@@ -55,6 +67,9 @@ class CostPreview:
         lines = [(f"escrow deposit: {self.workers} workers x {price} ETH x {self.rounds} rounds", self.deposit_wei)]
         if self.spares:
             lines.append((f"at most, if the {self.spares} spare(s) step in", self.spares_wei))
+        if self.verify_on == "market" and self.verification_wei:
+            lines.append(("verifiers, paid per check through the escrow as it falls due (about)",
+                          self.verification_wei))
         return lines
 
     def notes(self) -> list[str]:
@@ -64,6 +79,9 @@ class CostPreview:
             lines.append(stake_skip_text(self.stake_skipped, self.min_stake_wei))
         if self.spot_checks is not None:
             lines.append(verification_note(self.spot_checks, self.segments, self.verify_on))
+            if self.verify_on == "auto" and self.verification_wei:
+                lines.append(f"verifiers are paid per check through the escrow: up to about "
+                             f"{eth_text(self.verification_wei)} ETH if every check goes to them")
         return lines
 
     def as_json(self) -> dict[str, object]:
@@ -71,7 +89,8 @@ class CostPreview:
                 "deposit_wei": str(self.deposit_wei), "spares_wei": str(self.spares_wei),
                 "most_wei": str(self.most_wei), "min_stake_wei": str(self.min_stake_wei),
                 "stake_skipped": self.stake_skipped,
-                **({"spot_checks": self.spot_checks, "segments": self.segments, "verify_on": self.verify_on}
+                **({"spot_checks": self.spot_checks, "segments": self.segments, "verify_on": self.verify_on,
+                    "verification_wei": str(self.verification_wei)}
                    if self.spot_checks is not None else {})}
 
 
@@ -84,23 +103,23 @@ def verification_note(spot_checks: int, segments: int, verify_on: str = "coordin
     share = f"about {100 * checked / max(segments, 1):.0f} % of each job's training compute"
     if verify_on == "market":
         return (f"every result is spot-checked by verifiers hired among the other workers: {checked} of its "
-                f"{segments} segments re-executed there ({share}); this machine trains one step of a disputed "
-                f"segment, or replays one nobody answered for (no ETH)")
+                f"{segments} segments re-executed there ({share}), each paid its price's share; this machine "
+                f"trains one step of a disputed segment, or replays one nobody answered for")
     if verify_on == "auto":
         return (f"every result is spot-checked: {checked} of its {segments} segments re-executed ({share}), on "
-                f"this machine's CPU for a worker hired as a CPU, by verifiers among the other workers for a GPU "
-                f"(--verify-on auto; no ETH)")
+                f"this machine's CPU for a worker hired as a CPU (no ETH), by paid verifiers among the other "
+                f"workers for a GPU (--verify-on auto)")
     return (f"every result is spot-checked on this machine's CPU: {checked} of its {segments} segments "
             f"re-executed, {share} (no ETH)")
 
 
 def preview(prices_wei: Sequence[int], spare_prices_wei: Sequence[int], rounds: int, *, min_stake_wei: int = 0,
             stake_skipped: int = 0, spot_checks: int | None = None, segments: int = 64,
-            verify_on: str = "coordinator") -> CostPreview:
+            verify_on: str = "coordinator", canary_rate: float = 0.2) -> CostPreview:
     return CostPreview(workers=len(prices_wei), rounds=rounds, prices_wei=tuple(prices_wei),
                        spares=len(spare_prices_wei), spare_prices_wei=tuple(spare_prices_wei),
                        min_stake_wei=min_stake_wei, stake_skipped=stake_skipped, spot_checks=spot_checks,
-                       segments=segments, verify_on=verify_on)
+                       segments=segments, verify_on=verify_on, canary_rate=canary_rate)
 
 
 def checks_where(faults: FaultPolicy, footprint: ModelFootprint | None) -> str:

@@ -196,7 +196,8 @@ async def distribution_cost(home: Path, training_id: str) -> CostPreview:
     return preview([c.price_wei for c in workers], [c.price_wei for c in spares], record.spec.rounds,
                    min_stake_wei=min_stake_of(record.spec), spot_checks=record.spec.faults.spot_checks,
                    segments=record.spec.job.segments,
-                   verify_on=checks_where(record.spec.faults, record.spec.footprint))
+                   verify_on=checks_where(record.spec.faults, record.spec.footprint),
+                   canary_rate=record.spec.faults.canary_rate)
 
 
 def min_stake_of(spec: TrainingSpec) -> int:

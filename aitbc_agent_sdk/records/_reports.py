@@ -114,8 +114,8 @@ class VerificationSpend(Record):
     failed: int = Field(ge=0, description="checks that did not pass (rejected, unverifiable or not opened)")
     coordinator_seconds: Finite = Field(ge=0.0, description="re-executing on the coordinator")
     checked_training_seconds: Finite = Field(ge=0.0, description="the checked jobs' own training, as reported")
-    verifier_wei: Wei = Field(default=0, description="paid to verifiers per check: none yet (they are paid for their "
-                                                     "own jobs only)")
+    verifier_wei: Wei = Field(default=0, description=(
+        "paid to verifiers per check through the escrow, apart from the workers' pay for their own jobs"))
     on_market: int = Field(default=0, ge=0, description="checks whose segments verifiers re-executed")
     verifier_reports: int = Field(default=0, ge=0, description=(
         "reports verifiers and disputed workers sent: checks, canaries and a dispute's traces"))
@@ -128,16 +128,18 @@ class VerificationSpend(Record):
         return self.coordinator_seconds / self.checked_training_seconds
 
     @classmethod
-    def of_checks(cls, checks: Sequence[Mapping[str, Any]], training_seconds: Mapping[str, float]
-                  ) -> VerificationSpend | None:
+    def of_checks(cls, checks: Sequence[Mapping[str, Any]], training_seconds: Mapping[str, float],
+                  fees: Sequence[Mapping[str, Any]] = ()) -> VerificationSpend | None:
         """A training's spot checks as its audit log has them (``spot_check`` fields), against the training
-        time of the jobs they checked (``job id -> seconds``); None when no check ran."""
+        time of the jobs they checked (``job id -> seconds``), and the verification fees paid (its
+        ``verifiers_paid`` fields); None when no check ran."""
         if not checks:
             return None
         checked = {str(c.get("job_id")) for c in checks}
         return cls(checks=len(checks), failed=sum(1 for c in checks if not c.get("passed")),
                    coordinator_seconds=sum(max(float(c.get("seconds") or 0.0), 0.0) for c in checks),
                    checked_training_seconds=sum(training_seconds.get(j, 0.0) for j in checked),
+                   verifier_wei=sum(_count(f.get("amount_wei")) for f in fees),
                    on_market=sum(1 for c in checks if c.get("verified_on") == "market"),
                    verifier_reports=sum(_count(c.get("verifiers")) for c in checks))
 

@@ -155,7 +155,8 @@ async def _cost(agent: Agent, spec: TrainingSpec, source: str | Path, label_colu
                         min_stake_wei=agent.coordinator.min_stake(spec.min_stake_wei),
                         stake_skipped=len(agent.coordinator.stake_skipped),
                         spot_checks=spec.faults.spot_checks, segments=spec.job.segments,
-                        verify_on=flow.checks_where(spec.faults, prepared.footprint))
+                        verify_on=flow.checks_where(spec.faults, prepared.footprint),
+                        canary_rate=spec.faults.canary_rate)
     return cost, prepared
 
 

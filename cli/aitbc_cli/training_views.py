@@ -293,7 +293,9 @@ def _event_detail(e: dict[str, Any]) -> str:
     """What a pool or fault event from the audit log says, in a few words."""
     return str(e.get("reason") or (f"moved {e['moved']} samples" if "moved" in e else "") or (
         f"throughput {e['throughput']}/s" if "throughput" in e else "") or (
-        f"segments {e['segments']} re-executed: passed" if e.get("passed") else ""))
+        f"segments {e['segments']} re-executed: passed" if e.get("passed") else "") or (
+        f"{flow.eth_text(int(e['amount_wei']))} ETH for {e.get('reports')} verifications"
+        if e.get("event") == "verifiers_paid" and isinstance(e.get("amount_wei"), int) else ""))
 
 
 # -- monitor --follow in a pipe: one line (or JSON object) per event ------------------------------

@@ -691,6 +691,8 @@ async def chain_view(run: ScenarioRun) -> dict[str, Any]:
             released[e.args["worker"]] = released.get(e.args["worker"], 0) + int(e.args["amount"])
     return {"state": state, "released": released, "held": held.amount,
             "redeemed": sum(int(e.args["amount"]) for e in events if e.name == "Redeemed"),
+            "fees": sum(int(e.args["amount"]) for e in events if e.name == "VerifierPaid"),
+            "verification_funded": sum(int(e.args["amount"]) for e in events if e.name == "VerificationFunded"),
             "replaced": [(e.args["oldWorker"], e.args["newWorker"]) for e in events if e.name == "WorkerReplaced"],
             "refunded": sum(int(e.args["amount"]) for e in events if e.name in ("Refunded", "Reclaimed"))}
 
@@ -748,20 +750,29 @@ def judge(run: ScenarioRun, result: ScenarioResult, final: dict[str, Any], audit
     result.deposited_wei, result.paid_wei, result.refunded_wei = state.deposited, state.paid, state.refunded
     result.held_wei = chain["held"]
     conserved = (state.exists and state.closed and state.deposited == state.paid + state.refunded + chain["held"]
-                 and sum(released.values()) + chain["redeemed"] == state.paid and chain["refunded"] == state.refunded)
+                 and sum(released.values()) + chain["redeemed"] + chain["fees"] == state.paid
+                 and chain["refunded"] == state.refunded)
     result.conservation_ok = conserved
     if not conserved:
         fail(f"escrow not conserved: exists={state.exists} closed={state.closed} deposited={state.deposited} "
              f"paid={state.paid} refunded={state.refunded} held={chain['held']} "
              f"sum(Released)={sum(released.values())} sum(Redeemed)={chain['redeemed']} "
+             f"sum(VerifierPaid)={chain['fees']} "
              f"sum(Refunded, Reclaimed)={chain['refunded']}")
     events = audit["entries"]
     funded = _by(events, "escrow_funded")
     # Slots added later (a spare funded for a speculative copy, an elastic pool growing) add to the deposit.
     added = [int(e["fields"].get("slot_wei", 0)) for e in (*_by(events, "spare_funded"), *_by(events, "worker_added"))]
-    if not funded or int(funded[0]["fields"].get("deposit_wei", 0)) + sum(added) != state.deposited:
+    # Verification fees are funded as they fall due, each round's paid at once (VerificationFunded, VerifierPaid).
+    fees = sum(int(e["fields"].get("amount_wei", 0)) for e in _by(events, "verifiers_paid"))
+    if not funded or (int(funded[0]["fields"].get("deposit_wei", 0)) + sum(added) + chain["verification_funded"]
+                      != state.deposited):
         fail(f"audit escrow_funded {[f['fields'].get('deposit_wei') for f in funded]} + added slots {added} "
-             f"!= deposited {state.deposited}")
+             f"+ verification funded {chain['verification_funded']} != deposited {state.deposited}")
+    if fees != chain["fees"] or chain["fees"] != chain["verification_funded"]:
+        fail(f"verification fees: audit {fees}, paid on chain {chain['fees']}, funded {chain['verification_funded']}")
+    if fees:
+        run.notes.append(f"verification fees paid through the escrow: {fees} wei")
     listed: dict[str, int] = {}
     for p in payments["payments"]:
         listed[p["worker_id"]] = listed.get(p["worker_id"], 0) + int(p["amount_wei"])

@@ -44,6 +44,7 @@ from ...wire._checkpoint import decode_metadata, decode_state, encode_state
 from .._listener import TrainingListener
 from .._logbook import AuditSink
 from .._training_db import TrainingDatabase
+from ..money._settlement import VerifierFee, verification_fee_wei
 from ._disputes import Bisection, Settled, StepReplay
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,16 @@ class SegmentVerdict:
     agreed: bool
     referee: Reexecution | None
     local_seconds: float
+
+
+@dataclass(frozen=True)
+class Trained:
+    """A request a verifier answered with an end state: ``steps`` of a job of ``job_steps`` trained again."""
+
+    verifier: str
+    steps: int
+    job_steps: int
+    request_id: str
 
 
 @dataclass(frozen=True)
@@ -123,6 +134,7 @@ class MarketVerifiers:
         self.busy: set[str] = set()  # verifiers a check of this round holds
         self.freed = asyncio.Condition()
         self.bisection = Bisection(store=store, audit=audit, state_limit=state_limit, timeout_s=timeout_s)
+        self.trained: list[Trained] = []  # every verifier's answered request this round: its fee, if it stays honest
 
     @contextlib.asynccontextmanager
     async def reserved(self, job: JobAssignment, device_class: str) -> AsyncIterator[JobAssignment | None]:
@@ -303,11 +315,21 @@ class MarketVerifiers:
         waiting = self.listener.expect_report(request_id, verifier.worker_id)
         try:
             await self.channel.publish(topics.verify(verifier.worker_id), request)
-            return await asyncio.wait_for(waiting, timeout + 5.0)
+            report: VerifyReport = await asyncio.wait_for(waiting, timeout + 5.0)
         except (TimeoutError, AitbcError) as exc:
             self.listener.forget_report(request_id)
             log.info("verifier %s did not report %s: %s", verifier.worker_id, request_id, exc)
             return None
+        if report.problem is None and verifier.worker_id != job.worker_id:  # a disputed worker's own trace is unpaid
+            first, last = commitment.segment_steps_of(segment)
+            self.trained.append(Trained(verifier.worker_id, stop or last - first, commitment.steps, request_id))
+        return report
+
+    def fees(self, prices: Mapping[str, int]) -> list[VerifierFee]:
+        """What the round's verifications earned: each answered request of a verifier never shown wrong in
+        this training, at its own per-round price (``prices``) for the share of the job it trained again."""
+        return [VerifierFee(t.verifier, verification_fee_wei(prices[t.verifier], t.steps, t.job_steps), t.request_id)
+                for t in self.trained if t.verifier not in self.caught and prices.get(t.verifier, 0) > 0]
 
     async def _canary(self, verifier: JobAssignment, job: JobAssignment, commitment: TrajectoryCommitment,
                       segment: int, cid: str, size: int, canary_hash: str, work_s: float) -> bool:

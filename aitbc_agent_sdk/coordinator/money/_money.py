@@ -7,13 +7,14 @@ database, the escrow account and the audit logs.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import replace
 
-from ...errors import ConfigError, InsufficientFundsError, NotFoundError
+from ...errors import AitbcError, ConfigError, InsufficientFundsError, NotFoundError
 from ...records import Payment, Settlement, WorkerContract
 from .._listener import Observer
 from .._logbook import AuditLogs
-from ._settlement import EscrowAccount, plan_payouts
+from ._settlement import EscrowAccount, VerifierFee, fees_by_verifier, plan_payouts
 from .._training_db import TrainingDatabase
 
 
@@ -110,6 +111,27 @@ class EscrowSteps:
                 self.observer(payment)
         await self.db.save_escrow(training_id, await self.escrow.summary(training_id))
         return payments
+
+    async def pay_verifiers(self, training_id: str, fees: Sequence[VerifierFee]) -> str | None:
+        """Pay a round's verification fees through the escrow (funded from this wallet as they fall due,
+        apart from the deposit); returns the tx hash, None when nothing is owed. A failure is logged and
+        the fees stay unpaid: the round's result stands."""
+        fees = [f for f in fees if f.amount_wei > 0]
+        if not fees or self.escrow.escrow is None:
+            return None
+        total = sum(f.amount_wei for f in fees)
+        async with self._pay_lock:
+            try:
+                await self.escrow.sender.wait_settled()
+                await self.ensure_funds(total, f"{len(fees)} verifications")
+                tx = await self.escrow.pay_verifiers(training_id, fees)
+            except AitbcError as exc:
+                await self.logs.note(training_id, "verifier_fees_unpaid", amount_wei=total, reason=str(exc)[:300])
+                return None
+        await self.logs.note(training_id, "verifiers_paid", amount_wei=total, tx=tx,
+                             verifiers=fees_by_verifier(fees), reports=len(fees))
+        await self.db.save_escrow(training_id, await self.escrow.summary(training_id))
+        return tx
 
     async def settle(self, training_id: str) -> Settlement:
         """Pay every accepted worker in one transaction, then refund what is left."""

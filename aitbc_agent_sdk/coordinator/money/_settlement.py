@@ -19,6 +19,30 @@ class Payout:
     result_cid: str
 
 
+@dataclass(frozen=True)
+class VerifierFee:
+    """What one verification earns its verifier, and the report it is for (its request id)."""
+
+    worker_id: str
+    amount_wei: int
+    request_id: str
+
+
+def verification_fee_wei(price_wei: int, steps_trained: int, job_steps: int) -> int:
+    """A verifier earns its own per-round price for the share of a job it trained again (rounded up, at
+    least 1 wei): a segment of 4 steps of a 64-step job is a sixteenth of a round's pay."""
+    if steps_trained < 1 or job_steps < 1 or price_wei < 1:
+        raise ValueError(f"no fee for {steps_trained} of {job_steps} steps at {price_wei} wei")
+    return -(-price_wei * min(steps_trained, job_steps) // job_steps)
+
+
+def fees_by_verifier(fees: Sequence[VerifierFee]) -> dict[str, int]:
+    totals: dict[str, int] = {}
+    for fee in fees:
+        totals[fee.worker_id] = totals.get(fee.worker_id, 0) + fee.amount_wei
+    return totals
+
+
 def earned_wei(contract: WorkerContract, accepted_rounds: int) -> int:
     """A worker earns its per-round price for every accepted round, never more than the contract."""
     return contract.price_wei * min(accepted_rounds, contract.rounds)
@@ -173,6 +197,16 @@ class EscrowAccount:
         return [Payment(training_id=training_id, worker_id=p.worker_id, contract_id=p.contract_id,
                         amount_wei=p.amount_wei, tx_hash=tx, result_hash="0x" + result_hash(p.result_cid).hex())
                 for p in payouts]
+
+    async def pay_verifiers(self, training_id: str, fees: Sequence[VerifierFee]) -> str:
+        """Fund the training's verification budget with exactly what ``fees`` add up to and pay them from
+        it, one payment per fee (its evidence the report's request id); returns the paying tx's hash."""
+        key = self.key(training_id)
+        await self.escrow.fund_verification(self.sender, key, sum(f.amount_wei for f in fees))
+        receipt = await self.escrow.pay_verifiers(self.sender, key, [f.worker_id for f in fees],
+                                                  [f.amount_wei for f in fees],
+                                                  [result_hash(f.request_id) for f in fees])
+        return receipt["transactionHash"].to_0x_hex()
 
     async def refund(self, training_id: str) -> tuple[int, str | None]:
         """Close the training: returns what came back now and the tx hash ((0, None) when already closed).

@@ -93,6 +93,7 @@ class RoundRunner:
         self.resends = ResendRequests(training_id=self.tid, round=self.round, timeout_s=self.policy.resend_timeout_s,
                                       channel=ports.channel, db=ports.db, audit=audit)
         self.decode = decoded(inputs.record.spec.upload_encoding, inputs.baseline.reference)
+        self.market: MarketVerifiers | None = None  # the round's verifiers, when its checks may go to them
         self.bytes_sent = self.bytes_received = 0  # the model out to jobs, results in from workers
         self.first_published: dict[str, str] = {}  # checkpoint CID -> the job whose result named it first
 
@@ -102,9 +103,10 @@ class RoundRunner:
             assert contract.shard_index is not None
             self.slots[contract.shard_index] = ShardSlot(self.inputs.shards[contract.shard_index], contract)
         self.listener = self.ports.listener
+        self.market = self._verifiers()
         checker = SpotChecker(self.inputs, self.audit, db=self.ports.db, store=self.ports.store, data=self.ports.data,
                               channel=self.ports.channel, listener=self.listener, round_times=self.ports.round_times,
-                              turn=self.ports.spot_check_turn, market=self._verifiers())
+                              turn=self.ports.spot_check_turn, market=self.market)
         self.work = await asyncio.to_thread(RoundWork, self.inputs, data=self.ports.data, checker=checker)
         self.checks = arrival_checks(self.ports.escrow, self.inputs, self.work, self.first_published)
         self.started = time.monotonic()
@@ -420,6 +422,9 @@ class RoundRunner:
                        max_bytes=self.inputs.checkpoint_limit, decode=self.decode)
             await self.ports.db.save_checkpoint(ref, "accepted")
         await self.ports.receipts.issue(self.tid, [s.winner_ref.worker_id for s in slots if s.winner_ref])
+        if self.market is not None and self.market.trained:  # the round's verifications, paid per check
+            prices = {c.worker_id: c.price_wei for c in await self.ports.db.contracts(self.tid)}
+            await self.ports.money.pay_verifiers(self.tid, self.market.fees(prices))
         new = await outer_step(self.ports.store, self.inputs.record, self.baseline.reference, strategy)
         seconds = time.monotonic() - self.started
         return RoundStats(

@@ -302,6 +302,7 @@ async def _report(coordinator: Coordinator, tid: str, selected: list[Worker], re
     assert record.model_cid is not None and record.manifest_cid is not None
     task = await _reported_task(coordinator, record)
     checks = [e.fields for e in await coordinator.logs.entries(tid, "spot_check")]
+    fees = [e.fields for e in await coordinator.logs.entries(tid, "verifiers_paid")]
     trained = {c.job_id: c.train_seconds for c in await coordinator.db.checkpoints(tid, None)}
     return TrainingReport(
         metric=task.metric, higher_is_better=task.higher_is_better, loss_name=task.loss_name,
@@ -309,7 +310,7 @@ async def _report(coordinator: Coordinator, tid: str, selected: list[Worker], re
         training_id=tid, status=record.phase, final_accuracy=reported_accuracy(rounds[-1]), model_cid=record.model_cid,
         manifest_cid=record.manifest_cid, rounds=round_reports, workers=tuple(workers), escrow=escrow,
         refund_tx=refund_tx, wall_seconds=time.perf_counter() - started, compute_seconds=compute,
-        verification=VerificationSpend.of_checks(checks, trained))
+        verification=VerificationSpend.of_checks(checks, trained, fees))
 
 
 async def _reported_task(coordinator: Coordinator, record: TrainingRecord) -> TrainingTask:
