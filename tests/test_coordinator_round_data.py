@@ -130,3 +130,21 @@ async def test_a_resumed_coordinator_keeps_the_round_times_of_before_the_restart
 async def agent_db_phase(home: Path, training_id: str) -> TrainingPhase:
     async with TrainingDatabase(home / "aitbc.db") as db:
         return (await db.training(training_id)).phase
+
+
+
+async def test_a_rounds_metrics_and_the_record_moving_past_it_are_saved_together(tmp_path):
+    """A coordinator killed between the two writes would resume a round its metrics call done: they are
+    one transaction, so a failed record write keeps no metrics either."""
+    cid = "bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy"
+    record = TrainingRecord(training_id="training_00000000000000001", coordinator="0x" + "ab" * 20,
+                            spec=TrainingSpec(model_type="mlp", target_workers=1, rounds=2))
+    metrics = RoundMetrics(round=1, accuracy=0.5, loss=1.0, model_cid=cid, workers=1)
+    async with TrainingDatabase(tmp_path / "aitbc.db") as db:
+        await db.save_training(record)
+        with pytest.raises(AttributeError):  # the record's write fails after the metrics' (no phase to store)
+            await db.finish_round(metrics, record.model_copy(update={"round": 1, "phase": None}))
+        assert await db.rounds(record.training_id) == [] and (await db.training(record.training_id)).round == 0
+        await db.finish_round(metrics, record.model_copy(update={"round": 1}))
+        assert [r.round for r in await db.rounds(record.training_id)] == [1]
+        assert (await db.training(record.training_id)).round == 1

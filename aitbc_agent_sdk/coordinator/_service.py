@@ -351,10 +351,9 @@ class Coordinator:
             workers=len(stats.worker_samples) if stats else max(len({j.worker_id for j in jobs}), 1),
             throughput=stats.throughput if stats else None, round_seconds=stats.seconds if stats else None,
             bytes_sent=stats.bytes_sent if stats else None, bytes_received=stats.bytes_received if stats else None)
-        await self.db.save_round(training_id, round_metrics)
-        # The model, the outer optimizer's state and the model's change move on together.
+        # The model, the outer optimizer's state and the model's change move on together, with the round's metrics.
         update: dict[str, object] = {"round": round_, **(stats.record_update if stats else {}), "model_cid": model_cid}
-        await self.db.save_training(record.model_copy(update=update))
+        await self.db.finish_round(round_metrics, record.model_copy(update=update))
         if metrics:
             await self.store.add(json.dumps({"training_id": training_id, "round": round_, **metrics},
                                             sort_keys=True, default=str).encode())

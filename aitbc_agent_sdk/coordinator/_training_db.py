@@ -139,10 +139,7 @@ class TrainingDatabase:
 
     # trainings -------------------------------------------------------------
     async def save_training(self, record: TrainingRecord) -> None:
-        await self._run(lambda c: c.execute(
-            "INSERT INTO trainings VALUES (?,?,?,?) ON CONFLICT(training_id) DO UPDATE SET "
-            "phase=excluded.phase, data=excluded.data, updated_at=excluded.updated_at",
-            (record.training_id, record.phase.value, record.model_dump_json(), time.time())))
+        await self._run(lambda c: _upsert_training(c, record))
 
     async def training(self, training_id: str) -> TrainingRecord:
         found = await self._rows("SELECT data FROM trainings WHERE training_id=?", [training_id], TrainingRecord)
@@ -237,6 +234,15 @@ class TrainingDatabase:
         await self._run(lambda c: c.execute(
             "INSERT OR REPLACE INTO rounds VALUES (?,?,?)", (training_id, metrics.round, metrics.model_dump_json())))
 
+    async def finish_round(self, metrics: RoundMetrics, record: TrainingRecord) -> None:
+        """A round's metrics and the training's record moved on past it, in one transaction: a coordinator
+        killed between the two would otherwise resume the round its metrics say is done."""
+        def both(c: sqlite3.Connection) -> None:
+            c.execute("INSERT OR REPLACE INTO rounds VALUES (?,?,?)",
+                      (record.training_id, metrics.round, metrics.model_dump_json()))
+            _upsert_training(c, record)
+        await self._run(both)
+
     async def rounds(self, training_id: str) -> list[RoundMetrics]:
         return await self._rows("SELECT data FROM rounds WHERE training_id=? ORDER BY round",
                                 [training_id], RoundMetrics)
@@ -327,3 +333,9 @@ class TrainingDatabase:
 def _put_intent(c: sqlite3.Connection, intent: ChainIntent) -> None:
     c.execute("INSERT OR REPLACE INTO intents VALUES (?,?,?,?,?)",
               (intent.intent_id, intent.training_id, intent.kind, intent.status, intent.model_dump_json()))
+
+
+def _upsert_training(c: sqlite3.Connection, record: TrainingRecord) -> None:
+    c.execute("INSERT INTO trainings VALUES (?,?,?,?) ON CONFLICT(training_id) DO UPDATE SET "
+              "phase=excluded.phase, data=excluded.data, updated_at=excluded.updated_at",
+              (record.training_id, record.phase.value, record.model_dump_json(), time.time()))
