@@ -18,7 +18,7 @@ from .chain._registry import RegistryClient
 from .chain._revert import CHAIN_EXCEPTIONS, map_chain_error
 from .config import AgentConfig
 from .errors import ConfigError, MessagingError
-from .messaging import Bus, InMemoryBus
+from .messaging import Bus, InMemoryBus, LastWill
 from .records import TaskPolicy
 from .profile import Profile, load_profile, network_profile
 from .provider._node import ProviderAgent, ProviderConfig
@@ -114,8 +114,9 @@ async def register_provider(registry: RegistryClient, sender: TransactionSender,
 
 
 async def open_bus(profile: Profile, client_id: str, exits: AsyncExitStack, *, identity: str | None = None,
-                   home: Path | None = None, persist_seen: bool = True) -> Bus:
+                   home: Path | None = None, persist_seen: bool = True, will: LastWill | None = None) -> Bus:
     """The profile's broker, logged in as ``identity``'s account; ``client_id`` names a persistent session.
+    ``will``: what the broker publishes if this connection dies without saying goodbye.
 
     With ``home`` and ``persist_seen``, the session's accepted nonces persist there, so a restart
     still refuses replays. On the devnet's own host a wallet without a broker account gets one.
@@ -128,7 +129,7 @@ async def open_bus(profile: Profile, client_id: str, exits: AsyncExitStack, *, i
     for attempt in range(20 if issued else 1):
         try:
             return await exits.enter_async_context(connect_bus(profile.bus, client_id, identity=identity,
-                                                               home=seen_home))
+                                                               home=seen_home, will=will))
         except MessagingError as exc:  # the broker may not have re-read its password file yet
             if "refused" not in str(exc) or attempt == 19 or not issued:
                 raise

@@ -28,6 +28,7 @@ from eth_account.signers.local import LocalAccount
 from ..chain import EscrowClient, TransactionSender, WalletStore, connect_rpc
 from ..chain._registry import RegistryClient
 from ..config import AgentConfig, default_home
+from ..messaging import LastWill, topics
 from ..records import TaskPolicy, parse_size
 from ..profile import Profile, load_profile
 from ..provider._cache import DEFAULT_CACHE_BYTES
@@ -82,7 +83,9 @@ async def serve_provider(home: Path, account: LocalAccount, *, price_wei: int, s
     async with AsyncExitStack() as exits:
         # A stable client id gives the provider a persistent session: jobs sent while it
         # was reconnecting are delivered when it is back.
-        bus = await open_bus(profile, f"provider-{account.address}", exits, identity=account.address, home=home)
+        # Presence is the retained offer: if this daemon dies, the broker clears it (the will).
+        bus = await open_bus(profile, f"provider-{account.address}", exits, identity=account.address, home=home,
+                             will=LastWill(topics.offer(account.address)))
         store = await open_store(profile, AgentConfig(home=home), exits)
         if sandbox is None:
             logging.warning("--no-sandbox: jobs from strangers train unconfined, as this user")

@@ -11,7 +11,7 @@ __getattr__, __dir__, _names = lazy_exports(__name__, {
     "_channel": ("SignedChannel",),
     "_envelope": ("Envelope", "EnvelopeSigner", "EnvelopeVerifier", "Verified"),
     "_memory": ("InMemoryBus",),
-    "_port": ("Bus", "BusMessage", "topic_matches"),
+    "_port": ("Bus", "BusMessage", "LastWill", "topic_matches"),
     "_mqtt": ("MqttBus",),
     "_settings": ("connect_bus",),
 }, globals())
@@ -21,6 +21,6 @@ if TYPE_CHECKING:  # static tools see ordinary imports
     from ._channel import SignedChannel
     from ._envelope import Envelope, EnvelopeSigner, EnvelopeVerifier, Verified
     from ._memory import InMemoryBus
-    from ._port import Bus, BusMessage, topic_matches
+    from ._port import Bus, BusMessage, LastWill, topic_matches
     from ._mqtt import MqttBus
     from ._settings import connect_bus

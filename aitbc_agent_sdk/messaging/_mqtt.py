@@ -18,6 +18,9 @@
 - Delivery is at least once: a publish retried across a reconnect, or a message that was
   queued but not yet acknowledged when the connection dropped, can arrive twice. Signed
   envelopes drop the second copy as a replay.
+- A ``LastWill`` is published by the broker for the client when its connection dies without a
+  DISCONNECT (a crash, a lost network, a keepalive that lapsed). A provider's will clears its
+  retained offer, so the market forgets a dead provider without anyone heartbeating.
 - Strangers share the broker: ``username``/``password`` and a TLS ``ssl.SSLContext`` log in,
   a payload over ``max_message_bytes`` is refused on publish and dropped (and acknowledged)
   on receipt, and the held buffer is bounded in messages and in bytes.
@@ -42,7 +45,7 @@ from aiomqtt.exceptions import MqttConnectError
 from ..errors import BrokerUnreachableError, ConfigError, MessagingError
 from ._envelope import EnvelopeVerifier
 from ._mqtt_queue import Subscription as _Subscription
-from ._port import BusMessage, topic_matches
+from ._port import BusMessage, LastWill, topic_matches
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -76,7 +79,7 @@ class MqttBus:
                  keepalive: int = 30, timeout: float = 10.0, queue_size: int = 1024,
                  reconnect: bool = True, max_backoff_s: float = 5.0, max_outage_s: float = 60.0,
                  username: str | None = None, password: str | None = None, tls: ssl.SSLContext | None = None,
-                 max_message_bytes: int = 1 << 20,
+                 max_message_bytes: int = 1 << 20, will: LastWill | None = None,
                  verifier_factory: Callable[[str], EnvelopeVerifier] | None = None, name: str | None = None) -> None:
         if not client_id:
             raise ConfigError("MqttBus needs a stable, non-empty client_id (it names the persistent session)")
@@ -90,6 +93,9 @@ class MqttBus:
         self._password = password
         self._tls = tls
         self.max_message_bytes = max_message_bytes
+        if will is not None and (not will.topic or "+" in will.topic or "#" in will.topic):
+            raise ConfigError(f"MqttBus: a last will needs a plain topic, not {will.topic!r}")
+        self._will = will
         self.oversized = 0  # received payloads over max_message_bytes, dropped
         self._verifier_factory = verifier_factory
         self.persistent = persistent
@@ -254,6 +260,8 @@ class MqttBus:
             self.host, self.port, identifier=self.client_id, protocol=aiomqtt.ProtocolVersion.V311,
             clean_session=not self.persistent, keepalive=self._keepalive, timeout=self.timeout,
             username=self.username, password=self._password, tls_context=self._tls,
+            will=aiomqtt.Will(self._will.topic, self._will.payload, qos=1, retain=self._will.retain)
+            if self._will is not None else None,
             # paho leaves Nagle on: a PUBACK followed by a PUBLISH would then wait for a delayed ACK.
             socket_options=((socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),),
         )

@@ -15,6 +15,16 @@ class BusMessage:
     retained: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class LastWill:
+    """What the broker publishes for a client whose connection dies without a goodbye
+    (by default: an empty retained message, which clears the retained state on ``topic``)."""
+
+    topic: str
+    payload: bytes = b""
+    retain: bool = True
+
+
 @runtime_checkable
 class Bus(Protocol):
     async def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:

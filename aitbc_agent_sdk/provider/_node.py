@@ -179,9 +179,12 @@ class ProviderAgent:
         last_offer = time.monotonic()
         while True:
             await asyncio.sleep(self.config.heartbeat_interval_s)
-            beat = Heartbeat(provider=self.address, sent_at=time.time(), busy_jobs=self._busy)
-            with contextlib.suppress(AitbcError):  # a failed beat is not the last one
-                await self.channel.publish(topics.heartbeat(self.address), beat)
+            # Only a provider at work beats, for the coordinators that wait on it: an idle one's presence is
+            # its retained offer, which its last will clears (docs/scale.md, "Presence").
+            if self._busy or self._verifying:
+                beat = Heartbeat(provider=self.address, sent_at=time.time(), busy_jobs=self._busy)
+                with contextlib.suppress(AitbcError):  # a failed beat is not the last one
+                    await self.channel.publish(topics.heartbeat(self.address), beat)
             if time.monotonic() - last_offer >= self.config.offer_refresh_s:
                 await self._advertise_now()
                 if self.chain is not None:  # off this loop: a slow chain must not delay a heartbeat

@@ -402,7 +402,7 @@ if [[ -z "$FATAL" ]]; then
     done
     wait_for checks aitbc1 heartbeats --profile "$RUN/shared/profile.json" "${expect[@]}" --timeout 90 \
         --out "$OUT/heartbeats.json" >"$OUT/heartbeats.txt" 2>&1
-    record_output "1" "health: provider heartbeats" "aitbc1" "$OUT/heartbeats.txt"
+    record_output "1" "health: providers present" "aitbc1" "$OUT/heartbeats.txt"
     # shellcheck disable=SC2086
     checks aitbc1 sockets --address "${ADDR[aitbc1]}" --ports $SERVICE_PORTS --broker-port "$BROKER_PORT" \
         --peers "${ADDR[aitbc]}" "${ADDR[gitea-runner]}" --out "$OUT/sockets.json" >"$OUT/sockets.txt" 2>&1
