@@ -220,6 +220,7 @@ class RoundRunner:
 
     # -- health ----------------------------------------------------------------------------
     async def _check_liveness(self) -> None:
+        await self.liveness.follow({job.worker_id for slot in self.slots.values() for job in slot.jobs.values()})
         now = time.monotonic()
         for slot in self.slots.values():
             for job in list(slot.jobs.values()):
