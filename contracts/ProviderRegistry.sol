@@ -301,6 +301,15 @@ contract ProviderRegistry {
         );
     }
 
+    /// @notice `providerInfo` for many accounts in one call: discovery reads a whole market's bonds and
+    /// reputations at once rather than one round trip per offer.
+    function providerInfos(address[] calldata accounts) external view returns (Provider[] memory infos) {
+        infos = new Provider[](accounts.length);
+        for (uint256 i = 0; i < accounts.length; i++) {
+            infos[i] = _providers[accounts[i]];
+        }
+    }
+
     /// @notice Every address that ever registered (check `registered` in `providerInfo`).
     function allProviders() external view returns (address[] memory) {
         return _providerList;

@@ -12,6 +12,7 @@ checks, and only canonical signatures (v in {27, 28}, low s) count (:func:`is_ca
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from eth_abi import encode as abi_encode
@@ -23,7 +24,7 @@ from eth_utils import keccak
 from web3 import AsyncWeb3
 from web3.types import TxReceipt
 
-from aitbc_agent_sdk.errors import ConfigError
+from aitbc_agent_sdk.errors import ChainError, ConfigError
 
 from ._contract import ContractClient
 from ._tx import CHAIN_EXCEPTIONS, TransactionSender, map_chain_error
@@ -40,6 +41,8 @@ __all__ = [
 ]
 
 RESULT_TAG = keccak(text="aitbc.result.v1")
+# About 20k gas of storage reads each: 500 stay far below a node's eth_call gas cap.
+PROVIDERS_PER_CALL = 500
 # secp256k1's group order / 2: a canonical signature has s at most this (EIP-2).
 HALF_ORDER = 0x7FFFFFFFFFFFFFFFFFFFFFFFFFFFFFFF5D576E7357A4501DDFE92F46681B20A0
 
@@ -150,6 +153,20 @@ class RegistryClient(ContractClient):
         stake, metadata_hash, registered, unbonding_at, assigned, completed, failed, slashes, earned = values
         return ProviderState(int(stake), bytes(metadata_hash), bool(registered), int(unbonding_at),
                              int(assigned), int(completed), int(failed), int(slashes), int(earned))
+
+    async def provider_states(self, accounts: Sequence[str]) -> dict[str, ProviderState]:
+        """``provider(a)`` for every account, ``PROVIDERS_PER_CALL`` to a call: what discovery reads."""
+        states: dict[str, ProviderState] = {}  # keyed as asked
+        for start in range(0, len(accounts), PROVIDERS_PER_CALL):
+            chunk = accounts[start:start + PROVIDERS_PER_CALL]
+            rows = await self._call("providerInfos", [AsyncWeb3.to_checksum_address(a) for a in chunk])
+            if len(rows) != len(chunk):
+                raise ChainError(f"the registry returned {len(rows)} providers for {len(chunk)} asked")
+            for address, row in zip(chunk, rows):
+                stake, unbonding_at, registered, _listed, assigned, completed, failed, slashes, earned, meta = row
+                states[address] = ProviderState(int(stake), bytes(meta), bool(registered), int(unbonding_at),
+                                                int(assigned), int(completed), int(failed), int(slashes), int(earned))
+        return states
 
     async def providers(self) -> list[ChecksumAddress]:
         """Every address that ever registered; check ``provider(a).registered``."""

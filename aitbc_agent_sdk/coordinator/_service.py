@@ -206,7 +206,7 @@ class Coordinator:
         offers = await collect_offers(self.channel, timeout=self.settings.discovery_timeout_s)
         self.fit_skipped = []
         unit = reputation_unit([o.price_wei for o in offers])
-        workers = []
+        fitting: list[Offer] = []
         for offer in offers:
             if (offer.free_slots < 1 and not include_busy) or not meets_min_gpu(offer.hardware.gpu_type, min_gpu):
                 continue
@@ -218,7 +218,8 @@ class Coordinator:
                     fit_problem(fit.footprint, fit.job.batch_size, offer.hardware) is not None:
                 self.fit_skipped.append(offer.hardware)
                 continue
-            workers.append(await self._worker(offer, unit))
+            fitting.append(offer)
+        workers = await self._workers(fitting, unit)
         floor = self.min_stake(min_stake_wei)
         workers, self.stake_skipped = split_by_stake(workers, floor)
         if self.stake_skipped:  # before the hardware challenge: an unbonded stranger costs no GPU check
@@ -242,17 +243,22 @@ class Coordinator:
         skips = self.stake_skips(requested_wei)
         return f"; {skips} (--min-stake)" if skips else ""
 
-    async def _worker(self, offer: Offer, unit_wei: int) -> Worker:
-        """Reputation from the value the registry says it was paid (``unit_wei`` a job's worth), its
-        failures and slashes, plus results this coordinator rejected; and its bond."""
-        _, rejected = await self.db.worker_history(offer.provider)
-        done = failed = slashes = stake = earned = 0
-        if self.registry is not None:
-            state = await self.registry.provider(offer.provider)
-            done, failed, slashes, stake, earned = (state.completed, state.failed, state.slashes, state.stake,
-                                                    state.earned)
-        return rate_worker(offer, completed=done, failed=failed + rejected, slashes=slashes, stake_wei=stake,
-                           earned_wei=earned, unit_wei=unit_wei)
+    async def _workers(self, offers: Sequence[Offer], unit_wei: int) -> list[Worker]:
+        """Each offer rated: reputation from the value the registry says it was paid (``unit_wei`` a job's
+        worth), its failures and slashes, plus results this coordinator rejected; and its bond. One registry
+        call per ``PROVIDERS_PER_CALL`` offers and one database read, whatever the market's size."""
+        providers = [o.provider for o in offers]
+        histories = await self.db.worker_histories(providers)
+        states = await self.registry.provider_states(providers) if self.registry is not None and offers else {}
+        workers = []
+        for offer in offers:
+            _, rejected = histories[offer.provider]
+            state = states.get(offer.provider)
+            done, failed, slashes, stake, earned = ((state.completed, state.failed, state.slashes, state.stake,
+                                                     state.earned) if state is not None else (0, 0, 0, 0, 0))
+            workers.append(rate_worker(offer, completed=done, failed=failed + rejected, slashes=slashes,
+                                       stake_wei=stake, earned_wei=earned, unit_wei=unit_wei))
+        return workers
 
     def select(self, workers: Sequence[Worker], count: int) -> list[Worker]:
         if not workers:
