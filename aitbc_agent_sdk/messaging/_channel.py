@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TypeVar
@@ -13,7 +14,7 @@ from pydantic import BaseModel
 
 from ..errors import MessagingError, SignatureError
 from ._envelope import EnvelopeSigner, EnvelopeVerifier, Verified
-from ._port import Bus
+from ._port import Bus, BusMessage
 
 M = TypeVar("M", bound=BaseModel)
 log = logging.getLogger(__name__)
@@ -29,6 +30,10 @@ class SignedChannel:
         # session keeps the nonces it has seen; a bare bus gets the defaults, in memory.
         make = getattr(bus, "make_verifier", None)
         self.verifier = verifier or (make(account.address) if make is not None else EnvelopeVerifier())
+        # The bus hands one delivery (one BusMessage object) to every subscription it matches: two trainings
+        # following one worker both see its heartbeat. The nonce is checked once per delivery, not per copy.
+        # Weakly: a delivery is remembered while some subscription still holds a copy of it.
+        self._checked: weakref.WeakValueDictionary[int, BusMessage] = weakref.WeakValueDictionary()
 
     @property
     def address(self) -> str:
@@ -53,12 +58,15 @@ class SignedChannel:
         async for raw in messages:
             if not raw.payload:  # a cleared retained message
                 continue
+            fanned_out = self._checked.get(id(raw)) is raw
             try:
                 verified = self.verifier.open(raw.topic, raw.payload, model, retained=raw.retained,
-                                              check_replay=not raw.retained)
+                                              check_replay=not raw.retained and not fanned_out)
             except SignatureError as exc:
                 log.warning("%s", exc)
                 continue
+            if not fanned_out:
+                self._checked[id(raw)] = raw
             if raw.retained:
                 key = (verified.sender, verified.nonce)
                 if key in retained_here:

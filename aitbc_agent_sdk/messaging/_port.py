@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, weakref_slot=True)  # a channel remembers deliveries it checked, weakly
 class BusMessage:
     topic: str
     payload: bytes

@@ -117,3 +117,23 @@ async def test_the_clock_skew_window_setting_decides_what_is_stale(mosquitto):
                     got.append((await next_of(beats)).message.busy_jobs)
             assert got[:-1] == accepted, f"window {window}s"
             assert channel.verifier.dropped["stale"] == 2 - len(accepted)
+
+
+async def test_one_delivery_reaches_every_subscription_of_a_channel_and_a_replay_still_none(mosquitto):
+    """Two trainings on one coordinator follow the same worker: both must see each of its heartbeats.
+    Before the fix the second subscription's copy of the same delivery was dropped as a replay."""
+    coordinator, provider = Account.create(), Account.create()
+    topic = f"aitbc/v1/heartbeat/fanned-{time.time_ns()}"
+    signer = EnvelopeSigner(provider)
+    original = signer.seal(topic, beat(provider, busy=1))
+    async with connect_bus(BusSettings(port=mosquitto.port), f"fan-{time.time_ns()}", persistent=False) as bus:
+        channel = SignedChannel(bus, coordinator)
+        async with channel.subscribe(topic, Heartbeat) as first, channel.subscribe(topic, Heartbeat) as second:
+            await bus.publish(topic, original)
+            assert (await next_of(first)).message.busy_jobs == 1
+            assert (await next_of(second)).message.busy_jobs == 1
+            await bus.publish(topic, original)  # the same bytes again: a replay, for every subscription
+            await bus.publish(topic, signer.seal(topic, beat(provider, busy=2)))
+            assert (await next_of(first)).message.busy_jobs == 2
+            assert (await next_of(second)).message.busy_jobs == 2
+        assert channel.verifier.dropped["replayed"] == 2
