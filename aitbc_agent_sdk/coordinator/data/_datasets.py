@@ -65,6 +65,8 @@ class DatasetStore:
         self._loaded: dict[str, ShardContent] = {}
         self._shards: dict[str, ShardData] = {}
         self._keys: KeyRing | None = None
+        # Trainings run at once on one coordinator read the same shards: one writer per directory.
+        self._writing: dict[Path, asyncio.Lock] = {}
 
     async def import_dataset(self, source: str | Path | LabeledData, *, label_column: str | None = None,
                              target: TargetKind | None = None, kind: DatasetKind | None = None, declared_size: int | None = None,
@@ -77,33 +79,35 @@ class DatasetStore:
             check_declared_size(declared_size, source, await asyncio.to_thread(tree_size, Path(source)))
         key = _staging_key(source, label_column, kind, target, vocab_size)
         staging = self._dir() / "staging" / key
-        marker, journal = staging.with_name(f"{key}.prepared.json"), staging.with_name(f"{key}.journal")
-        sealed_dir = staging.with_name(f"{key}.sealed")
-        try:
-            prepared = await asyncio.to_thread(_prepared, source, staging, marker, label_column, kind,
-                                               target, vocab_size)
-            if not on_disk:  # a bundled dataset or arrays in memory: the size of their stored form
-                check_declared_size(declared_size, source if isinstance(source, str) else "given as arrays",
-                                    await asyncio.to_thread(tree_size, prepared.directory))
-            directory, sealed, plain = prepared.directory, None, None
-            if encrypt:  # the store sees ciphertext only; the key stays here
-                plain = await asyncio.to_thread(seal_tree, self.keys.pending(key), prepared.directory, sealed_dir)
-                directory, sealed = sealed_dir, SEALED_LAYOUT
-            root = await self._store.add_directory(directory, journal=journal, progress=progress)
-            entries = [(e.path, e.cid, plain[e.path] if plain else e.size)
-                       async for e in self._store.walk_directory(root, max_entries=WALK_MAX_ENTRIES) if not e.is_dir]
-            manifest = build_manifest(prepared, root, entries, sealed=sealed)
-        except (ConfigError, DatasetError):  # bad input: nothing half-written stays behind
+        # Trainings started at once from one source share its staging: they take turns, the later reuse it.
+        async with self._writing.setdefault(staging, asyncio.Lock()):
+            marker, journal = staging.with_name(f"{key}.prepared.json"), staging.with_name(f"{key}.journal")
+            sealed_dir = staging.with_name(f"{key}.sealed")
+            try:
+                prepared = await asyncio.to_thread(_prepared, source, staging, marker, label_column, kind,
+                                                   target, vocab_size)
+                if not on_disk:  # a bundled dataset or arrays in memory: the size of their stored form
+                    check_declared_size(declared_size, source if isinstance(source, str) else "given as arrays",
+                                        await asyncio.to_thread(tree_size, prepared.directory))
+                directory, sealed, plain = prepared.directory, None, None
+                if encrypt:  # the store sees ciphertext only; the key stays here
+                    plain = await asyncio.to_thread(seal_tree, self.keys.pending(key), prepared.directory, sealed_dir)
+                    directory, sealed = sealed_dir, SEALED_LAYOUT
+                root = await self._store.add_directory(directory, journal=journal, progress=progress)
+                walked = self._store.walk_directory(root, max_entries=WALK_MAX_ENTRIES)
+                entries = [(e.path, e.cid, plain[e.path] if plain else e.size) async for e in walked if not e.is_dir]
+                manifest = build_manifest(prepared, root, entries, sealed=sealed)
+            except (ConfigError, DatasetError):  # bad input: nothing half-written stays behind
+                await asyncio.to_thread(_remove, staging, sealed_dir, marker, journal)
+                self.keys.drop(key)
+                raise
+            # Interrupted (cancelled, a store error): staging, marker, journal and key stay, so a rerun resumes.
+            if encrypt:
+                self.keys.commit(key, root)
             await asyncio.to_thread(_remove, staging, sealed_dir, marker, journal)
-            self.keys.drop(key)
-            raise
-        # Interrupted (cancelled, a store error): staging, marker, journal and key stay, so a rerun resumes.
-        if encrypt:
-            self.keys.commit(key, root)
-        await asyncio.to_thread(_remove, staging, sealed_dir, marker, journal)
-        cid = await self._store.add(manifest.model_dump_json().encode())
-        self._manifests[cid] = manifest
-        return cid, manifest
+            cid = await self._store.add(manifest.model_dump_json().encode())
+            self._manifests[cid] = manifest
+            return cid, manifest
 
     @property
     def keys(self) -> KeyRing:
@@ -146,7 +150,12 @@ class DatasetStore:
         return await self._store.add(shard.model_dump_json().encode())
 
     async def materialize(self, shard: ShardData, directory: Path) -> Path:
-        """Write ``shard``'s parts (each slice fetched by range and verified) and ``shard.json`` under ``directory``."""
+        """Write ``shard``'s parts (each slice fetched by range and verified) and ``shard.json`` under ``directory``.
+        Concurrent calls for one directory take turns: the second finds the parts written."""
+        async with self._writing.setdefault(directory, asyncio.Lock()):
+            return await self._materialize(shard, directory)
+
+    async def _materialize(self, shard: ShardData, directory: Path) -> Path:
         directory.mkdir(parents=True, exist_ok=True)
         key = self.keys.key(shard.dataset) if shard.sealed is not None and shard.dataset is not None else None
         for i, piece in enumerate(shard.data.slices):
