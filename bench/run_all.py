@@ -16,6 +16,7 @@ FULL = {
     "bench_e2e.py": ["--repeat", "3"],
     "bench_dispatch.py": ["--jobs", "1000"],
     "bench_heartbeats.py": ["--seconds", "20"],
+    "bench_market.py": [],
     "bench_gas.py": ["--sizes", "1", "4", "10", "32"],
     "bench_elastic.py": ["--rounds", "6", "--repeat", "2"],
     "bench_sandbox_startup.py": ["5"],

@@ -117,6 +117,11 @@ class ProviderAgent:
         return next((p for (_, j), p in reversed(self.jobs.items()) if j == job_id), None)
 
     @property
+    def at_work(self) -> bool:
+        """Running a job or a verification: only then does it heartbeat."""
+        return bool(self._busy or self._verifying)
+
+    @property
     def slots(self) -> int:
         gpus = len(self.hardware.gpus) if self.hardware is not None else 0
         return self.config.slots or max(gpus, 1)
@@ -181,7 +186,7 @@ class ProviderAgent:
             await asyncio.sleep(self.config.heartbeat_interval_s)
             # Only a provider at work beats, for the coordinators that wait on it: an idle one's presence is
             # its retained offer, which its last will clears (docs/scale.md, "Presence").
-            if self._busy or self._verifying:
+            if self.at_work:
                 beat = Heartbeat(provider=self.address, sent_at=time.time(), busy_jobs=self._busy)
                 with contextlib.suppress(AitbcError):  # a failed beat is not the last one
                     await self.channel.publish(topics.heartbeat(self.address), beat)

@@ -1,0 +1,81 @@
+"""The simulation's provider: the SDK's own ProviderAgent, with its training slot run in a thread.
+
+Everything a provider says on the market is the real code: offers, consents, job intake and its checks
+on chain, progress, signed results with their trajectory commitments, spot-check openings, receipts,
+heartbeats. The one substitution: a job runs the training process's own code (``run_job``) in a thread
+of the fleet's process, not in a sandboxed process of its own, because thousands of providers share
+this machine's two cores. Jobs are small (an MLP on a shard of digits), so compute stays negligible.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from aitbc_agent_sdk.messaging import Verified
+from aitbc_agent_sdk.provider._node import ProviderAgent
+from aitbc_agent_sdk.records import JobAssignment
+from aitbc_agent_sdk.provider._process import EpochCallback, TrainingProcess, _maybe_await, _Request
+from aitbc_agent_sdk.provider._slots import TrainingSlots
+from aitbc_agent_sdk.provider._worker_process import run_job
+
+
+class InThreadProcess(TrainingProcess):
+    """A training slot whose jobs run ``run_job`` in a thread (labelled: the simulation's substitution)."""
+
+    def __init__(self, work_dir: Path) -> None:
+        super().__init__(work_dir, threads=1, sandbox=None)
+        self._loaded: dict[str, Any] = {}
+
+    async def _run(self, job_dir: Path, request: _Request, on_epoch: EpochCallback | None) -> dict[str, Any]:
+        line = json.loads(request.line(job_dir, job_dir, "cpu"))
+        events: list[dict[str, Any]] = []
+        done = await asyncio.to_thread(run_job, line, self._loaded, events.append)
+        for event in events:
+            if on_epoch is not None and event.get("event") == "epoch":
+                await _maybe_await(on_epoch(event))
+        return done
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    async def kill(self) -> None:
+        return None
+
+
+class InThreadSlots(TrainingSlots):
+    def __init__(self, work_dir: Path, slots: int) -> None:  # noqa: D107 - no processes to start
+        self.processes = [InThreadProcess(work_dir / "slots" / str(i)) for i in range(slots)]
+        self._free: asyncio.Queue[TrainingProcess] = asyncio.Queue()
+        for process in self.processes:
+            self._free.put_nowait(process)
+
+
+class SimulatedProvider(ProviderAgent):
+    """``marked_busy``: heartbeat as a provider at work does, without a job (the liveness phase).
+    ``dispatch_s``: for each job, seconds from its coordinator signing it to this provider taking it up."""
+
+    marked_busy = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.dispatch_s: list[float] = []
+
+    async def _take_job(self, verified: Verified[JobAssignment]) -> None:
+        self.dispatch_s.append(time.time() - verified.sent_at)  # one clock: every process is on this machine
+        await super()._take_job(verified)
+
+    @property
+    def at_work(self) -> bool:
+        return super().at_work or self.marked_busy
+
+    async def __aenter__(self) -> SimulatedProvider:
+        await super().__aenter__()
+        self.training = InThreadSlots(self.config.work_dir, self.slots)  # warm_start is off: nothing ran yet
+        return self
