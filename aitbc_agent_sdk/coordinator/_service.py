@@ -18,7 +18,7 @@ from pathlib import Path
 from ..chain._registry import RegistryClient
 from ..errors import ConfigError, MessagingError, NotFoundError
 from ..market import (
-    ScoringStrategy, collect_offers, meets_min_gpu, rank_workers, reputation_unit,
+    OfferBook, ScoringStrategy, meets_min_gpu, rank_workers, reputation_unit,
 )
 from ..market._discovery import resolve_min_stake, split_by_stake, stake_skip_text
 from ..market._scoring import rate_worker
@@ -86,8 +86,10 @@ class Coordinator:
     job_keys: JobKeys = field(init=False)  # sealed datasets: each job carries the key wrapped for its worker
     receipts: ReceiptIssuer = field(init=False)  # each accepted round's signed, redeemable payment receipts
     results: SeedResults = field(init=False)  # the seed's results one by one, outside the round loop
+    offer_book: OfferBook = field(init=False)  # the market's offers, shared by this coordinator's discoveries
 
     def __post_init__(self) -> None:
+        self.offer_book = OfferBook(self.channel)
         self.logs = AuditLogs(self.settings.audit_dir)
         self.round_times = RoundTimes(self.db)
         self.data = DatasetStore(self.store, self.settings.data_dir)
@@ -107,6 +109,7 @@ class Coordinator:
         return await load_round_inputs(self.db, self.store, self.data, self.tasks, training_id)
 
     async def close(self) -> None:
+        await self.offer_book.aclose()
         for listener in self._listeners.values():
             await listener.stop()
         self._listeners.clear()
@@ -203,7 +206,7 @@ class Coordinator:
         ``fit``, only those that can hold its model (its measured footprint) at its batch size.
         Only providers bonded with ``min_stake(min_stake_wei)`` or more; ``stake_skipped`` names the others.
         Offers that claim a GPU take the timed hardware challenge (``coordinator.hardware``) first."""
-        offers = await collect_offers(self.channel, timeout=self.settings.discovery_timeout_s)
+        offers = await self.offer_book.offers(timeout=self.settings.discovery_timeout_s)
         self.fit_skipped = []
         unit = reputation_unit([o.price_wei for o in offers])
         fitting: list[Offer] = []

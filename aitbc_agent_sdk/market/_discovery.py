@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import AsyncIterator, Sequence
 from decimal import Decimal
 from typing import TYPE_CHECKING
 
+from ..errors import MessagingError
 from ..messaging import topics
 from ..records import Offer, Worker
 
 if TYPE_CHECKING:
-    from ..messaging import SignedChannel
+    from ..messaging import SignedChannel, Verified
 
 log = logging.getLogger(__name__)
 
@@ -22,9 +25,10 @@ DEFAULT_MIN_STAKE_WEI = 10**16
 
 
 async def collect_offers(channel: SignedChannel, *, timeout: float = 2.0, quiet: float = 0.2) -> list[Offer]:
-    """Gather offers until none arrived for ``quiet`` seconds, or ``timeout`` passed.
+    """Gather offers until none arrived for ``quiet`` seconds after the first, or ``timeout`` passed.
 
-    Retained offers arrive at once on subscribe; the quiet period catches stragglers.
+    Retained offers arrive at once on subscribe; the quiet period catches stragglers. It starts with the
+    first offer, not the subscription: on a busy machine the first can take longer than ``quiet``.
     An offer counts only when the envelope's signer is the provider it names.
     """
     offers: dict[str, Offer] = {}
@@ -34,7 +38,7 @@ async def collect_offers(channel: SignedChannel, *, timeout: float = 2.0, quiet:
         iterator = aiter(stream)
         while (remaining := deadline - loop.time()) > 0:
             try:
-                verified = await asyncio.wait_for(anext(iterator), min(quiet, remaining))
+                verified = await asyncio.wait_for(anext(iterator), min(quiet, remaining) if offers else remaining)
             except TimeoutError:
                 break
             if verified.sender != verified.message.provider:
@@ -42,6 +46,81 @@ async def collect_offers(channel: SignedChannel, *, timeout: float = 2.0, quiet:
                 continue
             offers[verified.message.provider] = verified.message
     return sorted(offers.values(), key=lambda o: o.provider)
+
+
+class OfferBook:
+    """The market's current offers, kept by one subscription while a coordinator discovers.
+
+    Every discovery of one coordinator reads the book rather than subscribing anew, so trainings started at
+    once share one read of the retained offers, and a later discovery verifies only the offers that changed.
+    An offer leaves the book when its provider clears it (its goodbye, or the last will the broker publishes
+    when it dies) or when it is older than ``max_age_s``. Nobody asking for ``idle_s`` closes the subscription.
+    """
+
+    def __init__(self, channel: SignedChannel, *, quiet: float = 0.2, idle_s: float = 60.0,
+                 max_age_s: float = 120.0) -> None:
+        self._channel = channel
+        self._quiet = quiet
+        self._idle_s = idle_s
+        self._max_age_s = max_age_s
+        self._offers: dict[str, tuple[Offer, float]] = {}  # provider -> (offer, when it was signed)
+        self._settled = asyncio.Event()  # the retained burst is in
+        self._task: asyncio.Task[None] | None = None
+        self._last_use = 0.0
+        self._last_change = 0.0
+
+    async def offers(self, *, timeout: float) -> list[Offer]:
+        """The current offers; the first call waits (at most ``timeout``) for the retained ones to arrive."""
+        loop = asyncio.get_running_loop()
+        self._last_use = loop.time()
+        if self._task is None or self._task.done():
+            self._offers.clear()
+            self._settled = asyncio.Event()
+            self._task = asyncio.create_task(self._follow(), name="offer-book")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._settled.wait(), timeout)
+        oldest = time.time() - self._max_age_s
+        return sorted((offer for offer, signed in self._offers.values() if signed >= oldest),
+                      key=lambda o: o.provider)
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _follow(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            async with self._channel.subscribe_states(topics.OFFERS, Offer) as states:
+                reader = asyncio.create_task(self._read(states))
+                try:
+                    while not reader.done() and loop.time() - self._last_use <= self._idle_s:
+                        await asyncio.wait([reader], timeout=self._quiet)
+                        if self._offers and loop.time() - self._last_change >= self._quiet:
+                            self._settled.set()  # offers came, then none for a while: the burst is in
+                finally:
+                    reader.cancel()
+                    await asyncio.gather(reader, return_exceptions=True)
+                if not reader.cancelled() and (error := reader.exception()) is not None:
+                    raise error
+        except MessagingError as exc:  # the next discovery subscribes again
+            log.warning("offer book: %s", exc)
+
+    async def _read(self, states: AsyncIterator[tuple[str, Verified[Offer] | None]]) -> None:
+        loop = asyncio.get_running_loop()
+        async for topic, verified in states:
+            self._take(topic, verified)
+            self._last_change = loop.time()
+
+    def _take(self, topic: str, verified: Verified[Offer] | None) -> None:
+        provider = topic.rsplit("/", 1)[-1]
+        if verified is None:
+            self._offers.pop(provider, None)
+        elif verified.sender == verified.message.provider == provider:
+            self._offers[provider] = (verified.message, verified.sent_at)
+        else:
+            log.warning("offer for %s on %s signed by %s dropped", verified.message.provider, topic, verified.sender)
 
 
 def resolve_min_stake(requested_wei: int | None, network_wei: int | None) -> int:

@@ -50,7 +50,23 @@ class SignedChannel:
         async with self._bus.subscribe(topic_filter) as messages:
             yield self._verified(messages, model)
 
-    async def _verified(self, messages: AsyncIterator, model: type[M]) -> AsyncIterator[Verified[M]]:
+    @asynccontextmanager
+    async def subscribe_states(self, topic_filter: str,
+                               model: type[M]) -> AsyncIterator[AsyncIterator[tuple[str, Verified[M] | None]]]:
+        """Retained states as they change: ``(topic, verified)``, or ``(topic, None)`` when the state on that
+        topic was cleared (an empty retained message: its owner's goodbye, or its last will)."""
+        async with self._bus.subscribe(topic_filter) as messages:
+            yield self._states(messages, model)
+
+    async def _states(self, messages: AsyncIterator[BusMessage],
+                      model: type[M]) -> AsyncIterator[tuple[str, Verified[M] | None]]:
+        async for raw in messages:
+            if not raw.payload:
+                yield raw.topic, None
+            elif (verified := self._open(raw, model)) is not None:
+                yield raw.topic, verified
+
+    async def _verified(self, messages: AsyncIterator[BusMessage], model: type[M]) -> AsyncIterator[Verified[M]]:
         # A retained state (an offer) is legitimately delivered again to each subscription, and
         # again after a reconnect: accept it once per subscription, while it is fresh. Everything
         # else, retained or not, passes the (persisted) seen-nonce check.
@@ -58,21 +74,28 @@ class SignedChannel:
         async for raw in messages:
             if not raw.payload:  # a cleared retained message
                 continue
-            fanned_out = self._checked.get(id(raw)) is raw
-            try:
-                verified = self.verifier.open(raw.topic, raw.payload, model, retained=raw.retained,
-                                              check_replay=not raw.retained and not fanned_out)
-            except SignatureError as exc:
-                log.warning("%s", exc)
+            verified = self._open(raw, model)
+            if verified is None:
                 continue
-            if not fanned_out:
-                self._checked[id(raw)] = raw
             if raw.retained:
                 key = (verified.sender, verified.nonce)
                 if key in retained_here:
                     continue
                 retained_here.add(key)
             yield verified
+
+    def _open(self, raw: BusMessage, model: type[M]) -> Verified[M] | None:
+        """The verified message, or None (logged; the verifier counts why)."""
+        fanned_out = self._checked.get(id(raw)) is raw
+        try:
+            verified = self.verifier.open(raw.topic, raw.payload, model, retained=raw.retained,
+                                          check_replay=not raw.retained and not fanned_out)
+        except SignatureError as exc:
+            log.warning("%s", exc)
+            return None
+        if not fanned_out:
+            self._checked[id(raw)] = raw
+        return verified
 
     async def request(self, topic: str, message: BaseModel, reply_topic: str, reply_model: type[M],
                       *, timeout: float, expected_sender: str) -> M:
