@@ -30,8 +30,13 @@ def parse(argv: list[str] | None = None) -> SimConfig:
     parser.add_argument("--workers", type=int, default=3, help="workers per training")
     parser.add_argument("--rounds", type=int, default=2, help="rounds per training")
     parser.add_argument("--stagger", type=float, default=0.0, help="seconds over which the trainings start")
+    parser.add_argument("--hostile", type=int, default=0,
+                        help="providers that misbehave (malformed or forged offers, floods, vanishing after consent)")
+    parser.add_argument("--verify-on", choices=("auto", "coordinator", "market"), default="auto",
+                        help="who re-executes the trainings' spot checks")
     parser.add_argument("--no-chain", action="store_true", help="skip registering the providers on chain")
     parser.add_argument("--no-churn", action="store_true", help="skip killing a fleet")
+    parser.add_argument("--home", type=Path, help="keep the devnet's home (audit logs, databases) here")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--plot", type=Path, help="write a PNG of the measurements here")
     args = parser.parse_args(argv)
@@ -42,18 +47,23 @@ def parse(argv: list[str] | None = None) -> SimConfig:
                                       ("--seconds must be > 0", args.seconds > 0),
                                       ("--discoveries must be >= 1", args.discoveries >= 1),
                                       ("--trainings must be >= 0", args.trainings >= 0),
+                                      ("--hostile must be between 0 and --providers - --busy",
+                                       0 <= args.hostile <= args.providers - args.busy),
                                       ("--workers must be >= 1", args.workers >= 1),
                                       ("--rounds must be >= 1", args.rounds >= 1),
                                       ("--trainings x --workers must not exceed --providers",
                                        args.trainings * args.workers <= args.providers),
                                       ("--trainings need the chain (drop --no-chain)",
                                        not (args.trainings and args.no_chain))) if not ok]
+    if args.home is not None and args.home.exists() and any(args.home.iterdir()):
+        problems.append(f"--home {args.home} is not empty")
     if problems:
         parser.error("; ".join(problems))  # exit 2
     parse.args = args  # type: ignore[attr-defined]
     return SimConfig(providers=args.providers, fleets=args.fleets, busy=args.busy, seconds=args.seconds,
                      discoveries=args.discoveries, chain=not args.no_chain, churn=not args.no_churn,
-                     trainings=args.trainings, workers=args.workers, rounds=args.rounds, stagger_s=args.stagger)
+                     trainings=args.trainings, workers=args.workers, rounds=args.rounds, stagger_s=args.stagger,
+                     hostile=args.hostile, verify_on=args.verify_on, home=args.home)
 
 
 def plot(summary: dict, path: Path) -> None:

@@ -360,11 +360,20 @@ class ProviderAgent:
             self.dropped["verifications: the job is not its contract's"] += 1
             return
         if self._verifying > MAX_WAITING_VERIFICATIONS:
+            # Its coordinator holds a contract with us: say so at once rather than let it wait out the deadline.
             self.dropped["verifications: too many waiting"] += 1
+            busy = VerifyReport(request_id=request.request_id, training_id=job.training_id, verifier_id=self.address,
+                                round=job.round, segment=request.segment,
+                                problem=f"busy: {self._verifying} verifications waiting here")
+            self._track(asyncio.create_task(self._publish_quietly(topics.verified(job.training_id), busy)))
             return
         self._verifying += 1
         self._track(asyncio.create_task(self._run_verification(TrainingOwner(verified.sender, job.training_id),
                                                                request, contract)))
+
+    async def _publish_quietly(self, topic: str, message: VerifyReport) -> None:
+        with contextlib.suppress(AitbcError):
+            await self.channel.publish(topic, message)
 
     async def _run_verification(self, owner: TrainingOwner, request: VerifyRequest, contract: ContractProposal) -> None:
         job = request.job

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import multiprocessing as mp
 import resource
+from collections import Counter
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from aitbc_agent_sdk.provider._onchain import ProviderChain
 from aitbc_agent_sdk.records import Hardware, TaskPolicy
 from aitbc_agent_sdk.storage import LocalContentStore
 
-from .provider import SimulatedProvider
+from .provider import HOSTILE, SimulatedProvider
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ class FleetSpec:
     keys: tuple[str, ...]  # 0x-hex private keys
     prices_wei: tuple[int, ...]
     busy: tuple[bool, ...]
+    hostile: tuple[str | None, ...]  # a key of provider.HOSTILE, or None for an honest provider
     heartbeat_s: float = 1.0
     offer_refresh_s: float = 30.0
 
@@ -84,14 +86,16 @@ async def run_fleet(spec: FleetSpec, index: int, report: mp.Queue, stop: MpEvent
     w3 = await connect_rpc(spec.rpc_url)
     chain = await ProviderChain.connect(w3, spec.escrow)
 
-    def maker(account: LocalAccount, price: int, busy: bool, i: int) -> Callable[[Bus], SimulatedProvider]:
+    def maker(account: LocalAccount, price: int, busy: bool, hostile: str | None,
+              i: int) -> Callable[[Bus], SimulatedProvider]:
         config = ProviderConfig(price_wei=price, work_dir=spec.work_dir / account.address, slots=1, worker_threads=1,
                                 tasks=TaskPolicy(accepts="any"), sandbox=None, warm_start=False,
                                 cache_bytes=64 << 20, heartbeat_interval_s=spec.heartbeat_s,
                                 offer_refresh_s=spec.offer_refresh_s)
 
         def make(bus: Bus) -> SimulatedProvider:
-            provider = SimulatedProvider(account, bus, store, config, hardware=sim_hardware(index + i), chain=chain)
+            kind = HOSTILE[hostile] if hostile is not None else SimulatedProvider
+            provider = kind(account, bus, store, config, hardware=sim_hardware(index + i), chain=chain)
             provider.marked_busy = busy
             return provider
         return make
@@ -104,8 +108,9 @@ async def run_fleet(spec: FleetSpec, index: int, report: mp.Queue, stop: MpEvent
         try:
             # One exit stack: every provider leaves (clearing its offer) before its bus closes.
             providers = list(await asyncio.gather(*(
-                _serve(maker(a, price, busy, i), a, spec.bus, exits, gate)
-                for i, (a, price, busy) in enumerate(zip(accounts, spec.prices_wei, spec.busy)))))
+                _serve(maker(a, price, busy, hostile, i), a, spec.bus, exits, gate)
+                for i, (a, price, busy, hostile) in enumerate(zip(accounts, spec.prices_wei, spec.busy,
+                                                                   spec.hostile)))))
         except (AitbcError, OSError) as exc:
             failed = f"providers failed to start: {exc}"
         report.put({"fleet": index, "up": failed is None, "error": failed, "providers": len(accounts),
@@ -113,7 +118,8 @@ async def run_fleet(spec: FleetSpec, index: int, report: mp.Queue, stop: MpEvent
         while not stop.is_set():
             if ask.is_set() and not answered:
                 report.put({"fleet": index, "stats": True, "jobs": sum(p.completed_jobs for p in providers),
-                            "dispatch_s": [d for p in providers for d in p.dispatch_s]})
+                            "dispatch_s": [d for p in providers for d in p.dispatch_s],
+                            "dropped": dict(sum((p.dropped for p in providers), Counter()))})
                 answered = True
             await asyncio.sleep(0.2)
     report.put({"fleet": index, "done": True})

@@ -10,14 +10,16 @@ this machine's two cores. Jobs are small (an MLP on a shard of digits), so compu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from pathlib import Path
 from typing import Any
 
-from aitbc_agent_sdk.messaging import Verified
+from aitbc_agent_sdk.errors import AitbcError
+from aitbc_agent_sdk.messaging import Verified, topics
 from aitbc_agent_sdk.provider._node import ProviderAgent
-from aitbc_agent_sdk.records import JobAssignment
+from aitbc_agent_sdk.records import JobAssignment, Offer, Ping
 from aitbc_agent_sdk.provider._process import EpochCallback, TrainingProcess, _maybe_await, _Request
 from aitbc_agent_sdk.provider._slots import TrainingSlots
 from aitbc_agent_sdk.provider._worker_process import run_job
@@ -79,3 +81,62 @@ class SimulatedProvider(ProviderAgent):
         await super().__aenter__()
         self.training = InThreadSlots(self.config.work_dir, self.slots)  # warm_start is off: nothing ran yet
         return self
+
+
+# -- hostile providers in the mix (labelled: each misbehaves in one way a stranger could) ----------------------
+
+FLOOD_MESSAGES = 400
+FLOOD_RATE_HZ = 200
+
+
+class MalformedOfferProvider(SimulatedProvider):
+    """Its retained offer is garbage bytes: discovery must drop it and go on."""
+
+    async def __aenter__(self) -> MalformedOfferProvider:
+        await super().__aenter__()
+        await self._advertise_now()
+        return self
+
+    async def _advertise_now(self) -> None:
+        await self.channel._bus.publish(topics.offer(self.address), b"\x00not an envelope" * 8, retain=True)  # noqa: SLF001
+
+
+class ForgedOfferProvider(SimulatedProvider):
+    """Advertises, under its own signature, an offer in another provider's name at a price nobody beats."""
+
+    victim = "0x" + "11" * 20
+
+    def offer(self) -> Offer:
+        return super().offer().model_copy(update={"provider": self.victim, "price_wei": 1})
+
+
+class FloodingProvider(SimulatedProvider):
+    """Does its jobs, and meanwhile floods its training's result and progress topics with junk."""
+
+    async def _take_job(self, verified: Verified[JobAssignment]) -> None:
+        self._track(asyncio.create_task(self._flood(verified.message)))
+        await super()._take_job(verified)
+
+    async def _flood(self, job: JobAssignment) -> None:
+        bus = self.channel._bus  # noqa: SLF001 - junk is not signed
+        for i in range(FLOOD_MESSAGES):
+            topic = topics.results(job.training_id) if i % 2 else topics.progress(job.training_id, job.job_id)
+            with contextlib.suppress(AitbcError):
+                await bus.publish(topic, b'{"junk": true}')
+            await asyncio.sleep(1 / FLOOD_RATE_HZ)
+
+
+class VanishingProvider(SimulatedProvider):
+    """Consents to a contract, then never takes a job nor answers a ping: gone, as its coordinator sees it."""
+
+    async def _take_job(self, verified: Verified[JobAssignment]) -> None:
+        return None
+
+    async def _answer_ping(self, verified: Verified[Ping]) -> None:
+        return None
+
+
+HOSTILE: dict[str, type[SimulatedProvider]] = {
+    "malformed-offer": MalformedOfferProvider, "forged-offer": ForgedOfferProvider,
+    "flood": FloodingProvider, "vanish-after-consent": VanishingProvider,
+}

@@ -22,6 +22,7 @@ import contextlib
 import multiprocessing as mp
 import os
 import statistics
+from collections import Counter
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ from eth_utils import keccak
 
 from aitbc_agent_sdk import Agent, AgentConfig
 from aitbc_agent_sdk.errors import AitbcError
-from aitbc_agent_sdk.records import JobConfig, TrainingSpec
+from aitbc_agent_sdk.records import FaultPolicy, JobConfig, TrainingSpec
 from aitbc_agent_sdk.chain import TransactionSender, connect_rpc
 from aitbc_agent_sdk.chain._registry import RegistryClient
 from aitbc_agent_sdk.coordinator.round._liveness import LivenessWatch
@@ -48,12 +49,14 @@ from aitbc_agent_sdk.messaging._topics import PREFIX
 from aitbc_agent_sdk.profile import devnet_password
 
 from .fleet import FleetSpec, fleet_main, raise_open_files
+from .provider import HOSTILE
 from .usage import ProcessClock
 
 STAKE_WEI = 10**17  # the devnet's own provider bond
 GAS_WEI = 10**18
 REGISTER_AT_ONCE = 32
 RAW_MESSAGES = 200
+UNSEEN = ("malformed-offer", "forged-offer")  # hostile offers that never reach the book
 RAW_PAYLOAD_BYTES = 1500  # about a signed JobAssignment
 
 
@@ -70,6 +73,8 @@ class SimConfig:
     workers: int = 3  # per training
     rounds: int = 2
     stagger_s: float = 0.0  # trainings start spread over this long, as users arrive
+    hostile: int = 0  # providers that misbehave (provider.HOSTILE, in turn), priced below everyone
+    verify_on: str = "auto"  # who re-executes spot checks: FaultPolicy.verify_on
     home: Path | None = None
 
 
@@ -88,6 +93,7 @@ class SimReport:
     trainings: int = 0
     completed: list[dict[str, Any]] = field(default_factory=list)  # per training: id, seconds, wei, conserved
     training_phase: dict[str, float] = field(default_factory=dict)
+    hostile: dict[str, Any] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
@@ -111,8 +117,9 @@ class SimReport:
             "trainings": self.trainings, "trainings_completed": len(self.completed),
             "wei_conserved": all(t["conserved"] for t in self.completed) and len(self.completed) == self.trainings,
             **self.training_phase,
-            "liveness": self.liveness, "churn": self.churn, "registration": self.registration,
-            "phases_s": {k: round(v, 2) for k, v in self.phases_s.items()}, "failures": self.failures,
+            "liveness": self.liveness, "churn": self.churn, "registration": self.registration, "hostile": self.hostile,
+            "phases_s": {k: round(v, 2) for k, v in self.phases_s.items()}, "per_training": self.completed,
+            "failures": self.failures,
         }
 
 
@@ -191,13 +198,21 @@ async def simulate(config: SimConfig) -> SimReport:
         stop, ask = ctx.Event(), ctx.Event()
         prices = _prices(config.providers)
         busy_set = set(range(config.busy))
+        kinds = list(HOSTILE)
+        hostile = {config.providers - 1 - j: kinds[j % len(kinds)] for j in range(config.hostile)}
+        for j, i in enumerate(sorted(hostile)):
+            prices[i] = 10**15 + j  # cheapest on the market: trainings hire the ones that can be hired
+        unseen = {i for i, kind in hostile.items() if kind in UNSEEN}  # offers discovery must drop
+        report.hostile = {"providers": {k: sum(1 for v in hostile.values() if v == k) for k in kinds},
+                          "offers_dropped_expected": len(unseen)}
         processes = []
         for f in range(config.fleets):
             idx = list(range(f, config.providers, config.fleets))
             spec = FleetSpec(bus=profile.bus, store_root=profile.store.root or home / "store",
                              rpc_url=profile.chain.rpc_url, escrow=profile.chain.escrow, work_dir=home / "fleets",
                              keys=tuple(accounts[i].key.hex() for i in idx),
-                             prices_wei=tuple(prices[i] for i in idx), busy=tuple(i in busy_set for i in idx))
+                             prices_wei=tuple(prices[i] for i in idx), busy=tuple(i in busy_set for i in idx),
+                             hostile=tuple(hostile.get(i) for i in idx))
             process = ctx.Process(target=fleet_main, args=(spec, f, queue, stop, ask), daemon=True)
             process.start()
             processes.append(process)
@@ -219,7 +234,7 @@ async def simulate(config: SimConfig) -> SimReport:
         assert password is not None
         account = await wallet_store(home).unlock(COORDINATOR_WALLET, password)
         async with Agent(AgentConfig(network="devnet", home=home, name="sim-coordinator"), account=account) as agent:
-            await _measure_discovery(agent, config, report)
+            await _measure_discovery(agent, config, report, config.providers - len(unseen))
             await _measure_liveness(agent, config, report, broker_pid, [accounts[i].address for i in busy_set])
             if config.trainings:
                 await _measure_trainings(agent, config, report, broker_pid)
@@ -227,12 +242,14 @@ async def simulate(config: SimConfig) -> SimReport:
                 stats = await _wait_reports(queue, config.fleets, "stats", timeout=120.0)
                 await _measure_dispatch(profile.bus, agent.address, stats, report)
             if config.churn and config.fleets > 1:
-                await _measure_churn(agent, config, report, processes[-1])
+                dead = sum(1 for i in range(config.fleets - 1, config.providers, config.fleets) if i not in unseen)
+                await _measure_churn(agent, report, processes[-1], dead)
+            report.hostile["coordinator_dropped"] = dict(agent.coordinator.channel.verifier.dropped)
         stop_fleets()
     return report
 
 
-async def _measure_discovery(agent: Agent, config: SimConfig, report: SimReport) -> None:
+async def _measure_discovery(agent: Agent, config: SimConfig, report: SimReport, expected: int) -> None:
     for _ in range(config.discoveries):
         clock = time.monotonic()  # the baseline: only reading and verifying every offer
         await collect_offers(agent.coordinator.channel, timeout=agent.coordinator.settings.discovery_timeout_s)
@@ -241,8 +258,8 @@ async def _measure_discovery(agent: Agent, config: SimConfig, report: SimReport)
         found = await agent.coordinator.discover(include_busy=True)
         report.discovery_s.append(time.monotonic() - clock)
         report.discovered.append(len(found))
-    if max(report.discovered, default=0) < config.providers:
-        report.failures.append(f"discovery found {max(report.discovered, default=0)} of {config.providers} offers")
+    if any(found != expected for found in report.discovered):
+        report.failures.append(f"discovery found {report.discovered} offers; {expected} are valid")
 
 
 async def _measure_liveness(agent: Agent, config: SimConfig, report: SimReport, broker_pid: int,
@@ -262,9 +279,8 @@ async def _measure_liveness(agent: Agent, config: SimConfig, report: SimReport, 
         report.failures.append(f"liveness: {len(busy) - heard} of {len(busy)} followed workers not heard")
 
 
-async def _measure_churn(agent: Agent, config: SimConfig, report: SimReport, victim: mp.Process) -> None:
+async def _measure_churn(agent: Agent, report: SimReport, victim: mp.Process, dead: int) -> None:
     """Kill one fleet (SIGKILL: no goodbye) and time until the market shows only the living."""
-    dead = len(range(config.fleets - 1, config.providers, config.fleets))
     before = await _offer_count(agent)
     clock = time.monotonic()
     victim.kill()
@@ -282,7 +298,8 @@ async def _measure_churn(agent: Agent, config: SimConfig, report: SimReport, vic
 def _training_spec(index: int, config: SimConfig) -> TrainingSpec:
     # An MLP on a shard of digits: real training, negligible compute, so the market is what is measured.
     return TrainingSpec(model_type="mlp", target_workers=config.workers, rounds=config.rounds, seed=index,
-                        job=JobConfig(batch_size=32, learning_rate=1e-2, epochs=1))
+                        job=JobConfig(batch_size=32, learning_rate=1e-2, epochs=1),
+                        faults=FaultPolicy(verify_on=config.verify_on))
 
 
 async def _measure_trainings(agent: Agent, config: SimConfig, report: SimReport, broker_pid: int) -> None:
@@ -306,7 +323,11 @@ async def _measure_trainings(agent: Agent, config: SimConfig, report: SimReport,
             report.failures.append(f"training {index}: {type(exc).__name__}: {exc}")
             return
         conserved = escrow.deposited_wei == escrow.paid_wei + escrow.refunded_wei + escrow.held_wei
+        spend = done.verification
         report.completed.append({"training_id": done.training_id, "seconds": round(time.monotonic() - started, 2),
+                                 "checks": spend.checks if spend else 0,
+                                 "check_seconds_here": spend.coordinator_seconds if spend else 0.0,
+                                 "verifier_wei": spend.verifier_wei if spend else 0,
                                  "status": done.status.value, "deposited_wei": escrow.deposited_wei,
                                  "paid_wei": escrow.paid_wei, "refunded_wei": escrow.refunded_wei,
                                  "held_wei": escrow.held_wei, "conserved": conserved,
@@ -333,6 +354,10 @@ async def _measure_trainings(agent: Agent, config: SimConfig, report: SimReport,
         "coordinator_cpu_s_per_training": round(cpu / 100 * wall / config.trainings, 2),
         "coordinator_cpu_s_per_worker_round": round(cpu / 100 * wall / jobs, 3),
         "broker_cpu_percent_trainings": round(broker_cpu, 1),
+        "spot_checks_per_training": round(statistics.mean(t["checks"] for t in report.completed), 1)
+        if report.completed else None,
+        "check_seconds_on_coordinator_per_training": round(statistics.mean(
+            t["check_seconds_here"] for t in report.completed), 2) if report.completed else None,
         "transactions_per_training": round(transactions / config.trainings, 2),
         "gas_per_training": round(gas / config.trainings),
     }
@@ -342,6 +367,7 @@ async def _measure_dispatch(bus: BusSettings, identity: str, stats: list[dict[st
     """Jobs' dispatch times (signed by the coordinator, taken up by the provider) against plain aiomqtt
     carrying a payload of a job's size, one at a time, on the same broker in the same run."""
     dispatch = sorted(d for fleet in stats for d in fleet["dispatch_s"])
+    report.hostile["providers_dropped"] = dict(sum((Counter(fleet["dropped"]) for fleet in stats), Counter()))
     credentials = resolve_credentials(bus, identity)
     assert credentials is not None
     topic, payload, raw = f"{PREFIX}/jobs/raw-baseline-{os.getpid()}", os.urandom(RAW_PAYLOAD_BYTES), []
