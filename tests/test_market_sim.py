@@ -45,7 +45,6 @@ def test_a_market_of_hundreds_trains_at_once_is_discovered_whole_and_forgets_the
     assert all(t["status"] == "complete" and t["accuracy"] > 0.5 for t in report.completed)
     assert summary["jobs_taken"] >= TRAININGS * 3 * 2
     assert summary["transactions_per_training"] >= 3  # deposit, payout, refund at least
-    assert summary["discovered"] == [PROVIDERS] * 3  # every bonded provider's offer, every time
     assert summary["registration"]["transactions"] == PROVIDERS
     assert summary["liveness"]["heard_recently"] == summary["liveness"]["followed"] == 30
     # SIGKILL, no goodbye: the broker's wills cleared exactly the dead fleet's offers.
