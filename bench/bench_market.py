@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -30,7 +31,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--discoveries", type=int, default=5)
     parser.add_argument("--trainings", type=int, default=100)
-    args = parse_args(parser, providers=100, fleets=2, busy=10, seconds=2.0, discoveries=2, trainings=2)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: the devnet and the fleets are stopped
+    args = parse_args(parser, providers=60, fleets=2, busy=10, seconds=2.0, discoveries=2, trainings=1)
     report = asyncio.run(simulate(SimConfig(providers=args.providers, fleets=args.fleets, busy=args.busy,
                                             seconds=args.seconds, discoveries=args.discoveries,
                                             trainings=args.trainings, workers=3, rounds=2)))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -84,6 +85,8 @@ def plot(summary: dict, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     config = parse(argv)
+    # A TERM (a timeout, a CI job cancelled) unwinds like Ctrl-C: the devnet and the fleets are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args = parse.args  # type: ignore[attr-defined]
     report = asyncio.run(simulate(config))
     summary = report.summary()

@@ -122,6 +122,8 @@ async def run_fleet(spec: FleetSpec, index: int, report: mp.Queue, stop: MpEvent
                             "dropped": dict(sum((p.dropped for p in providers), Counter()))})
                 answered = True
             await asyncio.sleep(0.2)
+    with contextlib.suppress(Exception):
+        await w3.provider.disconnect()
     report.put({"fleet": index, "done": True})
 
 

@@ -54,7 +54,7 @@ from .usage import ProcessClock
 
 STAKE_WEI = 10**17  # the devnet's own provider bond
 GAS_WEI = 10**18
-REGISTER_AT_ONCE = 32
+REGISTER_AT_ONCE = 128  # receipts are polled: many in flight keep anvil busy
 RAW_MESSAGES = 200
 UNSEEN = ("malformed-offer", "forged-offer")  # hostile offers that never reach the book
 RAW_PAYLOAD_BYTES = 1500  # about a signed JobAssignment
