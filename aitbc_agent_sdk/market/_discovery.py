@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 # An identity costs nothing, so a bond is what makes a sybil pay (docs/threat-model.md, "Stake before
 # strangers' work"): ten times the registry's own floor (MIN_STAKE, 0.001 ETH), one round's price on the devnet.
 DEFAULT_MIN_STAKE_WEI = 10**16
+MAX_READ_S = 120.0  # reading a market's retained offers: about 5 s per 10,000 on a 2-core machine
 
 
 async def collect_offers(channel: SignedChannel, *, timeout: float = 2.0, quiet: float = 0.2) -> list[Offer]:
@@ -64,21 +65,25 @@ class OfferBook:
         self._idle_s = idle_s
         self._max_age_s = max_age_s
         self._offers: dict[str, tuple[Offer, float]] = {}  # provider -> (offer, when it was signed)
+        self._first = asyncio.Event()  # an offer came
         self._settled = asyncio.Event()  # the retained burst is in
         self._task: asyncio.Task[None] | None = None
         self._last_use = 0.0
         self._last_change = 0.0
 
     async def offers(self, *, timeout: float) -> list[Offer]:
-        """The current offers; the first call waits (at most ``timeout``) for the retained ones to arrive."""
+        """The current offers. The first call waits at most ``timeout`` for a first offer, then for the rest of
+        the retained ones however long a large market takes to read (``MAX_READ_S`` at most): a discovery
+        that returned half a market would hire from the wrong half."""
         loop = asyncio.get_running_loop()
         self._last_use = loop.time()
         if self._task is None or self._task.done():
             self._offers.clear()
-            self._settled = asyncio.Event()
+            self._first, self._settled = asyncio.Event(), asyncio.Event()
             self._task = asyncio.create_task(self._follow(), name="offer-book")
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._settled.wait(), timeout)
+            await asyncio.wait_for(self._first.wait(), timeout)
+            await asyncio.wait_for(self._settled.wait(), MAX_READ_S)
         oldest = time.time() - self._max_age_s
         return sorted((offer for offer, signed in self._offers.values() if signed >= oldest),
                       key=lambda o: o.provider)
@@ -112,6 +117,7 @@ class OfferBook:
         async for topic, verified in states:
             self._take(topic, verified)
             self._last_change = loop.time()
+            self._first.set()
 
     def _take(self, topic: str, verified: Verified[Offer] | None) -> None:
         provider = topic.rsplit("/", 1)[-1]

@@ -44,7 +44,8 @@ from aitbc_agent_sdk.devnet._network import (
     COORDINATOR_WALLET, DevnetOptions, add_broker_accounts, devnet_down, devnet_up, wallet_store,
 )
 from aitbc_agent_sdk.market import collect_offers
-from aitbc_agent_sdk.messaging._settings import BusSettings, resolve_credentials
+from aitbc_agent_sdk.messaging import SignedChannel
+from aitbc_agent_sdk.messaging._settings import BusSettings, connect_bus, resolve_credentials
 from aitbc_agent_sdk.messaging._topics import PREFIX
 from aitbc_agent_sdk.profile import devnet_password
 
@@ -56,6 +57,7 @@ STAKE_WEI = 10**17  # the devnet's own provider bond
 GAS_WEI = 10**18
 REGISTER_AT_ONCE = 128  # receipts are polled: many in flight keep anvil busy
 RAW_MESSAGES = 200
+READ_TIMEOUT_S = 60.0  # reading every offer once: seconds per 10,000 on this machine
 UNSEEN = ("malformed-offer", "forged-offer")  # hostile offers that never reach the book
 RAW_PAYLOAD_BYTES = 1500  # about a signed JobAssignment
 
@@ -168,8 +170,8 @@ async def _wait_reports(queue: mp.Queue, count: int, key: str, timeout: float) -
     return got
 
 
-async def _offer_count(agent: Agent) -> int:
-    return len(await collect_offers(agent.coordinator.channel, timeout=10.0))
+async def _offer_count(reader: SignedChannel) -> int:
+    return len(await collect_offers(reader, timeout=READ_TIMEOUT_S))
 
 
 async def simulate(config: SimConfig) -> SimReport:
@@ -233,8 +235,13 @@ async def simulate(config: SimConfig) -> SimReport:
         password = devnet_password(home)
         assert password is not None
         account = await wallet_store(home).unlock(COORDINATOR_WALLET, password)
-        async with Agent(AgentConfig(network="devnet", home=home, name="sim-coordinator"), account=account) as agent:
-            await _measure_discovery(agent, config, report, config.providers - len(unseen))
+        # The baseline reads and the churn counts go over a connection of their own, as another process's
+        # would: re-subscribing to offers/+ makes the broker send every retained offer again.
+        observer = connect_bus(profile.bus, f"sim-observer-{os.getpid()}", persistent=False, timeout=120.0)
+        async with Agent(AgentConfig(network="devnet", home=home, name="sim-coordinator"), account=account) as agent, \
+                observer:
+            reader = SignedChannel(observer, Account.create())
+            await _measure_discovery(agent, reader, config, report, config.providers - len(unseen))
             await _measure_liveness(agent, config, report, broker_pid, [accounts[i].address for i in busy_set])
             if config.trainings:
                 await _measure_trainings(agent, config, report, broker_pid)
@@ -243,16 +250,17 @@ async def simulate(config: SimConfig) -> SimReport:
                 await _measure_dispatch(profile.bus, agent.address, stats, report)
             if config.churn and config.fleets > 1:
                 dead = sum(1 for i in range(config.fleets - 1, config.providers, config.fleets) if i not in unseen)
-                await _measure_churn(agent, report, processes[-1], dead)
+                await _measure_churn(reader, report, processes[-1], dead)
             report.hostile["coordinator_dropped"] = dict(agent.coordinator.channel.verifier.dropped)
         stop_fleets()
     return report
 
 
-async def _measure_discovery(agent: Agent, config: SimConfig, report: SimReport, expected: int) -> None:
+async def _measure_discovery(agent: Agent, reader: SignedChannel, config: SimConfig, report: SimReport,
+                             expected: int) -> None:
     for _ in range(config.discoveries):
-        clock = time.monotonic()  # the baseline: only reading and verifying every offer
-        await collect_offers(agent.coordinator.channel, timeout=agent.coordinator.settings.discovery_timeout_s)
+        clock = time.monotonic()  # the baseline: only reading and verifying every offer, on another connection
+        await collect_offers(reader, timeout=READ_TIMEOUT_S)
         report.reading_s.append(time.monotonic() - clock)
         clock = time.monotonic()
         found = await agent.coordinator.discover(include_busy=True)
@@ -279,16 +287,16 @@ async def _measure_liveness(agent: Agent, config: SimConfig, report: SimReport, 
         report.failures.append(f"liveness: {len(busy) - heard} of {len(busy)} followed workers not heard")
 
 
-async def _measure_churn(agent: Agent, report: SimReport, victim: mp.Process, dead: int) -> None:
+async def _measure_churn(reader: SignedChannel, report: SimReport, victim: mp.Process, dead: int) -> None:
     """Kill one fleet (SIGKILL: no goodbye) and time until the market shows only the living."""
-    before = await _offer_count(agent)
+    before = await _offer_count(reader)
     clock = time.monotonic()
     victim.kill()
     victim.join()
     left = before
     while left > before - dead and time.monotonic() - clock < 60:
         await asyncio.sleep(0.5)
-        left = await _offer_count(agent)
+        left = await _offer_count(reader)
     report.churn = {"killed": dead, "offers_before": before, "offers_after": left,
                     "wills_cleared_s": round(time.monotonic() - clock, 2)}
     if left != before - dead:
