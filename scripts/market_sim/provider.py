@@ -98,7 +98,8 @@ class MalformedOfferProvider(SimulatedProvider):
         return self
 
     async def _advertise_now(self) -> None:
-        await self.channel._bus.publish(topics.offer(self.address), b"\x00not an envelope" * 8, retain=True)  # noqa: SLF001
+        bus = self.channel._bus  # noqa: SLF001 - junk is not signed
+        await bus.publish(topics.offer(self.address), b"\x00not an envelope" * 8, retain=True)
 
 
 class ForgedOfferProvider(SimulatedProvider):
