@@ -88,3 +88,14 @@ def test_reputation_counts_in_full_only_behind_the_largest_bond():
 def test_slashes_weigh_like_two_failures():
     assert reputation_from_history(3, 0, slashes=1) == pytest.approx(reputation_from_history(3, 2))
     assert reputation_from_history(3, 0, slashes=1) < reputation_from_history(3, 1)
+
+
+def test_trainings_started_together_leave_each_other_the_slots_they_hold():
+    from aitbc_agent_sdk.market._discovery import leave_out_held
+
+    market = [worker(i, None, price=100 + i, reputation=1.0) for i in range(5)] + [worker(9, None, 90, 1.0, slots=2)]
+    held = {market[0].worker_id: 1, market[1].worker_id: 1, market[5].worker_id: 1}
+    # the one-slot providers held by another training go; the two-slot one has a slot left
+    assert [w.worker_id for w in leave_out_held(market, held, 3)] == [w.worker_id for w in market[2:]]
+    # too few left: everyone, so a job waits for a slot rather than the training failing to start
+    assert leave_out_held(market, held, 5) == market

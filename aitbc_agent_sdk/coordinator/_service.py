@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +21,7 @@ from ..errors import ConfigError, MessagingError, NotFoundError
 from ..market import (
     OfferBook, ScoringStrategy, meets_min_gpu, rank_workers, reputation_unit,
 )
-from ..market._discovery import resolve_min_stake, split_by_stake, stake_skip_text
+from ..market._discovery import leave_out_held, resolve_min_stake, split_by_stake, stake_skip_text
 from ..market._scoring import rate_worker
 from ..messaging import SignedChannel, topics
 from ..records import (
@@ -76,6 +77,9 @@ class Coordinator:
     stake_skipped: dict[str, int] = field(default_factory=dict)
     # The latest discovery's offers too small for the model it was asked to fit (their hardware).
     fit_skipped: list[Hardware] = field(default_factory=list)
+    # provider -> slots of it that this coordinator's starting or running trainings hold (``run``'s path):
+    # trainings started together would otherwise all hire the same best offers (docs/scale.md, item 6).
+    held_slots: Counter[str] = field(default_factory=Counter)
     # Spot checks take turns holding their opened states (coordinator/spot_check.py).
     spot_check_turn: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))
     round_times: RoundTimes = field(init=False)  # seconds per delivered round, per training and provider
@@ -264,9 +268,21 @@ class Coordinator:
         return workers
 
     def select(self, workers: Sequence[Worker], count: int) -> list[Worker]:
+        """The best ``count``, leaving out providers whose every slot another of this coordinator's trainings
+        holds, unless that leaves too few (then a job queues behind another rather than a training failing)."""
         if not workers:
             return []
-        return rank_workers(workers, self.scoring.score(workers), count)
+        pool = leave_out_held(workers, self.held_slots, count)
+        return rank_workers(pool, self.scoring.score(pool), count)
+
+    def hold(self, workers: Sequence[Worker]) -> None:
+        """Count a slot of each of ``workers`` as this coordinator's until :meth:`release`."""
+        self.held_slots.update(w.worker_id for w in workers)
+
+    def release(self, workers: Sequence[Worker]) -> None:
+        self.held_slots.subtract(w.worker_id for w in workers)
+        for worker in [w for w, n in self.held_slots.items() if n <= 0]:
+            del self.held_slots[worker]
 
     async def negotiate(self, worker_id: str, training_id: str, price_wei: int, *, role: str = "worker",
                         shard_index: int | None = None, rounds: int | None = None,

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from decimal import Decimal
 from typing import TYPE_CHECKING
 
@@ -127,6 +127,13 @@ class OfferBook:
             self._offers[provider] = (verified.message, verified.sent_at)
         else:
             log.warning("offer for %s on %s signed by %s dropped", verified.message.provider, topic, verified.sender)
+
+
+def leave_out_held(workers: Sequence[Worker], held_slots: Mapping[str, int], count: int) -> list[Worker]:
+    """``workers`` without the providers whose every slot is already held (``held_slots``: provider -> slots
+    held), unless that leaves fewer than ``count``: then all of them, and a job queues behind another."""
+    unheld = [w for w in workers if held_slots.get(w.worker_id, 0) < w.offer.slots]
+    return unheld if len(unheld) >= count else list(workers)
 
 
 def resolve_min_stake(requested_wei: int | None, network_wei: int | None) -> int:

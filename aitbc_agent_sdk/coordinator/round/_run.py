@@ -95,9 +95,14 @@ async def prepare(coordinator: Coordinator, request: RunRequest) -> Prepared:
             f"asked for {spec.target_workers} workers but only {len(found)} suitable providers answered"
             f"{too_small}{coordinator.stake_note(spec.min_stake_wei)}")
     ranked = coordinator.select(found, spec.target_workers + spec.spare_workers)
+    coordinator.hold(ranked)  # before the next await: a training starting beside this one picks others
     selected, spares = ranked[:spec.target_workers], ranked[spec.target_workers:]
-    await coordinator.money.ensure_funds(sum(w.price for w in selected) * spec.rounds,
-                                         f"{spec.target_workers} workers x {spec.rounds} rounds")
+    try:
+        await coordinator.money.ensure_funds(sum(w.price for w in selected) * spec.rounds,
+                                             f"{spec.target_workers} workers x {spec.rounds} rounds")
+    except BaseException:
+        coordinator.release(ranked)
+        raise
     return Prepared(dataset_cid, selected, spares, footprint)
 
 
@@ -106,6 +111,14 @@ async def run_training(coordinator: Coordinator, request: RunRequest, prepared: 
     started = time.perf_counter()
     dataset_cid, selected, spares, footprint = prepared if prepared is not None else await prepare(coordinator,
                                                                                                   request)
+    try:
+        return await _run_prepared(coordinator, request, dataset_cid, selected, spares, footprint, started)
+    finally:
+        coordinator.release([*selected, *spares])  # what prepare held for this training
+
+
+async def _run_prepared(coordinator: Coordinator, request: RunRequest, dataset_cid: str, selected: list[Worker],
+                        spares: list[Worker], footprint: ModelFootprint, started: float) -> TrainingReport:
     record = await coordinator.initialize(request.spec.model_copy(update={"footprint": footprint}))
     tid = record.training_id
     try:
