@@ -118,8 +118,9 @@ class ProviderAgent:
 
     @property
     def at_work(self) -> bool:
-        """Running a job or a verification: only then does it heartbeat."""
-        return bool(self._busy or self._verifying)
+        """Holding a job (queued for a slot, or running) or a verification: only then does it heartbeat, so
+        a coordinator whose job waits behind another still hears it."""
+        return bool(self._active_jobs or self._busy or self._verifying)
 
     @property
     def slots(self) -> int:
