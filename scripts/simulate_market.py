@@ -3,7 +3,8 @@
     python scripts/simulate_market.py --providers 10000 --fleets 4 --busy 1000 --json
 
 Exit 0 only when every phase met its checks (every offer discovered, every followed worker heard,
-every killed provider's offer cleared by its will); 2 on bad arguments. See docs/scale.md.
+every training complete with wei conserved, every killed provider's offer cleared by its will); 2 on
+bad arguments. See docs/scale.md.
 """
 
 from __future__ import annotations
@@ -36,7 +37,10 @@ def parse(argv: list[str] | None = None) -> SimConfig:
     parser.add_argument("--verify-on", choices=("auto", "coordinator", "market"), default="auto",
                         help="who re-executes the trainings' spot checks")
     parser.add_argument("--no-chain", action="store_true", help="skip registering the providers on chain")
-    parser.add_argument("--no-churn", action="store_true", help="skip killing a fleet")
+    parser.add_argument("--churn", type=float, default=0.0, metavar="RATE",
+                        help="the share of the market that changes each minute of the trainings: in turn a provider"
+                             " crashes (mid-job when one has a job), one leaves cleanly, one joins")
+    parser.add_argument("--no-fleet-kill", action="store_true", help="skip killing a fleet at the end")
     parser.add_argument("--home", type=Path, help="keep the devnet's home (audit logs, databases) here")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--plot", type=Path, help="write a PNG of the measurements here")
@@ -46,6 +50,8 @@ def parse(argv: list[str] | None = None) -> SimConfig:
                                        1 <= args.fleets <= args.providers),
                                       ("--busy must be between 0 and --providers", 0 <= args.busy <= args.providers),
                                       ("--seconds must be > 0", args.seconds > 0),
+                                      ("--churn must be between 0 and 1", 0 <= args.churn <= 1),
+                                      ("--churn needs --trainings", not (args.churn and not args.trainings)),
                                       ("--discoveries must be >= 1", args.discoveries >= 1),
                                       ("--trainings must be >= 0", args.trainings >= 0),
                                       ("--hostile must be between 0 and --providers - --busy",
@@ -62,7 +68,8 @@ def parse(argv: list[str] | None = None) -> SimConfig:
         parser.error("; ".join(problems))  # exit 2
     parse.args = args  # type: ignore[attr-defined]
     return SimConfig(providers=args.providers, fleets=args.fleets, busy=args.busy, seconds=args.seconds,
-                     discoveries=args.discoveries, chain=not args.no_chain, churn=not args.no_churn,
+                     discoveries=args.discoveries, chain=not args.no_chain, fleet_kill=not args.no_fleet_kill,
+                     churn_per_min=args.churn,
                      trainings=args.trainings, workers=args.workers, rounds=args.rounds, stagger_s=args.stagger,
                      hostile=args.hostile, verify_on=args.verify_on, home=args.home)
 

@@ -110,6 +110,7 @@ async def test_a_cancelled_training_pays_its_accepted_rounds_and_refunds_the_res
     """An SDK caller who gives up (a timeout, Ctrl-C under asyncio.run) leaves nothing locked in the escrow."""
     import asyncio
 
+    from aitbc_agent_sdk.coordinator._monitor import snapshot
     from aitbc_agent_sdk.records import RoundMetrics
 
     first_round = asyncio.Event()
@@ -127,7 +128,9 @@ async def test_a_cancelled_training_pays_its_accepted_rounds_and_refunds_the_res
         (record,) = await agent.coordinator.db.trainings()
         escrow = await agent.coordinator.db.escrow(record.training_id)
         state = await agent.coordinator.escrow.escrow.training(agent.coordinator.escrow.key(record.training_id))
+        snap = await snapshot(agent.coordinator.db, record.training_id, audit_dir=aitbc_home / "trainings")
     assert record.phase == TrainingPhase.FAILED and state.closed
+    assert snap.failure == "stopped by the user"  # what monitor shows as the reason
     # The first round paid; the other 99 came back, or are held for the workers' receipts' claim window.
     assert escrow.paid_wei > 0 and escrow.refunded_wei + escrow.held_wei > 0
     assert escrow.deposited_wei == escrow.paid_wei + escrow.refunded_wei + escrow.held_wei

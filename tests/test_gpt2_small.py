@@ -48,7 +48,7 @@ def test_a_gpt2_small_model_is_funded_trained_checked_paid_and_sampled(aitbc_cmd
         aitbc(aitbc_cmd, cli_env, "distributed-training", "distribute", "--training-id", tid, "--yes", timeout=SLOW)
         snap = aitbc(aitbc_cmd, cli_env, "distributed-training", "monitor", "--training-id", tid, "--follow",
                      "--interval", "1", timeout=2 * SLOW)
-        assert snap["phase"] == "complete", snap
+        assert snap["phase"] == "complete", (snap.get("failure"), snap["events"][-6:])
         rounds = snap["round_metrics"]
         assert [r["round"] for r in rounds] == [1, 2]
         weights = rounds[0]["bytes_sent"] / 2  # round 1 sends the float32 model to both workers

@@ -15,7 +15,7 @@ from ._training_db import TrainingDatabase
 POOL_EVENTS = ("worker_added", "worker_released", "rebalanced", "scale_up_refused", "worker_replaced",
                "worker_failed", "result_rejected", "straggler_detected", "speculative_job", "resend_requested",
                "spot_check", "held_for_checking", "hardware_flagged", "slashed", "dispute", "verifier_wrong",
-               "verifiers_paid")
+               "verifiers_paid", "training_failed")
 
 
 class WorkerView(BaseModel):
@@ -44,6 +44,7 @@ class Snapshot(BaseModel):
     target_throughput: float | None = None  # elastic pools: samples/s the pool is sized for
     events: list[dict[str, Any]] = []  # scaling, rebalancing and fault events from the audit log
     verification: VerificationSpend | None = None  # what the spot checks so far cost, apart from training
+    failure: str | None = None  # why it failed, from the audit log (a failed training only)
 
     @property
     def finished(self) -> bool:
@@ -73,7 +74,15 @@ async def snapshot(db: TrainingDatabase, training_id: str, audit_dir: Path | Non
                     model_type=record.spec.model_type, workers=workers, round_metrics=await db.rounds(training_id),
                     payments=payments, escrow=await db.escrow(training_id),
                     target_throughput=record.spec.elastic.target_samples_per_s if record.spec.elastic else None,
-                    events=events, verification=await _verification(db, training_id, events))
+                    events=events, verification=await _verification(db, training_id, events),
+                    failure=_failure(record.phase, events))
+
+
+def _failure(phase: TrainingPhase, events: list[dict[str, Any]]) -> str | None:
+    if phase is not TrainingPhase.FAILED:
+        return None
+    reasons = [str(e.get("reason") or "no reason recorded") for e in events if e["event"] == "training_failed"]
+    return reasons[-1] if reasons else "no reason recorded (no audit log here)"
 
 
 async def _verification(db: TrainingDatabase, training_id: str, events: list[dict[str, Any]]

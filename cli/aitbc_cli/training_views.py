@@ -282,6 +282,8 @@ def render_snapshot(snap: Snapshot) -> Group:
             events.add_row(terminal_markup(e["event"]), terminal_markup(worker), terminal_markup(e.get("round", "-")),
                            terminal_markup(_event_detail(e)[:70]))
         parts.append(events)
+    if snap.failure is not None:  # the coordinator's words about other parties: escaped
+        parts.append(f"[red]failed: {terminal_markup(snap.failure[:300])}[/]")
     if snap.escrow is not None:
         parts.append(_escrow_line(snap))
     if snap.verification is not None:

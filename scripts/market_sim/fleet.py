@@ -3,6 +3,11 @@
 Each provider has its own key, broker account and MQTT session, with a last will that clears its offer.
 It serves the market as a provider daemon does (``provider.SimulatedProvider``: only its training slot
 differs). A provider marked busy heartbeats as one at work does, for the liveness phase.
+
+Churn comes as commands on the fleet's own queue, one provider each: ``leave`` (an idle provider shuts
+down cleanly: its offer is cleared, its session closed), ``crash`` (one with a job, when there is one,
+dies without a word: the broker's will clears its offer) and ``join`` (a provider from the reserve,
+registered at set-up, connects and advertises). What happened is part of the fleet's stats report.
 """
 
 from __future__ import annotations
@@ -10,12 +15,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import functools
 import multiprocessing as mp
+import queue
+import random
 import resource
-from collections import Counter
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 from multiprocessing.synchronize import Event as MpEvent
 from pathlib import Path
 
@@ -38,6 +47,7 @@ log = logging.getLogger(__name__)
 
 CONNECT_AT_ONCE = 64  # connections opened together per process: a burst of thousands stalls the broker
 KEEPALIVE_S = 30
+CRASH_WAIT_S = 10.0  # a crash waits this long for a provider holding a job
 
 
 @dataclass(frozen=True)
@@ -53,6 +63,8 @@ class FleetSpec:
     prices_wei: tuple[int, ...]
     busy: tuple[bool, ...]
     hostile: tuple[str | None, ...]  # a key of provider.HOSTILE, or None for an honest provider
+    reserve: tuple[str, ...] = ()  # keys of providers that join during the run: registered, not connected
+    reserve_prices_wei: tuple[int, ...] = ()
     heartbeat_s: float = 1.0
     offer_refresh_s: float = 30.0
 
@@ -71,15 +83,54 @@ def sim_hardware(index: int) -> Hardware:
 
 
 async def _serve(make: Callable[[Bus], SimulatedProvider], account: LocalAccount, settings: BusSettings,
-                 exits: contextlib.AsyncExitStack, gate: asyncio.Semaphore) -> SimulatedProvider:
+                 gate: asyncio.Semaphore) -> tuple[SimulatedProvider, contextlib.AsyncExitStack]:
+    """One provider up, with its own exit stack: it leaves (clearing its offer) before its bus closes."""
     async with gate:
-        bus = connect_bus(settings, f"sim-{account.address}", identity=account.address, persistent=False,
-                          keepalive=KEEPALIVE_S, timeout=120.0, will=LastWill(topics.offer(account.address)))
-        await exits.enter_async_context(bus)
-        return await exits.enter_async_context(make(bus))
+        exits = contextlib.AsyncExitStack()
+        try:
+            bus = connect_bus(settings, f"sim-{account.address}", identity=account.address, persistent=False,
+                              keepalive=KEEPALIVE_S, timeout=120.0, will=LastWill(topics.offer(account.address)))
+            await exits.enter_async_context(bus)
+            provider = await exits.enter_async_context(make(bus))
+        except BaseException:
+            await exits.aclose()
+            raise
+        return provider, exits
 
 
-async def run_fleet(spec: FleetSpec, index: int, report: mp.Queue, stop: MpEvent, ask: MpEvent) -> None:
+async def _churn_one(kind: str, members: dict[str, tuple[SimulatedProvider, contextlib.AsyncExitStack]],
+                     joiners: list[Callable[[], Awaitable[tuple[SimulatedProvider, contextlib.AsyncExitStack]]]],
+                     ) -> dict[str, Any]:
+    """One churn event; returns what happened (the provider, and whether it held a job)."""
+    honest = [a for a, (p, _) in members.items() if type(p) is SimulatedProvider and not p.marked_busy]
+    if kind == "join":
+        if not joiners:
+            return {"kind": kind, "skipped": "the reserve is used up", "at": time.time()}
+        provider, exits = await joiners.pop()()
+        members[provider.address] = (provider, exits)
+        return {"kind": kind, "provider": provider.address, "at": time.time()}
+    if kind == "crash":  # mid-job when a provider has a job within a few seconds: the case that matters
+        deadline = time.monotonic() + CRASH_WAIT_S
+        while not (pool := [a for a in honest if members[a][0].mid_job]) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            honest = [a for a in honest if a in members]
+        pool = pool or honest
+    else:  # a provider shutting down cleanly picks a moment without a job
+        pool = [a for a in honest if not members[a][0].at_work] or honest
+    if not pool:
+        return {"kind": kind, "skipped": "no honest provider left", "at": time.time()}
+    address = random.choice(pool)
+    provider, exits = members.pop(address)
+    mid_job = provider.mid_job
+    if kind == "crash":
+        await provider.crash()
+    else:
+        await exits.aclose()
+    return {"kind": kind, "provider": address, "mid_job": mid_job, "at": time.time()}
+
+
+async def run_fleet(spec: FleetSpec, index: int, report: mp.Queue, stop: MpEvent, ask: MpEvent,
+                    commands: mp.Queue | None = None) -> None:
     answered = False  # ``ask``: report the fleet's jobs and dispatch times once
     gate = asyncio.Semaphore(CONNECT_AT_ONCE)
     store = LocalContentStore(spec.store_root)
@@ -101,34 +152,56 @@ async def run_fleet(spec: FleetSpec, index: int, report: mp.Queue, stop: MpEvent
         return make
 
     accounts = [Account.from_key(key) for key in spec.keys]
+    joiners = [functools.partial(_serve, maker(Account.from_key(key), price, False, None, len(accounts) + j),
+                                 Account.from_key(key), spec.bus, gate)
+               for j, (key, price) in enumerate(zip(spec.reserve, spec.reserve_prices_wei))]
     started = time.monotonic()
-    providers: list[SimulatedProvider] = []
-    async with contextlib.AsyncExitStack() as exits:
-        failed = None
-        try:
-            # One exit stack: every provider leaves (clearing its offer) before its bus closes.
-            providers = list(await asyncio.gather(*(
-                _serve(maker(a, price, busy, hostile, i), a, spec.bus, exits, gate)
-                for i, (a, price, busy, hostile) in enumerate(zip(accounts, spec.prices_wei, spec.busy,
-                                                                   spec.hostile)))))
-        except (AitbcError, OSError) as exc:
-            failed = f"providers failed to start: {exc}"
+    members: dict[str, tuple[SimulatedProvider, contextlib.AsyncExitStack]] = {}
+    gone: list[SimulatedProvider] = []  # left or crashed: their jobs and dispatch times still count
+    churned: list[dict[str, Any]] = []
+    failed = None
+    try:
+        outcomes = await asyncio.gather(*(
+            _serve(maker(a, price, busy, hostile, i), a, spec.bus, gate)
+            for i, (a, price, busy, hostile) in enumerate(zip(accounts, spec.prices_wei, spec.busy, spec.hostile))),
+            return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                failed = failed or f"providers failed to start: {outcome!r}"
+            else:
+                members[outcome[0].address] = outcome
         report.put({"fleet": index, "up": failed is None, "error": failed, "providers": len(accounts),
                     "connect_s": time.monotonic() - started})
         while not stop.is_set():
+            while commands is not None and not commands.empty():
+                with contextlib.suppress(queue.Empty):
+                    kind = commands.get_nowait()
+                    before = {a: p for a, (p, _) in members.items()}
+                    try:
+                        churned.append(await _churn_one(kind, members, joiners))
+                    except (AitbcError, OSError) as exc:
+                        churned.append({"kind": kind, "error": repr(exc), "at": time.time()})
+                    gone += [p for a, p in before.items() if a not in members]
             if ask.is_set() and not answered:
-                report.put({"fleet": index, "stats": True, "jobs": sum(p.completed_jobs for p in providers),
-                            "dispatch_s": [d for p in providers for d in p.dispatch_s],
-                            "dropped": dict(sum((p.dropped for p in providers), Counter()))})
+                everyone = [p for p, _ in members.values()] + gone
+                report.put({"fleet": index, "stats": True, "jobs": sum(p.completed_jobs for p in everyone),
+                            "dispatch_s": [d for p in everyone for d in p.dispatch_s],
+                            "dropped": dict(sum((p.dropped for p in everyone), Counter())), "churn": churned,
+                            "advertising": sum(1 for p, _ in members.values() if not p.hides_offer)})
                 answered = True
             await asyncio.sleep(0.2)
-    with contextlib.suppress(Exception):
-        await w3.provider.disconnect()
+    finally:
+        # Every provider leaves, clearing its offer; then its bus closes.
+        await asyncio.gather(*(exits.aclose() for _, exits in members.values()), return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await w3.provider.disconnect()
     report.put({"fleet": index, "done": True})
 
 
-def fleet_main(spec: FleetSpec, index: int, report: mp.Queue, stop: MpEvent, ask: MpEvent) -> None:
+def fleet_main(spec: FleetSpec, index: int, report: mp.Queue, stop: MpEvent, ask: MpEvent,
+               commands: mp.Queue | None = None) -> None:
     raise_open_files()
     torch.set_num_threads(1)  # jobs run in threads of this process; each takes one core at most
     logging.basicConfig(level=logging.ERROR)
-    asyncio.run(run_fleet(spec, index, report, stop, ask))
+    random.seed(index)  # which provider churns: the same in every run
+    asyncio.run(run_fleet(spec, index, report, stop, ask, commands))

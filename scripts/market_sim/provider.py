@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,7 @@ class SimulatedProvider(ProviderAgent):
     ``dispatch_s``: for each job, seconds from its coordinator signing it to this provider taking it up."""
 
     marked_busy = False
+    hides_offer = False  # its offer never reaches the market's book (a hostile one that discovery drops)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -82,6 +84,27 @@ class SimulatedProvider(ProviderAgent):
         self.training = InThreadSlots(self.config.work_dir, self.slots)  # warm_start is off: nothing ran yet
         return self
 
+    @property
+    def mid_job(self) -> bool:
+        return bool(self._active_jobs)
+
+    async def crash(self) -> None:
+        """Die as a killed daemon does (labelled fault injection): the TCP connection is cut under the bus,
+        with no MQTT DISCONNECT, so the broker publishes the last will; every loop and job stops; nothing
+        is said to anyone. The offer is not cleared by this provider: only the will clears it."""
+        bus = self.channel._bus  # noqa: SLF001 - a crash bypasses the port
+        bus._reconnect = False  # noqa: SLF001 - a dead daemon does not come back
+        connection = bus._conn  # noqa: SLF001
+        if connection is not None:
+            with contextlib.suppress(OSError):
+                connection.client._client.socket().shutdown(socket.SHUT_RDWR)  # noqa: SLF001
+        tasks = [*self._tasks, *self._job_tasks]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        with contextlib.suppress(AitbcError):
+            await bus.aclose()
+
 
 # -- hostile providers in the mix (labelled: each misbehaves in one way a stranger could) ----------------------
 
@@ -91,6 +114,8 @@ FLOOD_RATE_HZ = 200
 
 class MalformedOfferProvider(SimulatedProvider):
     """Its retained offer is garbage bytes: discovery must drop it and go on."""
+
+    hides_offer = True
 
     async def __aenter__(self) -> MalformedOfferProvider:
         await super().__aenter__()
@@ -106,6 +131,7 @@ class ForgedOfferProvider(SimulatedProvider):
     """Advertises, under its own signature, an offer in another provider's name at a price nobody beats."""
 
     victim = "0x" + "11" * 20
+    hides_offer = True
 
     def offer(self) -> Offer:
         return super().offer().model_copy(update={"provider": self.victim, "price_wei": 1})

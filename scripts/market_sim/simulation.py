@@ -10,8 +10,10 @@ Phases, each timed:
               its CPU, and the broker's, per 1,000 providers on the market
   trainings   ``--trainings`` trainings at once, each the SDK's whole ``run`` (discover, hire, fund the
               escrow, rounds, spot checks, settle) over the market: every one must complete with wei
-              conserved on chain; coordinator CPU, results per second, gas and transactions per training
-  churn       one fleet process is killed: the broker publishes each provider's will, and the time
+              conserved on chain; coordinator CPU, results per second, gas and transactions per training.
+              With ``--churn RATE``, that share of the market changes each minute meanwhile: in turn a
+              provider crashes (mid-job when one has a job), one leaves cleanly, one joins from a reserve
+  fleet kill  one fleet process is killed: the broker publishes each provider's will, and the time
               until no dead offer is left on the market is measured
 """
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import multiprocessing as mp
 import os
 import statistics
@@ -60,6 +63,8 @@ RAW_MESSAGES = 200
 READ_TIMEOUT_S = 60.0  # reading every offer once: seconds per 10,000 on this machine
 UNSEEN = ("malformed-offer", "forged-offer")  # hostile offers that never reach the book
 RAW_PAYLOAD_BYTES = 1500  # about a signed JobAssignment
+CHURN_KINDS = ("crash", "leave", "join")  # in turn
+RESERVE_MINUTES = 10  # joiners registered at set-up: enough for this long at the churn rate
 
 
 @dataclass(frozen=True)
@@ -70,7 +75,8 @@ class SimConfig:
     seconds: float = 10.0  # the liveness window
     discoveries: int = 5
     chain: bool = True  # register and bond every provider on chain
-    churn: bool = True  # kill one fleet process and time the wills
+    fleet_kill: bool = True  # kill one fleet process and time the wills
+    churn_per_min: float = 0.0  # the share of the market that crashes, leaves or joins each minute of training
     trainings: int = 0
     workers: int = 3  # per training
     rounds: int = 2
@@ -90,7 +96,8 @@ class SimReport:
     discovered: list[int] = field(default_factory=list)
     liveness: dict[str, float] = field(default_factory=dict)
     broker: dict[str, float] = field(default_factory=dict)
-    churn: dict[str, float] = field(default_factory=dict)
+    fleet_kill: dict[str, float] = field(default_factory=dict)
+    churn: dict[str, Any] = field(default_factory=dict)
     registration: dict[str, float] = field(default_factory=dict)
     trainings: int = 0
     completed: list[dict[str, Any]] = field(default_factory=list)  # per training: id, seconds, wei, conserved
@@ -119,7 +126,8 @@ class SimReport:
             "trainings": self.trainings, "trainings_completed": len(self.completed),
             "wei_conserved": all(t["conserved"] for t in self.completed) and len(self.completed) == self.trainings,
             **self.training_phase,
-            "liveness": self.liveness, "churn": self.churn, "registration": self.registration, "hostile": self.hostile,
+            "liveness": self.liveness, "fleet_kill": self.fleet_kill,
+            "churn": self.churn, "registration": self.registration, "hostile": self.hostile,
             "phases_s": {k: round(v, 2) for k, v in self.phases_s.items()}, "per_training": self.completed,
             "failures": self.failures,
         }
@@ -186,12 +194,13 @@ async def simulate(config: SimConfig) -> SimReport:
         broker_pid = next(s.pid for s in profile.services if s.name in ("mosquitto", "amqtt"))
 
         accounts: list[LocalAccount] = [Account.create() for _ in range(config.providers)]
+        reserve: list[LocalAccount] = [Account.create() for _ in range(_reserve_size(config))]
         clock = time.monotonic()
-        await asyncio.to_thread(add_broker_accounts, home, [a.address for a in accounts])
+        await asyncio.to_thread(add_broker_accounts, home, [a.address for a in accounts + reserve])
         report.phases_s["broker_accounts"] = time.monotonic() - clock
         if config.chain:
             clock = time.monotonic()
-            await _register_all(profile.chain.rpc_url, profile.chain.escrow, accounts, report)
+            await _register_all(profile.chain.rpc_url, profile.chain.escrow, accounts + reserve, report)
             report.phases_s["register_on_chain"] = time.monotonic() - clock
         await asyncio.sleep(0.5)  # mosquitto re-reads its password file on SIGHUP, between packets
 
@@ -207,15 +216,19 @@ async def simulate(config: SimConfig) -> SimReport:
         unseen = {i for i, kind in hostile.items() if kind in UNSEEN}  # offers discovery must drop
         report.hostile = {"providers": {k: sum(1 for v in hostile.values() if v == k) for k in kinds},
                           "offers_dropped_expected": len(unseen)}
-        processes = []
+        processes, commands = [], [ctx.Queue() for _ in range(config.fleets)]
+        reserve_prices = _prices(config.providers + len(reserve))[config.providers:]
         for f in range(config.fleets):
             idx = list(range(f, config.providers, config.fleets))
+            joining = range(f, len(reserve), config.fleets)
             spec = FleetSpec(bus=profile.bus, store_root=profile.store.root or home / "store",
                              rpc_url=profile.chain.rpc_url, escrow=profile.chain.escrow, work_dir=home / "fleets",
                              keys=tuple(accounts[i].key.hex() for i in idx),
                              prices_wei=tuple(prices[i] for i in idx), busy=tuple(i in busy_set for i in idx),
-                             hostile=tuple(hostile.get(i) for i in idx))
-            process = ctx.Process(target=fleet_main, args=(spec, f, queue, stop, ask), daemon=True)
+                             hostile=tuple(hostile.get(i) for i in idx),
+                             reserve=tuple(reserve[j].key.hex() for j in joining),
+                             reserve_prices_wei=tuple(reserve_prices[j] for j in joining))
+            process = ctx.Process(target=fleet_main, args=(spec, f, queue, stop, ask, commands[f]), daemon=True)
             process.start()
             processes.append(process)
 
@@ -243,14 +256,21 @@ async def simulate(config: SimConfig) -> SimReport:
             reader = SignedChannel(observer, Account.create())
             await _measure_discovery(agent, reader, config, report, config.providers - len(unseen))
             await _measure_liveness(agent, config, report, broker_pid, [accounts[i].address for i in busy_set])
+            dead = sum(1 for i in range(config.fleets - 1, config.providers, config.fleets) if i not in unseen)
             if config.trainings:
-                await _measure_trainings(agent, config, report, broker_pid)
+                churning = asyncio.create_task(_churn(commands, config.churn_per_min * config.providers))
+                try:
+                    await _measure_trainings(agent, config, report, broker_pid)
+                finally:
+                    churning.cancel()
+                    sent = await asyncio.gather(churning, return_exceptions=True)
                 ask.set()
                 stats = await _wait_reports(queue, config.fleets, "stats", timeout=120.0)
                 await _measure_dispatch(profile.bus, agent.address, stats, report)
-            if config.churn and config.fleets > 1:
-                dead = sum(1 for i in range(config.fleets - 1, config.providers, config.fleets) if i not in unseen)
-                await _measure_churn(reader, report, processes[-1], dead)
+                _report_churn(config, stats, sent[0] if isinstance(sent[0], int) else 0, report)
+                dead = stats_of(stats, config.fleets - 1)["advertising"]
+            if config.fleet_kill and config.fleets > 1:
+                await _measure_fleet_kill(reader, report, processes[-1], dead)
             report.hostile["coordinator_dropped"] = dict(agent.coordinator.channel.verifier.dropped)
         stop_fleets()
     return report
@@ -287,7 +307,44 @@ async def _measure_liveness(agent: Agent, config: SimConfig, report: SimReport, 
         report.failures.append(f"liveness: {len(busy) - heard} of {len(busy)} followed workers not heard")
 
 
-async def _measure_churn(reader: SignedChannel, report: SimReport, victim: mp.Process, dead: int) -> None:
+def _reserve_size(config: SimConfig) -> int:
+    if not config.churn_per_min or not config.trainings:
+        return 0
+    return math.ceil(config.churn_per_min * config.providers * RESERVE_MINUTES / len(CHURN_KINDS))
+
+
+def stats_of(stats: list[dict[str, Any]], fleet: int) -> dict[str, Any]:
+    return next(s for s in stats if s["fleet"] == fleet)
+
+
+async def _churn(commands: list[mp.Queue], per_min: float) -> int:
+    """Churn events at ``per_min`` a minute until cancelled, in turn crash, leave and join, each sent to
+    the fleets in turn; returns how many were sent."""
+    sent = 0
+    if per_min <= 0:
+        return sent
+    try:
+        while True:
+            await asyncio.sleep(60.0 / per_min)
+            commands[sent % len(commands)].put(CHURN_KINDS[sent % len(CHURN_KINDS)])
+            sent += 1
+    except asyncio.CancelledError:
+        return sent
+
+
+def _report_churn(config: SimConfig, stats: list[dict[str, Any]], sent: int, report: SimReport) -> None:
+    events = [e for fleet in stats for e in fleet["churn"]]
+    done = [e for e in events if "provider" in e]
+    report.churn = {"per_minute": round(config.churn_per_min * config.providers, 2), "sent": sent,
+                    "reserve": _reserve_size(config),
+                    **{kind: sum(1 for e in done if e["kind"] == kind) for kind in CHURN_KINDS},
+                    "crashed_mid_job": sum(1 for e in done if e["kind"] == "crash" and e.get("mid_job")),
+                    "skipped": [e["skipped"] for e in events if "skipped" in e],
+                    "errors": [e["error"] for e in events if "error" in e]}
+    report.failures += [f"churn: {e['kind']} failed: {e['error']}" for e in events if "error" in e]
+
+
+async def _measure_fleet_kill(reader: SignedChannel, report: SimReport, victim: mp.Process, dead: int) -> None:
     """Kill one fleet (SIGKILL: no goodbye) and time until the market shows only the living."""
     before = await _offer_count(reader)
     clock = time.monotonic()
@@ -297,10 +354,11 @@ async def _measure_churn(reader: SignedChannel, report: SimReport, victim: mp.Pr
     while left > before - dead and time.monotonic() - clock < 60:
         await asyncio.sleep(0.5)
         left = await _offer_count(reader)
-    report.churn = {"killed": dead, "offers_before": before, "offers_after": left,
-                    "wills_cleared_s": round(time.monotonic() - clock, 2)}
+    report.fleet_kill = {"killed": dead, "offers_before": before, "offers_after": left,
+                         "wills_cleared_s": round(time.monotonic() - clock, 2)}
     if left != before - dead:
-        report.failures.append(f"churn: {left} offers left after killing {dead} of {before}; expected {before - dead}")
+        report.failures.append(f"fleet kill: {left} offers left after killing {dead} of {before};"
+                               f" expected {before - dead}")
 
 
 def _training_spec(index: int, config: SimConfig) -> TrainingSpec:

@@ -10,6 +10,7 @@ earned is refunded to the coordinator when the training closes.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Collection, Mapping, Sequence
 from typing import Protocol
@@ -71,18 +72,36 @@ async def hire(market: Hiring, audit: AuditSink, training_id: str, workers: Sequ
     return contracts
 
 
+REPLACEMENT_ASKS_AT_ONCE = 8  # a candidate that never answers costs a reply timeout: ask several together
+
+
 async def new_replacement(market: Hiring, spec: TrainingSpec, training_id: str, exclude: Collection[str], *,
                           max_price_wei: int | None) -> WorkerContract:
-    """Discover a provider not yet in this training (``spec``) and contract it as a spare."""
+    """Discover a provider not yet in this training (``spec``) and contract it as a spare.
+
+    Candidates are asked ``REPLACEMENT_ASKS_AT_ONCE`` at a time, in rank order; the best-ranked one that
+    agrees is returned as soon as every one ranked above it has answered or timed out, and the asks still
+    open are withdrawn. One ranked lower that agreed first stays a spare of the training, used first at
+    the next replacement. On a market where many have just gone, one reply timeout is paid per wave,
+    not per candidate."""
     found = [w for w in await market.discover(max_price_wei=max_price_wei, task=spec.task,
                                               min_stake_wei=spec.min_stake_wei, fit=spec)
              if w.worker_id not in exclude]
-    for worker in market.select(found, len(found)):
+    ranked = market.select(found, len(found))
+    for start in range(0, len(ranked), REPLACEMENT_ASKS_AT_ONCE):
+        wave = ranked[start:start + REPLACEMENT_ASKS_AT_ONCE]
+        asks = [asyncio.create_task(market.negotiate(w.worker_id, training_id, w.price, role="spare",
+                                                     device_class=w.device_class)) for w in wave]
         try:
-            return await market.negotiate(worker.worker_id, training_id, worker.price, role="spare",
-                                          device_class=worker.device_class)
-        except MessagingError as exc:
-            log.warning("replacement candidate %s declined: %s", worker.worker_id, exc)
+            for worker, ask in zip(wave, asks):
+                try:
+                    return await ask
+                except MessagingError as exc:
+                    log.warning("replacement candidate %s declined: %s", worker.worker_id, exc)
+        finally:
+            for ask in asks:
+                ask.cancel()
+            await asyncio.gather(*asks, return_exceptions=True)
     raise NotEnoughWorkersError(f"no provider is available to replace a worker in training {training_id}"
                                 f"{market.stake_note(spec.min_stake_wei)}")
 
