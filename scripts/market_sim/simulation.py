@@ -58,8 +58,9 @@ from .usage import ProcessClock
 
 STAKE_WEI = 10**17  # the devnet's own provider bond
 GAS_WEI = 10**18
-REGISTER_AT_ONCE = 128  # receipts are polled: many in flight keep anvil busy
+REGISTER_AT_ONCE = 512  # in flight at once: a one-second block takes them together
 RAW_MESSAGES = 200
+COUNT_QUIET_S = 2.0
 READ_TIMEOUT_S = 60.0  # reading every offer once: seconds per 10,000 on this machine
 UNSEEN = ("malformed-offer", "forged-offer")  # hostile offers that never reach the book
 RAW_PAYLOAD_BYTES = 1500  # about a signed JobAssignment
@@ -151,7 +152,15 @@ async def _register_all(rpc_url: str, escrow: str, accounts: list[LocalAccount],
                                                   keccak(text=f"simulated offer of {account.address}"))
                 gas.append(int(receipt["gasUsed"]))
 
-        await asyncio.gather(*(one(a) for a in accounts))
+        # A block a second for the registrations, as a public chain mines them: anvil's default of a block
+        # per transaction slows as blocks pile up (60 a second after 2,000, 10 a second near 10,000).
+        await w3.provider.make_request("evm_setAutomine", [False])
+        await w3.provider.make_request("evm_setIntervalMining", [1])
+        try:
+            await asyncio.gather(*(one(a) for a in accounts))
+        finally:
+            await w3.provider.make_request("evm_setIntervalMining", [0])
+            await w3.provider.make_request("evm_setAutomine", [True])
         report.registration = {"transactions": len(gas), "gas_per_registration": statistics.mean(gas) if gas else 0}
     finally:
         with contextlib.suppress(Exception):
@@ -179,7 +188,8 @@ async def _wait_reports(queue: mp.Queue, count: int, key: str, timeout: float) -
 
 
 async def _offer_count(reader: SignedChannel) -> int:
-    return len(await collect_offers(reader, timeout=READ_TIMEOUT_S))
+    # A count must be whole: a loaded machine can pause longer than discovery's quiet period mid-read.
+    return len(await collect_offers(reader, timeout=READ_TIMEOUT_S, quiet=COUNT_QUIET_S))
 
 
 async def simulate(config: SimConfig) -> SimReport:
