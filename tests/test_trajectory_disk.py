@@ -16,7 +16,9 @@ import pytest
 import torch
 
 from aitbc_agent_sdk.coordinator.checks._spot_check import measured_step_s, opening_deadline_s
+from aitbc_agent_sdk.devnet._network import DEVNET_PROVIDER_ARGS
 from aitbc_agent_sdk.errors import TrainingError
+from aitbc_agent_sdk.flow._provider_daemon import build_parser
 from aitbc_agent_sdk.records import JobAssignment, JobConfig, TaskRef, TrajectoryChallenge
 from aitbc_agent_sdk.provider._jobs import TrainOutcome
 from aitbc_agent_sdk.provider._kept import MAX_RECOMPUTES, KeptJob, KeptResults
@@ -183,3 +185,23 @@ async def test_honest_workers_pass_spot_checks_through_recomputation(aitbc_home,
     checks = [e for e in log if e["event"] == "spot_check"]
     assert len(checks) == 2 and all(e["passed"] for e in checks), checks
     assert recomputed and all(recomputed)  # the openings went through recomputed states
+
+
+async def test_the_devnet_providers_keep_4_gib_and_past_it_the_oldest_job_goes(tmp_path):
+    """A devnet's providers share the user's one disk: each keeps 4 GiB of delivered results, not 32. A
+    GPT-2-small job keeps about 3 GB (its checkpoint and three 1 GB boundary states), so a second round's
+    job evicts the first round's (its spot check long over) rather than filling the disk."""
+    args = build_parser().parse_args(["--wallet", "w", "--price-wei", "1", *DEVNET_PROVIDER_ARGS])
+    assert args.kept_size == 4 << 30
+
+    results = KeptResults(tmp_path / "kept", LocalContentStore(tmp_path / "store"), max_bytes=5000)
+    owner = TrainingOwner("0x" + "cd" * 20, "training-1")
+    for n in (1, 2):
+        job_dir = tmp_path / f"job-{n}"
+        (job_dir / TRAJECTORY_DIR).mkdir(parents=True)
+        (job_dir / "checkpoint.safetensors").write_bytes(b"c" * 1000)
+        (job_dir / TRAJECTORY_DIR / boundary_name(0)).write_bytes(b"s" * 2000)
+        job = JobAssignment.model_construct(job_id=f"job-{n}", training_id="training-1")
+        await results.keep(owner, job, job_dir, TrainOutcome(job_dir / "checkpoint.safetensors", 1, 0.0, 0.0))
+    assert results.get(owner, "job-1") is None and results.get(owner, "job-2") is not None
+    assert results.bytes == 3000 and not (tmp_path / "kept" / owner.hex / "job-1").exists()

@@ -82,8 +82,9 @@ async def _ensure_wallet(store: WalletStore, name: str, password: str) -> str:
 
 
 # The devnet's providers share this machine's cores, one thread and one slot each; they run any
-# task (sandboxed), so a user can try their own task on the devnet first.
-DEVNET_PROVIDER_ARGS = ("--threads", "1", "--slots", "1", "--tasks", "any")
+# task (sandboxed), so a user can try their own task on the devnet first. They share its disk too:
+# each keeps 4 GiB of delivered results, not a provider's 32 (a GPT-2-small job keeps about 3 GB).
+DEVNET_PROVIDER_ARGS = ("--threads", "1", "--slots", "1", "--tasks", "any", "--kept-size", "4GiB")
 
 
 def spawn_provider(home: Path, wallet: str, password: str, price_wei: int, stake_wei: int) -> ServiceProcess:

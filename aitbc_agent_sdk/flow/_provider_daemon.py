@@ -70,11 +70,12 @@ async def serve_provider(home: Path, account: LocalAccount, *, price_wei: int, s
                          agent_factory: AgentFactory = ProviderAgent,
                          sandbox: TrainingSandbox | None = TrainingSandbox(), threads: int | None = None,
                          tasks: TaskPolicy = TaskPolicy(), cache_dir: Path | None = None,
-                         cache_bytes: int | None = None, max_unreceipted_rounds: int | None = None) -> None:
+                         cache_bytes: int | None = None, max_unreceipted_rounds: int | None = None,
+                         kept_bytes: int | None = None) -> None:
     """Serve until ``stop``; ``sandbox=None`` trains unconfined (``--no-sandbox``), and says so.
     ``slots=None``: one per GPU (1 on a CPU host); ``threads=None``: the cores shared among the slots;
     ``cache_dir=None``: the content cache is under the provider's directory; ``cache_bytes=None``: 20 GiB;
-    ``max_unreceipted_rounds=None``: :class:`ProviderConfig`'s default."""
+    ``max_unreceipted_rounds=None`` and ``kept_bytes=None``: :class:`ProviderConfig`'s defaults."""
     profile = load_profile(home)
     work_dir = provider_dir(home, account.address)
     hardware = await asyncio.to_thread(detect_hardware)
@@ -96,7 +97,8 @@ async def serve_provider(home: Path, account: LocalAccount, *, price_wei: int, s
                                 worker_threads=threads, tasks=tasks, cache_dir=cache_dir,
                                 cache_bytes=DEFAULT_CACHE_BYTES if cache_bytes is None else cache_bytes,
                                 **({} if max_unreceipted_rounds is None
-                                   else {"max_unreceipted_rounds": max_unreceipted_rounds}))
+                                   else {"max_unreceipted_rounds": max_unreceipted_rounds}),
+                                **({} if kept_bytes is None else {"kept_bytes": kept_bytes}))
         provider = agent_factory(account, bus, store, config,
                                  hardware=hardware, chain=chain)
         if stake_wei:
@@ -136,7 +138,7 @@ async def run_daemon(args: argparse.Namespace, agent_factory: Callable[..., Prov
                          sandbox=None if args.no_sandbox else TrainingSandbox(hidden_paths=(args.home,)),
                          threads=args.threads, tasks=TaskPolicy(accepts=args.tasks, allowed=tuple(args.allow_task)),
                          cache_dir=args.cache_dir, cache_bytes=args.cache_size,
-                         max_unreceipted_rounds=args.max_unreceipted_rounds)
+                         max_unreceipted_rounds=args.max_unreceipted_rounds, kept_bytes=args.kept_size)
 
 
 def build_parser(description: str = "aitbc provider daemon (reads the wallet password from stdin)"
@@ -156,6 +158,9 @@ def build_parser(description: str = "aitbc provider daemon (reads the wallet pas
                         help="where fetched shards and weights are kept (default: the provider's directory/cache)")
     parser.add_argument("--cache-size", type=parse_size, default=None, metavar="SIZE",
                         help="the most the cache keeps (default 20GiB; least recently used content goes first)")
+    parser.add_argument("--kept-size", type=parse_size, default=None, metavar="SIZE",
+                        help="the most delivered results and boundary states kept for re-sends and spot checks "
+                             "(default 32GiB; past it the oldest job of the heaviest training goes first)")
     parser.add_argument("--max-unreceipted-rounds", type=int, default=None, metavar="N",
                         help="stop working for a coordinator once N delivered rounds lack its payment receipt "
                              "(default 2; 0: never stop)")

@@ -82,6 +82,11 @@ def start(
         metavar="SIZE", parser=cli_parser(parse_size),
         help="the most the cache keeps: 20GiB, 500MB or bytes (default 20GiB); least recently used content goes "
              "first, content a running job uses never")] = None,
+    kept_size: Annotated[Optional[int], typer.Option(
+        metavar="SIZE", parser=cli_parser(parse_size),
+        help="the most delivered results and their boundary states kept for re-sends and spot checks until "
+             "their training closes (default 32GiB); past it the oldest job of the training holding the most "
+             "goes first")] = None,
     max_unreceipted_rounds: Annotated[Optional[int], typer.Option(
         min=0, max=1000, metavar="N",
         help="stop working for a coordinator once N delivered rounds lack its signed payment receipt "
@@ -111,7 +116,7 @@ def start(
                              stake_wei=stake or None, stop=stop, threads=threads, tasks=policy,
                              sandbox=None if no_sandbox else TrainingSandbox(hidden_paths=(root,)),
                              cache_dir=cache_dir, cache_bytes=cache_size,
-                             max_unreceipted_rounds=max_unreceipted_rounds)
+                             max_unreceipted_rounds=max_unreceipted_rounds, kept_bytes=kept_size)
 
     asyncio.run(serve())
 
