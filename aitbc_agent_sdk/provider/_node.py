@@ -84,6 +84,7 @@ class ProviderAgent:
         self._job_process: dict[tuple[str, str], TrainingProcess] = {}  # running job -> the slot's process it holds
         self._contracts = ContractBook(config.contract_limits, forget=self._verdicts.forget)
         self._busy = 0
+        self._set_to_work = asyncio.Event()  # wakes the idle advertise loop: a job or verification came in
         self._tasks: list[asyncio.Task[None]] = []
         self._job_tasks: set[asyncio.Task[None]] = set()
         self._active_jobs: dict[tuple[str, str], ActiveJob] = {}  # queued or running, until the result is out
@@ -184,7 +185,13 @@ class ProviderAgent:
     async def _advertise(self) -> None:
         last_offer = time.monotonic()
         while True:
-            await asyncio.sleep(self.config.heartbeat_interval_s)
+            if self.at_work:
+                await asyncio.sleep(self.config.heartbeat_interval_s)
+            else:  # idle: nothing to say until the offer is due or work comes in (then a first beat at once)
+                self._set_to_work.clear()
+                due = self.config.offer_refresh_s - (time.monotonic() - last_offer)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._set_to_work.wait(), max(due, 0.0))
             # Only a provider at work beats, for the coordinators that wait on it: an idle one's presence is
             # its retained offer, which its last will clears (docs/scale.md, "Presence").
             if self.at_work:
@@ -286,6 +293,7 @@ class ProviderAgent:
             self.inputs.prefetch(held.job)
         task = asyncio.create_task(self._run_job(held))
         self._active_jobs[held.key] = ActiveJob(held, task)
+        self._set_to_work.set()
         self._track(task)
 
     def _track(self, task: asyncio.Task[None]) -> None:
@@ -369,6 +377,7 @@ class ProviderAgent:
             self._track(asyncio.create_task(self._publish_quietly(topics.verified(job.training_id), busy)))
             return
         self._verifying += 1
+        self._set_to_work.set()
         self._track(asyncio.create_task(self._run_verification(TrainingOwner(verified.sender, job.training_id),
                                                                request, contract)))
 

@@ -176,6 +176,10 @@ async def run_fleet(spec: FleetSpec, index: int, report: mp.Queue, stop: MpEvent
             while commands is not None and not commands.empty():
                 with contextlib.suppress(queue.Empty):
                     kind = commands.get_nowait()
+                    if kind == "rest":  # the liveness phase is over: the providers marked busy go idle
+                        for provider, _ in members.values():
+                            provider.marked_busy = False
+                        continue
                     before = {a: p for a, (p, _) in members.items()}
                     try:
                         churned.append(await _churn_one(kind, members, joiners))

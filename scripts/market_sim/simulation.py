@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import multiprocessing as mp
 import os
 import statistics
+import sys
 from collections import Counter
 import tempfile
 import time
@@ -254,6 +256,7 @@ async def simulate(config: SimConfig) -> SimReport:
         ups = await _wait_reports(queue, config.fleets, "up", timeout=max(120.0, config.providers / 20))
         report.failures += [u["error"] for u in ups if u.get("error")]
         report.phases_s["connect"] = time.monotonic() - clock
+        _progress("set-up", report.phases_s, report.registration)
 
         password = devnet_password(home)
         assert password is not None
@@ -265,12 +268,18 @@ async def simulate(config: SimConfig) -> SimReport:
                 observer:
             reader = SignedChannel(observer, Account.create())
             await _measure_discovery(agent, reader, config, report, config.providers - len(unseen))
+            _progress("discovery", {"seconds": report.discovery_s, "reading_s": report.reading_s,
+                                    "found": report.discovered})
             await _measure_liveness(agent, config, report, broker_pid, [accounts[i].address for i in busy_set])
+            for fleet_commands in commands:
+                fleet_commands.put("rest")
+            _progress("liveness", report.liveness, report.broker)
             dead = sum(1 for i in range(config.fleets - 1, config.providers, config.fleets) if i not in unseen)
             if config.trainings:
                 churning = asyncio.create_task(_churn(commands, config.churn_per_min * config.providers))
                 try:
                     await _measure_trainings(agent, config, report, broker_pid)
+                    _progress("trainings", report.training_phase, {"completed": len(report.completed)})
                 finally:
                     churning.cancel()
                     sent = await asyncio.gather(churning, return_exceptions=True)
@@ -315,6 +324,12 @@ async def _measure_liveness(agent: Agent, config: SimConfig, report: SimReport, 
     report.broker = {"cpu_percent": round(broker_cpu, 2), "rss_mib": round(broker.rss_mib(), 1)}
     if heard < len(busy):
         report.failures.append(f"liveness: {len(busy) - heard} of {len(busy)} followed workers not heard")
+
+
+def _progress(phase: str, *parts: dict[str, Any]) -> None:
+    """One line to stderr as each phase ends: a long run that is stopped still says what it measured."""
+    merged = {k: v for part in parts for k, v in part.items()}
+    print(json.dumps({"phase": phase, **merged}, default=str), file=sys.stderr, flush=True)
 
 
 def _reserve_size(config: SimConfig) -> int:
