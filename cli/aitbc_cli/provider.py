@@ -100,6 +100,7 @@ def start(
 
     Example: aitbc provider start --wallet provider-0 --price 0.01
     """
+    # Long because: typer declares every option in the signature; the body is some 20 lines.
     root = resolve_home(home)
     policy = task_policy(tasks.value, allow_task or [])
 
