@@ -26,26 +26,33 @@ MAX_READ_S = 120.0  # reading a market's retained offers: about 5 s per 10,000 o
 
 
 async def collect_offers(channel: SignedChannel, *, timeout: float = 2.0, quiet: float = 0.2) -> list[Offer]:
-    """Gather offers until none arrived for ``quiet`` seconds after the first, or ``timeout`` passed.
+    """Gather the retained offers: until the first change since subscribing (every retained one came before
+    it), or none arrived for ``quiet`` seconds after the first, or ``timeout`` passed.
 
-    Retained offers arrive at once on subscribe; the quiet period catches stragglers. It starts with the
-    first offer, not the subscription: on a busy machine the first can take longer than ``quiet``.
-    An offer counts only when the envelope's signer is the provider it names.
+    On a market of thousands some offer is refreshed every few milliseconds, so it is never quiet; on a
+    small one the quiet period ends the read. It starts with the first offer, not the subscription: on a
+    busy machine the first can take longer than ``quiet``. An offer counts only when the envelope's signer
+    is the provider it names.
     """
     offers: dict[str, Offer] = {}
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    async with channel.subscribe(topics.OFFERS, Offer) as stream:
+    async with channel.subscribe_states(topics.OFFERS, Offer) as stream:
         iterator = aiter(stream)
         while (remaining := deadline - loop.time()) > 0:
             try:
-                verified = await asyncio.wait_for(anext(iterator), min(quiet, remaining) if offers else remaining)
+                topic, verified, retained = await asyncio.wait_for(
+                    anext(iterator), min(quiet, remaining) if offers else remaining)
             except TimeoutError:
                 break
-            if verified.sender != verified.message.provider:
+            if not retained and offers:
+                break  # a change since subscribing: the retained burst is in
+            if verified is None:
+                offers.pop(topic.rsplit("/", 1)[-1], None)
+            elif verified.sender != verified.message.provider:
                 log.warning("offer for %s signed by %s dropped", verified.message.provider, verified.sender)
-                continue
-            offers[verified.message.provider] = verified.message
+            else:
+                offers[verified.message.provider] = verified.message
     return sorted(offers.values(), key=lambda o: o.provider)
 
 
@@ -103,7 +110,7 @@ class OfferBook:
                     while not reader.done() and loop.time() - self._last_use <= self._idle_s:
                         await asyncio.wait([reader], timeout=self._quiet)
                         if self._offers and loop.time() - self._last_change >= self._quiet:
-                            self._settled.set()  # offers came, then none for a while: the burst is in
+                            self._settled.set()  # offers came, then none for a while: a small market
                 finally:
                     reader.cancel()
                     await asyncio.gather(reader, return_exceptions=True)
@@ -112,12 +119,14 @@ class OfferBook:
         except MessagingError as exc:  # the next discovery subscribes again
             log.warning("offer book: %s", exc)
 
-    async def _read(self, states: AsyncIterator[tuple[str, Verified[Offer] | None]]) -> None:
+    async def _read(self, states: AsyncIterator[tuple[str, Verified[Offer] | None, bool]]) -> None:
         loop = asyncio.get_running_loop()
-        async for topic, verified in states:
+        async for topic, verified, retained in states:
             self._take(topic, verified)
             self._last_change = loop.time()
             self._first.set()
+            if not retained:  # a change since subscribing: every retained offer came before it
+                self._settled.set()
 
     def _take(self, topic: str, verified: Verified[Offer] | None) -> None:
         provider = topic.rsplit("/", 1)[-1]

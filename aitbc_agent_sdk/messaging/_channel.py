@@ -51,20 +51,22 @@ class SignedChannel:
             yield self._verified(messages, model)
 
     @asynccontextmanager
-    async def subscribe_states(self, topic_filter: str,
-                               model: type[M]) -> AsyncIterator[AsyncIterator[tuple[str, Verified[M] | None]]]:
-        """Retained states as they change: ``(topic, verified)``, or ``(topic, None)`` when the state on that
-        topic was cleared (an empty retained message: its owner's goodbye, or its last will)."""
+    async def subscribe_states(self, topic_filter: str, model: type[M]
+                               ) -> AsyncIterator[AsyncIterator[tuple[str, Verified[M] | None, bool]]]:
+        """Retained states as they change: ``(topic, verified, retained)``, with None for a state that was
+        cleared (an empty retained message: its owner's goodbye, or its last will). ``retained`` is True for
+        the states the broker sent because the subscription was made, False for a change since: the first
+        False says the retained burst is in, however busy the topics are."""
         async with self._bus.subscribe(topic_filter) as messages:
             yield self._states(messages, model)
 
     async def _states(self, messages: AsyncIterator[BusMessage],
-                      model: type[M]) -> AsyncIterator[tuple[str, Verified[M] | None]]:
+                      model: type[M]) -> AsyncIterator[tuple[str, Verified[M] | None, bool]]:
         async for raw in messages:
             if not raw.payload:
-                yield raw.topic, None
+                yield raw.topic, None, raw.retained
             elif (verified := self._open(raw, model)) is not None:
-                yield raw.topic, verified
+                yield raw.topic, verified, raw.retained
 
     async def _verified(self, messages: AsyncIterator[BusMessage], model: type[M]) -> AsyncIterator[Verified[M]]:
         # A retained state (an offer) is legitimately delivered again to each subscription, and

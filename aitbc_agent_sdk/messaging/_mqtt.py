@@ -44,6 +44,7 @@ from aiomqtt.exceptions import MqttConnectError
 
 from ..errors import BrokerUnreachableError, ConfigError, MessagingError
 from ._envelope import EnvelopeVerifier
+from ._filters import FilterIndex, RecentFilters
 from ._mqtt_queue import Subscription as _Subscription
 from ._port import BusMessage, LastWill, topic_matches
 
@@ -52,6 +53,7 @@ log = logging.getLogger(__name__)
 
 _MIN_BACKOFF_S = 0.1
 _HELD_MAX_BYTES = 16 << 20  # messages held for a subscription not yet (re)opened, at most
+WITHDRAWN_FILTERS = 4096  # of each kind: a late arrival on one forgotten is held, within the bounds above
 
 
 class _State(enum.Enum):
@@ -111,9 +113,10 @@ class MqttBus:
         self._error: MessagingError | None = None
         self._conn: _Connection | None = None
         self._changed = asyncio.Event()  # set whenever a connection comes up or the bus fails
-        self._subs: list[_Subscription] = []
+        self._subs: FilterIndex[_Subscription] = FilterIndex()
         self._refs: Counter[str] = Counter()  # open contexts per filter
-        self._withdrawn: set[str] = set()  # filters unsubscribed by this bus: late arrivals are dropped
+        # Filters this bus left, the latest few thousand: late arrivals on them are dropped, not held.
+        self._withdrawn = RecentFilters(WITHDRAWN_FILTERS)
         self._unsubscribe_later: set[str] = set()  # unsubscribes that failed during an outage
         self._held: deque[BusMessage] = deque()  # arrivals for filters not (yet) subscribed again
         self._held_bytes = 0
@@ -175,14 +178,14 @@ class MqttBus:
         sub = _Subscription(topic_filter, self._queue_size)
         async with self._sub_lock:
             # Route before the SUBACK: retained messages follow it immediately.
-            self._subs.append(sub)
+            self._subs.add(topic_filter, sub)
             held = self._take_held(topic_filter)
             sub.adopt(held)
             try:
                 await self._call(f"subscribe to {topic_filter}",
                                  lambda client, left: client.subscribe(topic_filter, qos=1, timeout=left))
             except BaseException:
-                self._subs.remove(sub)
+                self._subs.remove(topic_filter, sub)
                 self._held.extendleft(reversed(held))
                 self._held_bytes += sum(len(m.payload) for m in held)
                 raise
@@ -193,7 +196,7 @@ class MqttBus:
             yield sub.messages()
         finally:
             sub.close()
-            self._subs.remove(sub)
+            self._subs.remove(topic_filter, sub)
             await self._release(topic_filter)
 
     # -- internals ---------------------------------------------------------------------------
@@ -351,12 +354,12 @@ class MqttBus:
                 paho.ack(message.mid, message.qos)
 
     async def _route(self, message: BusMessage) -> None:
-        targets = [sub for sub in self._subs if topic_matches(sub.topic_filter, message.topic)]
+        targets = self._subs.match(message.topic)
         for sub in targets:
             await sub.put(message)
         if targets:
             return
-        if any(topic_matches(f, message.topic) for f in self._withdrawn):
+        if self._withdrawn.matches(message.topic):
             self.dropped += 1  # a late arrival for a filter this bus has left
             return
         # Most likely the session's queue from before this process subscribed: hold it, bounded

@@ -17,6 +17,7 @@ import contextlib
 import logging
 import functools
 import multiprocessing as mp
+import os
 import queue
 import random
 import resource
@@ -47,6 +48,7 @@ log = logging.getLogger(__name__)
 
 CONNECT_AT_ONCE = 64  # connections opened together per process: a burst of thousands stalls the broker
 KEEPALIVE_S = 30
+FLEET_NICENESS = 10
 CRASH_WAIT_S = 10.0  # a crash waits this long for a provider holding a job
 
 
@@ -205,6 +207,9 @@ async def run_fleet(spec: FleetSpec, index: int, report: mp.Queue, stop: MpEvent
 def fleet_main(spec: FleetSpec, index: int, report: mp.Queue, stop: MpEvent, ask: MpEvent,
                commands: mp.Queue | None = None) -> None:
     raise_open_files()
+    # The simulated providers would each have a machine of their own: here they yield the cores to the
+    # coordinator, the broker and the chain, whose costs are what the simulation measures.
+    os.nice(FLEET_NICENESS)
     torch.set_num_threads(1)  # jobs run in threads of this process; each takes one core at most
     logging.basicConfig(level=logging.ERROR)
     random.seed(index)  # which provider churns: the same in every run
