@@ -6,7 +6,9 @@ suite's budget; the model's size is what it would be in real use (issue #27)."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -22,9 +24,16 @@ SLOW = 900  # seconds for a command on a loaded 2-core machine: every wait below
 OPENING = 1500
 
 
+def brief(event: dict) -> str:
+    """An audit event in a line, long fields cut, so a failed assertion shows the events that led to it."""
+    fields = {k: (v[:80] if isinstance(v, str) else v) for k, v in event.items() if k not in ("ts", "event")}
+    return f"{event.get('event')} {fields}"
+
+
 def test_a_gpt2_small_model_is_funded_trained_checked_paid_and_sampled(aitbc_cmd, cli_env, aitbc_home, tmp_path):
     stdlib_corpus(tmp_path / "corpus", 200_000)
     aitbc_home.mkdir(parents=True, exist_ok=True)
+    free_gb = shutil.disk_usage(tmp_path).free / 1e9  # it needs about 19 GB: said when it fails
     cli_env.pop("AITBC_WALLET_PASSWORD", None)
     aitbc(aitbc_cmd, cli_env, "devnet", "up", "--providers", "2", "--ipfs", "daemon", timeout=300)
     try:
@@ -48,7 +57,8 @@ def test_a_gpt2_small_model_is_funded_trained_checked_paid_and_sampled(aitbc_cmd
         aitbc(aitbc_cmd, cli_env, "distributed-training", "distribute", "--training-id", tid, "--yes", timeout=SLOW)
         snap = aitbc(aitbc_cmd, cli_env, "distributed-training", "monitor", "--training-id", tid, "--follow",
                      "--interval", "1", timeout=2 * SLOW)
-        assert snap["phase"] == "complete", (snap.get("failure"), snap["events"][-6:])
+        assert snap["phase"] == "complete", (snap.get("failure"), f"{free_gb:.1f} GB free at the start",
+                                             [brief(e) for e in snap["events"][-12:]])
         rounds = snap["round_metrics"]
         assert [r["round"] for r in rounds] == [1, 2]
         weights = rounds[0]["bytes_sent"] / 2  # round 1 sends the float32 model to both workers
@@ -71,3 +81,13 @@ def test_a_gpt2_small_model_is_funded_trained_checked_paid_and_sampled(aitbc_cmd
         assert sample["tokens"] == 8 and sample["round"] == 2, sample
     finally:
         subprocess.run([*aitbc_cmd, "devnet", "down"], env=cli_env, capture_output=True, timeout=120)
+        drop_bulk(aitbc_home)
+
+
+def drop_bulk(home: Path) -> None:
+    """The IPFS blocks and the providers' kept states (about 10 GB), gone once the devnet is down, so the
+    tests after this one have the disk back; the logs stay."""
+    shutil.rmtree(home / "devnet" / "ipfs" / "blocks", ignore_errors=True)
+    for provider in (home / "providers").glob("*"):
+        for bulk in ("cache", "jobs", "kept", "task-state"):
+            shutil.rmtree(provider / bulk, ignore_errors=True)

@@ -227,17 +227,22 @@ class RoundRunner:
                 if not slot.waiting:
                     break
                 worker = job.worker_id
-                last = max(self.liveness.last_seen.get(worker, 0.0), self.listener.last_heard.get(worker, 0.0),
-                           slot.sent_at[job.job_id])
+                last = self._last_heard(worker, slot.sent_at[job.job_id])
                 if now - last <= self.policy.heartbeat_timeout_s:
                     continue
                 if await self.liveness.ping(worker, self.policy.ping_timeout_s):
+                    continue
+                if self._last_heard(worker, last) > last:  # its beats waited behind this loop's own work
                     continue
                 detected = time.monotonic() - last
                 await self.audit.append("worker_failed", worker=worker, job_id=job.job_id, round=self.round,
                                         reason="no heartbeat and no pong", silent_s=round(detected, 3),
                                         heartbeat_timeout_s=self.policy.heartbeat_timeout_s)
                 await self._drop_worker(slot, worker, f"silent for {detected:.1f}s")
+
+    def _last_heard(self, worker: str, since: float) -> float:
+        """When ``worker`` was last heard here (a heartbeat, a pong or any message), or ``since``."""
+        return max(self.liveness.last_seen.get(worker, 0.0), self.listener.last_heard.get(worker, 0.0), since)
 
     async def _check_stragglers(self) -> None:
         now = time.monotonic()
