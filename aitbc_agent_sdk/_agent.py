@@ -22,14 +22,15 @@ from .coordinator import (
 from .coordinator.round._liveness import ping
 from .coordinator._lock import training_lock
 from .coordinator.round._run import Prepared
+from .coordinator.data._export import export_model
 from .coordinator.data._generation import SampleRequest, sample_text
 from .errors import AitbcError, ConfigError, NotEnoughWorkersError
 from .records._datasets import TargetKind
 from .market import ScoringStrategy, WeightedScore
 from .messaging import SignedChannel
 from .records import (
-    AggregateResult, CheckpointRef, EscrowSummary, JobAssignment, JobConfig, Payment, Progress, RoundMetrics,
-    SampleResult, Settlement, Shard, TaskRef, TrainingPhase, TrainingRecord, TrainingReport, TrainingSpec,
+    AggregateResult, CheckpointRef, EscrowSummary, ExportResult, JobAssignment, JobConfig, Payment, Progress,
+    RoundMetrics, SampleResult, Settlement, Shard, TaskRef, TrainingPhase, TrainingRecord, TrainingReport, TrainingSpec,
     TrainingStatus, Worker, WorkerContract,
 )
 from ._stack import Stack, build_stack
@@ -271,3 +272,13 @@ class Agent:
         c = self.coordinator
         return await sample_text(c.store, c.data, c.tasks, await c.db.training(training_id),
                                  SampleRequest(prompt, tokens, temperature, top_k, seed))
+
+    async def export_model(self, training_id: str, out: str | Path, *, round: int | None = None,  # noqa: A002
+                           format: str = "safetensors") -> ExportResult:  # noqa: A002
+        """Write the training's global model after ``round`` (None: the last round done) into the new directory
+        ``out``: ``safetensors`` (any task: weights with their provenance, and a model card) or ``hf`` (the
+        built-in gpt as a ``transformers`` GPT-2 with its tokenizer). No model yet, no such round, ``hf`` for
+        another task or an ``out`` that holds files: NotExportableError, and ``out`` is left as it was."""
+        c = self.coordinator
+        return await export_model(c.store, c.data, c.tasks, await c.db.training(training_id),
+                                  await c.db.rounds(training_id), Path(out), round_=round, format_=format)

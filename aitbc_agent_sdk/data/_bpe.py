@@ -135,6 +135,30 @@ class BpeCodec:
         return "\n".join(out)
 
 
+def _byte_chars() -> list[str]:
+    """GPT-2's printable character for each byte, by byte value: what the ByteLevel pre-tokenizer maps to."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+            *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    shifted = iter(range(256, 512))
+    return [chr(b) if b in kept else chr(next(shifted)) for b in range(256)]
+
+
+def byte_tokenizer(eot: int) -> Any:
+    """The byte-level corpus's tokens as a ``tokenizers`` Tokenizer: byte b is token b and ``eot`` the separator.
+
+    A byte-level BPE with no merges whose vocabulary is GPT-2's byte alphabet in byte order, so any tool
+    that reads a ``tokenizer.json`` (``transformers``' AutoTokenizer) encodes text as the corpus import did."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers  # noqa: PLC0415
+
+    tokenizer = Tokenizer(models.BPE(vocab={c: b for b, c in enumerate(_byte_chars())}, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens([AddedToken(EOT_TEXT, special=True)])
+    if tokenizer.token_to_id(EOT_TEXT) != eot:  # the separator's id follows the 256 bytes
+        raise DatasetError(f"a byte-level corpus separates documents with token 256, not {eot}")
+    return tokenizer
+
+
 def load_tokenizer(blob: bytes, layout: TokenLayout) -> BpeCodec:
     """The tokenizer JSON ``blob`` (from the store: a stranger's) for a corpus of ``layout``. JSON only."""
     from tokenizers import Tokenizer  # noqa: PLC0415
@@ -149,5 +173,5 @@ def load_tokenizer(blob: bytes, layout: TokenLayout) -> BpeCodec:
     return BpeCodec(tokenizer, layout.eot)
 
 
-__all__ = ["BpeCodec", "TextCodec", "check_vocab_size", "encode_pieces", "layout_of", "load_tokenizer",
-           "train_bpe"]
+__all__ = ["BpeCodec", "EOT_TEXT", "TextCodec", "byte_tokenizer", "check_vocab_size", "encode_pieces", "layout_of",
+           "load_tokenizer", "train_bpe"]

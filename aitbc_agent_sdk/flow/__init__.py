@@ -19,7 +19,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
         "STOPPED_REASON", "Interrupted", "Stopped", "TrainingSummary", "audit_text", "daemon_pid", "end_daemon",
         "is_driven_now", "list_trainings", "log_file", "log_lines", "settle_interrupted", "stop_training", "wind_down",
     ),
-    "_generation": ("sample_training",),
+    "_generation": ("export_training", "sample_training"),
     "_provider_daemon": ("STATUS_FILE", "provider_dir", "serve_provider",),
 }, globals())
 
@@ -35,5 +35,5 @@ if TYPE_CHECKING:  # static tools see ordinary imports
         STOPPED_REASON, Interrupted, Stopped, TrainingSummary, audit_text, daemon_pid, end_daemon, is_driven_now,
         list_trainings, log_file, log_lines, settle_interrupted, stop_training, wind_down,
     )
-    from ._generation import sample_training
+    from ._generation import export_training, sample_training
     from ._provider_daemon import STATUS_FILE, provider_dir, serve_provider

@@ -1,4 +1,5 @@
-"""Sample a home's training without starting an agent: the record from its database, the model from its store.
+"""Sample or export a home's training without starting an agent: the record from its database, the model from
+its store.
 
 Reading a model needs neither the chain nor the bus nor a wallet, so ``sample`` opens only the
 content store the training was stored in: the embedded stack's ``$AITBC_HOME/store`` when it holds
@@ -13,10 +14,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..profile import profile_path
-from ._steps import load_training
+from ._steps import db_path, load_training
 
 if TYPE_CHECKING:
-    from ..records import SampleResult, TrainingRecord
+    from ..records import ExportResult, SampleResult, TrainingRecord
     from ..storage import ContentStore
 
 
@@ -51,4 +52,21 @@ async def sample_training(home: Path, training_id: str, prompt: str, *, tokens: 
                                  record, request)
 
 
-__all__ = ["home_store", "sample_training"]
+async def export_training(home: Path, training_id: str, out: Path, *, round_: int | None = None,
+                          format_: str = "safetensors") -> ExportResult:
+    """The training's model after ``round_`` (None: the last) written into ``out`` (see :meth:`Agent.export_model`)."""
+    from ..coordinator._training_db import TrainingDatabase
+    from ..coordinator.data._datasets import DatasetStore
+    from ..coordinator.data._export import export_model
+    from ..coordinator.data._tasks import TaskCache
+
+    record = await load_training(home, training_id)  # an unknown id: NotFoundError
+    async with TrainingDatabase(db_path(home)) as db:
+        rounds = await db.rounds(training_id)
+    async with AsyncExitStack() as exits:
+        store = await home_store(home, record, exits)
+        return await export_model(store, DatasetStore(store, home / "datasets"), TaskCache(store, home / "tasks"),
+                                  record, rounds, out, round_=round_, format_=format_)
+
+
+__all__ = ["export_training", "home_store", "sample_training"]

@@ -1,6 +1,9 @@
-"""Text sampled from a trained language model (``aitbc distributed-training sample``)."""
+"""Text sampled from a trained language model (``aitbc distributed-training sample``), and a model exported
+(``aitbc distributed-training export``)."""
 
 from __future__ import annotations
+
+from typing import Literal
 
 from pydantic import Field
 
@@ -20,3 +23,15 @@ class SampleResult(Record):
     temperature: float = Field(ge=0.0)
     top_k: int | None = Field(default=None, ge=1)
     seed: int
+
+
+ExportFormat = Literal["safetensors", "hf"]
+
+
+class ExportResult(Record):
+    training_id: Id
+    round: int = Field(ge=1, description="the round whose global model was exported")
+    model_cid: Cid = Field(description="that round's model in the content store")
+    format: ExportFormat
+    out: str = Field(description="the directory written")
+    files: tuple[str, ...] = Field(description="the files in it, by name")

@@ -18,7 +18,7 @@ from aitbc_agent_sdk.records import TrainingReport, TrainingSpec
 from aitbc_agent_sdk.records import describe
 from aitbc_agent_sdk.records import terminal_markup
 
-from . import sample, steps, training_views
+from . import export, sample, steps, training_views
 from .common import (
     DryRunOption, HomeOption, JsonOption, SpendPreview, YesOption, confirm_spend, exit_code_for, eth_amount_option,
     print_json,
@@ -40,6 +40,7 @@ app = typer.Typer(help="Coordinate federated training across GPU providers: `run
 steps.register(app)
 training_views.register(app)
 sample.register(app)
+export.register(app)
 
 
 @app.command()
