@@ -57,6 +57,8 @@ command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
 command -v s3fs >/dev/null 2>&1 || missing+=(s3fs)
 command -v nfs-ls >/dev/null 2>&1 || missing+=(libnfs-utils)
 command -v ganesha.nfsd >/dev/null 2>&1 || missing+=(nfs-ganesha nfs-ganesha-vfs)
+# The dashboard's browser tests drive Debian's Chromium (Playwright's own browser download is never used).
+[[ -x /usr/bin/chromium ]] || missing+=(chromium)
 if (( ${#missing[@]} )); then
   echo "setup: installing Debian packages: ${missing[*]}"
   SUDO=""

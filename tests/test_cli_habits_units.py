@@ -79,6 +79,9 @@ def test_wei_values_are_json_strings_at_any_depth(capsys: pytest.CaptureFixture[
              "ok": True, "score": 0.5, "name_wei": None}
     assert wei_strings(value) == {"wei": str(big), "price_wei": "5", "workers": [{"paid_wei": str(big), "rounds": 3}],
                                   "prices_wei": ["1", str(big)], "ok": True, "score": 0.5, "name_wei": None}
+    # under a wei key: a mapping's values are wei, a list's records go by their own keys
+    assert wei_strings({"per_worker_wei": {"0xa": big}, "per_round_wei": [{"round": 1, "wei": big}]}) == {
+        "per_worker_wei": {"0xa": str(big)}, "per_round_wei": [{"round": 1, "wei": str(big)}]}
     print_json({"escrow": {"deposited_wei": big}})
     assert json.loads(capsys.readouterr().out) == {"escrow": {"deposited_wei": str(big)}}
 

@@ -144,6 +144,11 @@ def test_an_elastic_run_grows_its_pool_and_shows_it_in_json_monitor_and_plot(ait
     text = subprocess.run([*aitbc_cmd, "distributed-training", "monitor", "--training-id", report["training_id"]],
                           env={**cli_env, "COLUMNS": "200"}, capture_output=True, text=True, timeout=60)
     assert f"verification: {checks} spot checks, 0 failed" in text.stdout, text.stdout
+    # cost: the spend is what was paid (settled), per worker and per round as the receipts committed it
+    cost, paid = snap["cost"], sum(int(p["amount_wei"]) for p in snap["payments"])
+    assert int(cost["spent_wei"]) == int(cost["paid_wei"]) == paid > 0 and cost["rounds_done"] == 3
+    assert sum(int(r["wei"]) for r in cost["per_round_wei"]) == paid and len(cost["per_round_wei"]) == 3
+    assert "cost: " in text.stdout and "ETH spent of" in text.stdout, text.stdout
 
 
 def test_a_dry_run_shows_the_cost_and_touches_neither_home_nor_chain(aitbc_cmd, cli_env, aitbc_home):

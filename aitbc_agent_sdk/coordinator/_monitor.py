@@ -7,15 +7,16 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ..records import EscrowSummary, Payment, Progress, RoundMetrics, TrainingPhase, VerificationSpend, id_path
+from ..records import (EscrowSummary, Payment, Progress, RoundMetrics, TrainingCost, TrainingPhase, VerificationSpend,
+                       id_path)
 from ..audit import read_log
 from ._training_db import TrainingDatabase
 
 
 POOL_EVENTS = ("worker_added", "worker_released", "rebalanced", "scale_up_refused", "worker_replaced",
-               "worker_failed", "result_rejected", "straggler_detected", "speculative_job", "resend_requested",
-               "spot_check", "held_for_checking", "hardware_flagged", "slashed", "dispute", "verifier_wrong",
-               "verifiers_paid", "training_failed")
+               "worker_failed", "job_failed", "result_rejected", "straggler_detected", "speculative_job",
+               "resend_requested", "spot_check", "held_for_checking", "hardware_flagged", "slashed", "dispute",
+               "verifier_wrong", "verifiers_paid", "training_failed")
 
 
 class WorkerView(BaseModel):
@@ -45,6 +46,7 @@ class Snapshot(BaseModel):
     events: list[dict[str, Any]] = []  # scaling, rebalancing and fault events from the audit log
     verification: VerificationSpend | None = None  # what the spot checks so far cost, apart from training
     failure: str | None = None  # why it failed, from the audit log (a failed training only)
+    cost: TrainingCost | None = None  # spent so far (receipts and payments), per round and worker, projected
 
     @property
     def finished(self) -> bool:
@@ -61,7 +63,8 @@ async def snapshot(db: TrainingDatabase, training_id: str, audit_dir: Path | Non
         latest[job.worker_id] = progress or Progress(
             job_id=job.job_id, training_id=training_id, worker_id=job.worker_id, round=job.round,
             status="assigned", epoch=0, epochs=job.config.epochs, progress=0.0)
-    events = pool_events(audit_dir, training_id)
+    logged = _logged(audit_dir, training_id, (*POOL_EVENTS, "receipt_sent"))
+    events = [e for e in logged if e["event"] in POOL_EVENTS]
     workers = []
     for contract in await db.contracts(training_id):
         p = latest.get(contract.worker_id)
@@ -70,9 +73,15 @@ async def snapshot(db: TrainingDatabase, training_id: str, audit_dir: Path | Non
             epoch=p.epoch if p else 0, epochs=record.spec.job.epochs, progress=p.progress if p else 0.0,
             loss=p.loss if p else None, samples_per_s=p.samples_per_s if p else None,
             paid_wei=sum(pay.amount_wei for pay in payments if pay.worker_id == contract.worker_id)))
+    escrow = await db.escrow(training_id)
+    cost = TrainingCost.of(rounds_done=record.round, rounds=record.spec.rounds,
+                           finished=record.phase in (TrainingPhase.COMPLETE, TrainingPhase.FAILED),
+                           deposit_wei=escrow.deposited_wei if escrow else None,
+                           payments=[(p.worker_id, p.amount_wei) for p in payments],
+                           receipts=[e for e in logged if e["event"] == "receipt_sent"])
     return Snapshot(training_id=training_id, phase=record.phase, round=record.round, rounds=record.spec.rounds,
                     model_type=record.spec.model_type, workers=workers, round_metrics=await db.rounds(training_id),
-                    payments=payments, escrow=await db.escrow(training_id),
+                    payments=payments, escrow=escrow, cost=cost,
                     target_throughput=record.spec.elastic.target_samples_per_s if record.spec.elastic else None,
                     events=events, verification=await _verification(db, training_id, events),
                     failure=_failure(record.phase, events))
@@ -97,7 +106,12 @@ async def _verification(db: TrainingDatabase, training_id: str, events: list[dic
 
 def pool_events(audit_dir: Path | None, training_id: str) -> list[dict[str, Any]]:
     """The audit log's scaling, rebalancing and fault events, oldest first (none without a log)."""
+    return _logged(audit_dir, training_id, POOL_EVENTS)
+
+
+def _logged(audit_dir: Path | None, training_id: str, kinds: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The audit log's events of those kinds, each flat (event, ts, fields), oldest first (none without a log)."""
     path = id_path(audit_dir, training_id) / "audit.jsonl" if audit_dir else None
     if path is None or not path.exists():
         return []
-    return [{"event": e.event, "ts": e.ts, **e.fields} for e in read_log(path) if e.event in POOL_EVENTS]
+    return [{"event": e.event, "ts": e.ts, **e.fields} for e in read_log(path) if e.event in kinds]

@@ -144,6 +144,63 @@ class VerificationSpend(Record):
                    verifier_reports=sum(_count(c.get("verifiers")) for c in checks))
 
 
+class RoundSpend(Record):
+    round: int = Field(ge=0)
+    wei: Wei = Field(description="what the round's payment receipts committed, over every worker")
+
+
+class TrainingCost(Record):
+    """What a training has cost so far and will cost. Workers are paid on chain when it settles, but each
+    accepted round is committed before that by a signed payment receipt (a worker's cumulative amount, the
+    audit log's ``receipt_sent``); so the spend so far is, per worker, the larger of what its receipts commit
+    and what it was paid: during a run the receipts, after settlement the payments."""
+
+    spent_wei: Wei
+    paid_wei: Wei = Field(description="paid on chain so far")
+    deposit_wei: Wei | None = Field(default=None, description="None: no escrow funded yet")
+    deposit_left_wei: int | None = Field(default=None, description="the deposit less the spend")
+    rounds_done: int = Field(ge=0)
+    rounds: int = Field(ge=1)
+    per_round_wei: tuple[RoundSpend, ...] = Field(default=(), max_length=limits.MAX_ROUNDS)
+    per_worker_wei: dict[str, Wei] = Field(default_factory=dict)
+    mean_round_wei: Wei | None = Field(default=None, description="spent / rounds done; None before the first")
+    projected_wei: Wei | None = Field(default=None, description=(
+        "spent when finished, else spent / rounds done x rounds; None before the first round"))
+
+    @classmethod
+    def of(cls, *, rounds_done: int, rounds: int, finished: bool, deposit_wei: int | None,
+           payments: Sequence[tuple[str, int]], receipts: Sequence[Mapping[str, Any]]) -> TrainingCost:
+        """From the payments ``(worker, wei)`` and the ``receipt_sent`` fields of the audit log (``worker``,
+        ``round``, ``cumulative_wei``; malformed ones are left out)."""
+        paid: dict[str, int] = {}
+        for worker, amount in payments:
+            paid[worker] = paid.get(worker, 0) + amount
+        by_worker: dict[str, list[tuple[int, int]]] = {}
+        for r in receipts:
+            round_ = r.get("round")
+            if isinstance(round_, int) and not isinstance(round_, bool) and round_ >= 0:
+                by_worker.setdefault(str(r.get("worker")), []).append((round_, _count(r.get("cumulative_wei"))))
+        per_round: dict[int, int] = {}
+        committed: dict[str, int] = {}
+        for worker, own in by_worker.items():
+            before = 0
+            for round_, cumulative in sorted(own):
+                # A repeated receipt (a resend) commits nothing new: cumulative amounts never go down.
+                per_round[round_] = per_round.get(round_, 0) + max(cumulative - before, 0)
+                before = max(before, cumulative)
+            committed[worker] = before
+        per_worker = {w: max(paid.get(w, 0), committed.get(w, 0)) for w in sorted(paid.keys() | committed.keys())}
+        spent = sum(per_worker.values())
+        done = rounds_done > 0
+        projected = spent if finished else (spent * rounds // rounds_done if done else None)
+        return cls(spent_wei=spent, paid_wei=sum(paid.values()), deposit_wei=deposit_wei,
+                   deposit_left_wei=None if deposit_wei is None else deposit_wei - spent,
+                   rounds_done=rounds_done, rounds=rounds,
+                   per_round_wei=tuple(RoundSpend(round=r, wei=w) for r, w in sorted(per_round.items())),
+                   per_worker_wei=per_worker, mean_round_wei=spent // rounds_done if done else None,
+                   projected_wei=projected)
+
+
 def _count(value: Any) -> int:
     """A count from an audit log field: a non-negative int, or 0."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0

@@ -45,6 +45,8 @@ SUB_COMMANDS: dict[str, tuple[str, str, str]] = {
     "market": ("market", "app", "Browse the market: signed offers, bonds and on-chain reputation."),
     "cluster": ("cluster", "app", "Trusted multi-host clusters: members, hardware inventory, training, shared "
                                   "datasets."),
+    "dashboard": ("dashboard.command", "dashboard", "Serve a live web dashboard of the home's trainings, their "
+                                                     "workers, money and audit log, and the market."),
     "mcp": ("mcp_server", "app", "Model Context Protocol: expose the SDK's tools to MCP-capable assistants."),
 }
 

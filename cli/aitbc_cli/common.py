@@ -222,10 +222,11 @@ def _is_wei_key(key: object) -> bool:
 def wei_strings(value: Any, *, wei: bool = False) -> Any:
     """VALUE with every int under a key named ``wei`` or ``*_wei`` as a decimal string: JSON numbers
     above 2**53 are corrupted by jq and JavaScript."""
-    if isinstance(value, dict):
-        return {k: wei_strings(v, wei=_is_wei_key(k)) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [wei_strings(v, wei=wei) for v in value]
+    if isinstance(value, dict):  # under a wei key, a mapping's plain values are wei too (wei per worker)
+        return {k: wei_strings(v, wei=_is_wei_key(k) or (wei and not isinstance(v, dict | list | tuple)))
+                for k, v in value.items()}
+    if isinstance(value, list | tuple):  # records in a list under a wei key go by their own keys
+        return [wei_strings(v, wei=wei and not isinstance(v, dict)) for v in value]
     if wei and isinstance(value, int) and not isinstance(value, bool):
         return str(value)
     return value

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from enum import Enum
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -16,6 +16,11 @@ from .common import (
     resolve_home, unlock,
 )
 from .render import eth, output_console
+
+if TYPE_CHECKING:
+    from eth_account.signers.local import LocalAccount
+
+    from aitbc_agent_sdk.config import AgentConfig
 
 app = typer.Typer(help="Browse the market: signed offers, bonds and on-chain reputation.", no_args_is_help=True)
 
@@ -30,6 +35,21 @@ class SortKey(str, Enum):
 # The row field each key sorts on, and whether the largest comes first.
 SORT_KEYS = {SortKey.score: ("score", True), SortKey.price: ("price_wei", False), SortKey.stake: ("stake_wei", True),
              SortKey.reputation: ("reputation", True)}
+
+
+async def offer_rows(config: AgentConfig, account: LocalAccount, min_gpu: str = "cpu") -> list[dict]:
+    """Every current offer of CONFIG's network, scored, discovered with ACCOUNT signing the requests (the
+    dashboard's too)."""
+    from aitbc_agent_sdk import Agent
+
+    async with Agent(config, account=account) as agent:
+        # The whole market, unbonded offers too: the stake column says who a training would hire.
+        workers = await agent.discover_gpu_workers(min_gpu=min_gpu, include_busy=True, min_stake_wei=0)
+        scores = agent.scoring.score(workers) if workers else []
+    return [{"provider": w.worker_id, "hardware": w.gpu_type, "price_wei": w.price, "stake_wei": w.stake_wei,
+             "reputation": w.reputation, "completed": w.jobs_completed, "failed": w.jobs_failed,
+             "slashes": w.slashes, "free_slots": w.offer.free_slots, "score": float(s)}
+            for w, s in zip(workers, scores, strict=True)]
 
 
 @app.command("list")
@@ -52,19 +72,11 @@ def list_offers(
     name = network_or_default(network, fallback="devnet")  # the market of `aitbc devnet up` unless told
 
     async def discover() -> list[dict]:
-        from aitbc_agent_sdk import Agent
         from aitbc_agent_sdk.config import AgentConfig
 
         config = AgentConfig(name="aitbc-market", network=name, home=root)  # a bad network fails before the prompt
         account, _ = await unlock(root, wallet, PasswordSource(password_file, interactive=not as_json))
-        async with Agent(config, account=account) as agent:
-            # The whole market, unbonded offers too: the stake column says who a training would hire.
-            workers = await agent.discover_gpu_workers(min_gpu=min_gpu, include_busy=True, min_stake_wei=0)
-            scores = agent.scoring.score(workers) if workers else []
-        return [{"provider": w.worker_id, "hardware": w.gpu_type, "price_wei": w.price, "stake_wei": w.stake_wei,
-                 "reputation": w.reputation, "completed": w.jobs_completed, "failed": w.jobs_failed,
-                 "slashes": w.slashes, "free_slots": w.offer.free_slots, "score": float(s)}
-                for w, s in zip(workers, scores, strict=True)]
+        return await offer_rows(config, account, min_gpu)
 
     field, largest_first = SORT_KEYS[sort]
     rows = sorted(asyncio.run(discover()), key=lambda r: r[field], reverse=largest_first)

@@ -19,7 +19,7 @@ from rich.live import Live
 from aitbc_agent_sdk import flow
 from aitbc_agent_sdk.coordinator import Snapshot, snapshot
 from aitbc_agent_sdk.errors import ConfigError
-from aitbc_agent_sdk.records import RoundMetrics, VerificationSpend
+from aitbc_agent_sdk.records import RoundMetrics, TrainingCost, VerificationSpend
 from aitbc_agent_sdk.records import terminal_markup, visible
 from aitbc_agent_sdk.profile import training_dir
 
@@ -286,9 +286,20 @@ def render_snapshot(snap: Snapshot) -> Group:
         parts.append(f"[red]failed: {terminal_markup(snap.failure[:300])}[/]")
     if snap.escrow is not None:
         parts.append(_escrow_line(snap))
+    if snap.cost is not None and snap.cost.spent_wei:
+        parts.append(cost_line(snap.cost))
     if snap.verification is not None:
         parts.append(verification_line(snap.verification))
     return Group(*parts)
+
+
+def cost_line(cost: TrainingCost) -> str:
+    """The spend so far (receipted or paid) against the deposit, and where it is heading."""
+    of = f" of {flow.eth_text(cost.deposit_wei)} deposited" if cost.deposit_wei is not None else ""
+    mean = f", {flow.eth_text(cost.mean_round_wei)} a round" if cost.mean_round_wei is not None else ""
+    ahead = (f"; {flow.eth_text(cost.projected_wei)} ETH projected for {cost.rounds} rounds"
+             if cost.projected_wei is not None and cost.rounds_done < cost.rounds else "")
+    return f"cost: {flow.eth_text(cost.spent_wei)} ETH spent{of}{mean}{ahead}"
 
 
 def _event_detail(e: dict[str, Any]) -> str:
