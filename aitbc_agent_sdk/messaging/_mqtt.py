@@ -44,7 +44,7 @@ from aiomqtt.exceptions import MqttConnectError
 
 from ..errors import BrokerUnreachableError, ConfigError, MessagingError
 from ._envelope import EnvelopeVerifier
-from ._filters import FilterIndex, RecentFilters
+from ._filters import FilterIndex, RecentFilters, is_wildcard
 from ._mqtt_queue import Subscription as _Subscription
 from ._port import BusMessage, LastWill, topic_matches
 
@@ -95,7 +95,7 @@ class MqttBus:
         self._password = password
         self._tls = tls
         self.max_message_bytes = max_message_bytes
-        if will is not None and (not will.topic or "+" in will.topic or "#" in will.topic):
+        if will is not None and (not will.topic or is_wildcard(will.topic)):
             raise ConfigError(f"MqttBus: a last will needs a plain topic, not {will.topic!r}")
         self._will = will
         self.oversized = 0  # received payloads over max_message_bytes, dropped

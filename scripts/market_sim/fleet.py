@@ -50,6 +50,7 @@ CONNECT_AT_ONCE = 64  # connections opened together per process: a burst of thou
 KEEPALIVE_S = 30
 FLEET_NICENESS = 10
 CRASH_WAIT_S = 10.0  # a crash waits this long for a provider holding a job
+CHURN_EVENT_S = 60.0  # one churn event at most (a crash waits 10 s for a job, and 5 s for its close)
 
 
 @dataclass(frozen=True)
@@ -183,10 +184,10 @@ async def run_fleet(spec: FleetSpec, index: int, report: mp.Queue, stop: MpEvent
                             provider.marked_busy = False
                         continue
                     before = {a: p for a, (p, _) in members.items()}
-                    try:
-                        churned.append(await _churn_one(kind, members, joiners))
-                    except (AitbcError, OSError) as exc:
-                        churned.append({"kind": kind, "error": repr(exc), "at": time.time()})
+                    try:  # bounded: a churn event that hangs must not keep the fleet from its stats
+                        churned.append(await asyncio.wait_for(_churn_one(kind, members, joiners), CHURN_EVENT_S))
+                    except (AitbcError, OSError, TimeoutError) as exc:
+                        churned.append({"kind": kind, "error": repr(exc) or "timed out", "at": time.time()})
                     gone += [p for a, p in before.items() if a not in members]
             if ask.is_set() and not answered:
                 everyone = [p for p, _ in members.values()] + gone

@@ -25,6 +25,8 @@ from aitbc_agent_sdk.provider._process import EpochCallback, TrainingProcess, _m
 from aitbc_agent_sdk.provider._slots import TrainingSlots
 from aitbc_agent_sdk.provider._worker_process import run_job
 
+CRASH_CLOSE_S = 5.0  # what a crashed provider's bus gets to close before it is abandoned
+
 
 class InThreadProcess(TrainingProcess):
     """A training slot whose jobs run ``run_job`` in a thread (labelled: the simulation's substitution)."""
@@ -101,9 +103,13 @@ class SimulatedProvider(ProviderAgent):
         tasks = [*self._tasks, *self._job_tasks]
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        with contextlib.suppress(AitbcError):
-            await bus.aclose()
+        # Neither the loops' clean-up nor the bus's close is waited for past a few seconds: on a socket cut
+        # under it, an unsubscribe, a job's last report or the DISCONNECT each waits the bus's whole timeout
+        # (120 s here), and the fleet missed its stats. A dead daemon closes nothing; what is left fails alone.
+        if tasks:
+            await asyncio.wait(tasks, timeout=CRASH_CLOSE_S)
+        with contextlib.suppress(AitbcError, TimeoutError):
+            await asyncio.wait_for(bus.aclose(), CRASH_CLOSE_S)
 
 
 # -- hostile providers in the mix (labelled: each misbehaves in one way a stranger could) ----------------------

@@ -109,12 +109,6 @@ class SimReport:
     failures: list[str] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
-        def pct(values: list[float], q: float) -> float | None:
-            if not values:
-                return None
-            ordered = sorted(values)
-            return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 4)
-
         thousands = self.providers / 1000
         return {
             "providers": self.providers, "fleets": self.fleets,
@@ -169,19 +163,36 @@ async def _register_all(rpc_url: str, escrow: str, accounts: list[LocalAccount],
             await w3.provider.disconnect()
 
 
+def pct(values: list[float], q: float) -> float | None:
+    """The ``q`` quantile of ``values`` (nearest rank), rounded; None for none."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 4)
+
+
 def _prices(count: int) -> list[int]:
     # Asks spread over a decade, as a market's would be.
     return [10**16 + (i * 7919 % 1000) * 10**14 for i in range(count)]
 
 
-async def _wait_reports(queue: mp.Queue, count: int, key: str, timeout: float) -> list[dict[str, Any]]:
+async def _wait_reports(queue: mp.Queue, count: int, key: str, timeout: float, *,
+                        failures: list[str] | None = None) -> list[dict[str, Any]]:
+    """``count`` fleets' reports of ``key``. Past ``timeout``: TimeoutError, or with ``failures`` the
+    reports that came, the missing ones recorded there (a fleet that hangs after the trainings must not
+    hide what the run measured)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     got: list[dict[str, Any]] = []
     while len(got) < count:
         left = deadline - loop.time()
         if left <= 0:
-            raise TimeoutError(f"{len(got)} of {count} fleets reported {key} within {timeout:.0f}s")
+            missing = sorted(set(range(count)) - {item.get("fleet") for item in got})
+            why = f"{len(got)} of {count} fleets reported {key} within {timeout:.0f}s (missing: {missing})"
+            if failures is None:
+                raise TimeoutError(why)
+            failures.append(why)
+            return got
         with contextlib.suppress(Exception):
             item = await asyncio.to_thread(queue.get, True, min(left, 1.0))
             if key in item:
@@ -284,10 +295,10 @@ async def simulate(config: SimConfig) -> SimReport:
                     churning.cancel()
                     sent = await asyncio.gather(churning, return_exceptions=True)
                 ask.set()
-                stats = await _wait_reports(queue, config.fleets, "stats", timeout=120.0)
+                stats = await _wait_reports(queue, config.fleets, "stats", timeout=120.0, failures=report.failures)
                 await _measure_dispatch(profile.bus, agent.address, stats, report)
                 _report_churn(config, stats, sent[0] if isinstance(sent[0], int) else 0, report)
-                dead = stats_of(stats, config.fleets - 1)["advertising"]
+                dead = stats_of(stats, config.fleets - 1).get("advertising", dead)
             if config.fleet_kill and config.fleets > 1:
                 await _measure_fleet_kill(reader, report, processes[-1], dead)
             report.hostile["coordinator_dropped"] = dict(agent.coordinator.channel.verifier.dropped)
@@ -339,7 +350,8 @@ def _reserve_size(config: SimConfig) -> int:
 
 
 def stats_of(stats: list[dict[str, Any]], fleet: int) -> dict[str, Any]:
-    return next(s for s in stats if s["fleet"] == fleet)
+    """That fleet's stats; empty when it did not report them (recorded as a failure)."""
+    return next((s for s in stats if s["fleet"] == fleet), {})
 
 
 async def _churn(commands: list[mp.Queue], per_min: float) -> int:
@@ -472,10 +484,6 @@ async def _measure_dispatch(bus: BusSettings, identity: str, stats: list[dict[st
             await pub.publish(topic, payload, qos=1)
             await asyncio.wait_for(anext(messages), 10.0)
             raw.append(time.monotonic() - sent)
-    raw.sort()
-
-    def pct(values: list[float], q: float) -> float | None:
-        return round(values[min(len(values) - 1, int(q * len(values)))], 4) if values else None
 
     report.training_phase.update({
         "jobs_taken": len(dispatch), "dispatch_p50_s": pct(dispatch, 0.5), "dispatch_p99_s": pct(dispatch, 0.99),
