@@ -298,3 +298,16 @@ async def test_a_ping_is_answered_with_a_pong_to_its_sender(tmp_path):
             topics.ping(provider.address), Ping(nonce="busy", sent_at=time.time()),
             topics.pong(market.coordinator.address, "busy"), Pong, timeout=5, expected_sender=provider.address)
         assert busy.busy_jobs == 1
+
+
+async def test_an_idle_provider_stops_when_cancelled_as_work_comes_in(tmp_path):
+    # Work arriving in the very tick the daemon is cancelled: Python 3.11's wait_for returned the event's result
+    # and lost the cancel, so the advertise loop went on and the provider's shutdown hung in its gather.
+    async with open_market(tmp_path) as market, market.provider() as provider:
+        advertise = provider._tasks[-1]  # noqa: SLF001 - the loop under test, started last by __aenter__
+        await asyncio.sleep(0.1)  # idle: waiting for work or the offer's refresh
+        assert not provider.at_work and not advertise.done()
+        provider._set_to_work.set()  # noqa: SLF001
+        advertise.cancel()
+        done, _ = await asyncio.wait({advertise}, timeout=10)
+        assert done and advertise.cancelled(), "the advertise loop swallowed its cancel"

@@ -190,8 +190,11 @@ class ProviderAgent:
             else:  # idle: nothing to say until the offer is due or work comes in (then a first beat at once)
                 self._set_to_work.clear()
                 due = self.config.offer_refresh_s - (time.monotonic() - last_offer)
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the inner result when work comes
+                # in as the daemon is cancelled, and the cancel is lost (a shutdown then hung in gather).
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._set_to_work.wait(), max(due, 0.0))
+                    async with asyncio.timeout(max(due, 0.0)):
+                        await self._set_to_work.wait()
             # Only a provider at work beats, for the coordinators that wait on it: an idle one's presence is
             # its retained offer, which its last will clears (docs/scale.md, "Presence").
             if self.at_work:
