@@ -57,8 +57,10 @@ def test_a_gpt2_small_model_is_funded_trained_checked_paid_and_sampled(aitbc_cmd
         aitbc(aitbc_cmd, cli_env, "distributed-training", "distribute", "--training-id", tid, "--yes", timeout=SLOW)
         snap = aitbc(aitbc_cmd, cli_env, "distributed-training", "monitor", "--training-id", tid, "--follow",
                      "--interval", "1", timeout=2 * SLOW)
-        assert snap["phase"] == "complete", (snap.get("failure"), f"{free_gb:.1f} GB free at the start",
-                                             [brief(e) for e in snap["events"][-12:]])
+        if snap["phase"] != "complete":  # the audit log's last events (job_failed too) say what led to it
+            log = aitbc(aitbc_cmd, cli_env, "distributed-training", "audit", "--training-id", tid)["entries"]
+            pytest.fail(f"{snap['phase']}: {snap.get('failure')}; {free_gb:.1f} GB free at the start; "
+                        f"{[brief({'event': e['event'], **e['fields']}) for e in log[-12:]]}")
         rounds = snap["round_metrics"]
         assert [r["round"] for r in rounds] == [1, 2]
         weights = rounds[0]["bytes_sent"] / 2  # round 1 sends the float32 model to both workers

@@ -14,7 +14,7 @@ from ._training_db import TrainingDatabase
 
 
 POOL_EVENTS = ("worker_added", "worker_released", "rebalanced", "scale_up_refused", "worker_replaced",
-               "worker_failed", "job_failed", "result_rejected", "straggler_detected", "speculative_job",
+               "worker_failed", "result_rejected", "straggler_detected", "speculative_job",
                "resend_requested", "spot_check", "held_for_checking", "hardware_flagged", "slashed", "dispute",
                "verifier_wrong", "verifiers_paid", "training_failed")
 
