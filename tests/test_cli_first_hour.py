@@ -170,7 +170,7 @@ def test_latest_in_a_home_without_trainings_says_how_to_start_one(
 # -- --json everywhere ----------------------------------------------------------------------------
 
 # Where stdout is not data: the content itself (cat), a protocol (mcp) or a host's foreground service.
-NO_JSON = {"ipfs cat", "mcp serve", "cluster serve"}
+NO_JSON = {"ipfs cat", "mcp serve", "cluster serve", "dashboard"}  # bytes, or servers (the dashboard has /api/)
 
 
 def test_every_command_that_prints_data_takes_json() -> None:
