@@ -1,7 +1,7 @@
 """A GPT-2-small-shaped model (12 layers, width 768, 85M parameters) through the whole market path on
 real parts: mosquitto, anvil, the IPFS daemon and two sandboxed provider daemons, with DiLoCo and int8
 updates. It is funded, its results are spot-checked (a committed segment re-executed from the opened
-boundary states) and paid, and it is sampled. A short context and two steps a round keep it within the
+boundary states) and paid, and it is sampled. A short context and one step a round keep it within the
 suite's budget; the model's size is what it would be in real use (issue #27)."""
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from test_language_model import record_of
 from test_token_task import stdlib_corpus
 
 pytestmark = pytest.mark.slow
-GPT2_SMALL = ("layers=12", "heads=12", "width=768", "context=16", "windows_per_epoch=4", "eval_windows=16")
+# One step a round: two 1 GB boundary states per job, not three. The trajectory is copied out of the sandbox,
+# so in round 2 a provider held six beside round 1's kept job, and the suite's disk ran out (CI, stops 41-43).
+GPT2_SMALL = ("layers=12", "heads=12", "width=768", "context=16", "windows_per_epoch=2", "eval_windows=16")
 SLOW = 900  # seconds for a command on a loaded 2-core machine: every wait below is for an event
 # An opening uploads two 1 GB boundary states (weights + Adam moments) per worker. js-ipfs adds about
 # 71 MB/s on an idle core here; 600 s ran out once with the whole suite and four other jobs running.
