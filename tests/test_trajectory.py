@@ -8,6 +8,7 @@ in the checkpoint's metadata in every update encoding and comes out of the sandb
 from __future__ import annotations
 
 import json
+import shutil
 import struct
 import sysconfig
 from pathlib import Path
@@ -261,12 +262,17 @@ def test_a_malformed_commitment_is_an_error(mlp_job):
 
 
 def test_the_trajectory_leaves_the_sandbox_as_regular_files_only(tmp_path, mlp_job):
-    source = mlp_job[3]
+    every = range(8)
+    wanted = [boundary(mlp_job[3], i) for i in every]
     out = tmp_path / "out"
     out.mkdir()
-    every = range(8)
+    source = tmp_path / "sandbox-out"
+    shutil.copytree(mlp_job[3], source)
     take_trajectory(source, out / "copy", boundaries=every, max_bytes=1 << 20, max_total_bytes=1 << 24)
-    assert [p.read_bytes() for p in sorted((out / "copy").iterdir())] == [boundary(source, i) for i in every]
+    assert [p.read_bytes() for p in sorted((out / "copy").iterdir())] == wanted
+    assert list(source.iterdir()) == []  # moved, not doubled on the provider's disk
+    shutil.rmtree(source)
+    shutil.copytree(mlp_job[3], source)
     with pytest.raises(TrainingError, match="not its 9 boundary files"):
         take_trajectory(source, out / "copy", boundaries=range(9), max_bytes=1 << 20, max_total_bytes=1 << 24)
     with pytest.raises(TrainingError, match="not its 3 boundary files"):  # more than the kept ones

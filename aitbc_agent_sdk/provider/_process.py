@@ -342,12 +342,15 @@ class TrainingProcess:
         return done
 
     def _take_job_output(self, out_dir: Path, job_dir: Path, done: dict[str, Any]) -> None:
-        """Blocking: a trained job's checkpoint, kept state and residual, and its kept boundary states."""
+        """Blocking: a trained job's checkpoint, kept state and residual, and its kept boundary states, each
+        removed from the sandbox once taken (a GPT-2 job's are a gigabyte each; the next job clears them too)."""
         assert self._sandbox is not None
         take_output(out_dir / CHECKPOINT_FILE, job_dir / CHECKPOINT_FILE, max_bytes=self._sandbox.file_size_bytes)
+        clear_output(out_dir, CHECKPOINT_FILE)
         for name, produced in ((STATE_FILE, done.get("task_state")), (RESIDUAL_FILE, done.get("residual"))):
             if produced:
                 take_output(out_dir / name, job_dir / name, max_bytes=self._sandbox.file_size_bytes)
+                clear_output(out_dir, name)
         if boundaries := done.get("trajectory"):  # the process's word: its count names the kept files
             count = boundaries if isinstance(boundaries, int) and 0 < boundaries <= MAX_SEGMENTS + 1 else 0
             take_trajectory(out_dir / TRAJECTORY_DIR, job_dir / TRAJECTORY_DIR, boundaries=kept_boundaries(count),

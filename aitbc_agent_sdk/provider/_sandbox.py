@@ -175,10 +175,13 @@ def clear_output_dir(out_dir: Path, name: str) -> None:
 
 def take_trajectory(out_dir: Path, dest: Path, *, boundaries: Collection[int], max_bytes: int,
                     max_total_bytes: int) -> None:
-    """Copy the state files of a committed trajectory's ``boundaries`` (``000000.safetensors``, ...) from the
+    """Move the state files of a committed trajectory's ``boundaries`` (``000000.safetensors``, ...) from the
     sandbox's directory ``out_dir`` to a fresh ``dest``: regular files only, neither the directory nor a
     file followed through a link, nothing else in it, each within ``max_bytes`` and all within
-    ``max_total_bytes``."""
+    ``max_total_bytes``.
+
+    Each file is copied (the process inside may still hold it open) and its source removed at once, so the
+    disk holds one trajectory and one file more, not two trajectories: a GPT-2 job's are gigabytes."""
     clear_output_dir(dest.parent, dest.name)
     try:
         dir_fd = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
@@ -195,6 +198,7 @@ def take_trajectory(out_dir: Path, dest: Path, *, boundaries: Collection[int], m
         for name in names:
             fd = os.open(name, _READ_NO_LINKS, dir_fd=dir_fd)
             total += _copy_regular(fd, dest / name, min(max_bytes, max_total_bytes - total))
+            os.unlink(name, dir_fd=dir_fd)
     except OSError as exc:
         shutil.rmtree(dest, ignore_errors=True)
         raise TrainingError(f"cannot take the trajectory out of the sandbox: {exc}") from exc
