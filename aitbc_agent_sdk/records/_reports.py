@@ -223,6 +223,8 @@ class TrainingReport(Record):
     higher_is_better: bool = True
     loss_name: str = Field(default="cross-entropy", max_length=64, description="what the task's loss computes")
     verification: VerificationSpend | None = Field(default=None, description="None: no spot check ran")
+    cost: TrainingCost | None = Field(default=None, description=(
+        "spend per round and worker against the deposit, as monitor and the dashboard show it"))
 
 
 class ChainIntent(Record):

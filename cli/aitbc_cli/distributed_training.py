@@ -27,7 +27,7 @@ from .interrupts import Interruption, interrupted_line, stop_on_signal
 from .paths import check_writable_png
 from .plot import plot_report
 from .render import LiveTraining, hiring_warnings
-from .report_view import final_text, report_tables
+from .report_view import cost_line, final_text, report_tables
 from .spec_options import TrainingOptions, with_training_options
 from .training_options import MinGpuOption, PlotOption
 
@@ -107,6 +107,8 @@ def _show(report: Any, plot: Path | None, as_json: bool, warnings: list[str]) ->
         out = Console()
         for table in report_tables(report):
             out.print(table)
+        if report.cost is not None:
+            out.print(cost_line(report.cost))
         out.print(f"[bold green]complete[/]: {terminal_markup(final_text(report))}, model {report.model_cid}")
         if plot is not None and plot_failure is None:
             out.print(f"plot written to {plot}")

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from aitbc_agent_sdk import TrainingReport
 from aitbc_agent_sdk.flow import eth_text
-from aitbc_agent_sdk.records import terminal_markup
+from aitbc_agent_sdk.records import TrainingCost, terminal_markup
 
 _VENDOR_WORDS = ("nvidia", "geforce", "amd", "radeon", "intel", "tesla")
 
@@ -108,6 +108,9 @@ def round_columns(rounds: Sequence[Any]) -> list[RoundColumn]:
 
 def report_tables(report: TrainingReport) -> list[Any]:
     measures = round_columns(report.rounds)
+    if report.cost is not None:  # each round's spend: what its accepted work's receipts committed
+        spent = {s.round: s.wei for s in report.cost.per_round_wei}
+        measures.append(("spent ETH", lambda r: eth_text(spent[r.round]) if r.round in spent else "-"))
     names = [name for name, _ in measures]
     rounds = narrow_table(f"Training {terminal_markup(report.training_id)}", "round", *names, "workers", "model CID",
                           right=("round", *names, "workers"))
@@ -140,6 +143,15 @@ def report_tables(report: TrainingReport) -> list[Any]:
                          "-" if v.ratio is None else f"{v.ratio:.2f}x", eth_text(v.verifier_wei))
         tables.append(checking)
     return tables
+
+
+def cost_line(cost: TrainingCost) -> str:
+    """The spend so far (receipted or paid) against the deposit, and where it is heading."""
+    of = f" of {eth_text(cost.deposit_wei)} deposited" if cost.deposit_wei is not None else ""
+    mean = f", {eth_text(cost.mean_round_wei)} a round" if cost.mean_round_wei is not None else ""
+    ahead = (f"; {eth_text(cost.projected_wei)} ETH projected for {cost.rounds} rounds"
+             if cost.projected_wei is not None and cost.rounds_done < cost.rounds else "")
+    return f"cost: {eth_text(cost.spent_wei)} ETH spent{of}{mean}{ahead}"
 
 
 def report_group(report: TrainingReport) -> Group:

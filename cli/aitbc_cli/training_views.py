@@ -25,7 +25,7 @@ from aitbc_agent_sdk.profile import training_dir
 
 from .common import ExitCode, HomeOption, JsonOption, print_json, resolve_home
 from .render import output_console, round_detail
-from .report_view import narrow_table, round_columns, short
+from .report_view import cost_line, narrow_table, round_columns, short
 
 # -- which training: an id, or the newest one ------------------------------------------------------
 
@@ -291,15 +291,6 @@ def render_snapshot(snap: Snapshot) -> Group:
     if snap.verification is not None:
         parts.append(verification_line(snap.verification))
     return Group(*parts)
-
-
-def cost_line(cost: TrainingCost) -> str:
-    """The spend so far (receipted or paid) against the deposit, and where it is heading."""
-    of = f" of {flow.eth_text(cost.deposit_wei)} deposited" if cost.deposit_wei is not None else ""
-    mean = f", {flow.eth_text(cost.mean_round_wei)} a round" if cost.mean_round_wei is not None else ""
-    ahead = (f"; {flow.eth_text(cost.projected_wei)} ETH projected for {cost.rounds} rounds"
-             if cost.projected_wei is not None and cost.rounds_done < cost.rounds else "")
-    return f"cost: {flow.eth_text(cost.spent_wei)} ETH spent{of}{mean}{ahead}"
 
 
 def _event_detail(e: dict[str, Any]) -> str:

@@ -17,7 +17,7 @@ from typing import NamedTuple
 from ...errors import AitbcError, ConfigError, NotEnoughWorkersError, TrainingError
 from ...records import (
     ModelFootprint, RoundReport, Settlement, TrainingPhase, TrainingRecord, TrainingReport, TrainingSpec, Worker,
-    VerificationSpend, WorkerContract, WorkerReport, fit_problem, largest_machine, reported_accuracy,
+    TrainingCost, VerificationSpend, WorkerContract, WorkerReport, fit_problem, largest_machine, reported_accuracy,
 )
 from ...records._footprint import describe
 from ...tasks._bound_task import rehearsal_size
@@ -34,6 +34,7 @@ from ._reassign import Reassigner, hire, new_replacement
 from ._rounds import RoundPorts, RoundRunner
 from ..data._tasks import spec_for_dataset
 from .._service import Coordinator
+from .._experiment import ExperimentRecorder
 
 log = logging.getLogger(__name__)
 P = TrainingPhase
@@ -157,7 +158,8 @@ async def drive_training(coordinator: Coordinator, tid: str, *,
         unusable: set[str] = set()
         audit, reassign = coordinator.logs.of(tid), reassigner_for(coordinator, tid)
         ports = await round_ports(coordinator, tid)
-        async with LivenessWatch(coordinator.channel) as liveness:
+        experiment = await ExperimentRecorder.open(coordinator.db, coordinator.settings.audit_dir, tid)
+        async with LivenessWatch(coordinator.channel) as liveness, experiment:
             while record.round < record.spec.rounds:
                 await coordinator.update_phase(tid, P.DISTRIBUTING)
                 inputs = await coordinator.round_inputs(tid)
@@ -166,6 +168,7 @@ async def drive_training(coordinator: Coordinator, tid: str, *,
                 stats = await runner.run(limit)
                 compute += stats.slowest_s
                 await coordinator.save_results(tid, stats.model_cid, stats=stats, inputs=inputs)
+                await experiment.after_round()
                 record = await coordinator.db.training(tid)
                 if record.spec.elastic is not None and record.round < record.spec.rounds:
                     await adapt_pool(pool_ports(coordinator), tid, stats, inputs.manifest)
@@ -317,13 +320,17 @@ async def _report(coordinator: Coordinator, tid: str, selected: list[Worker], re
     checks = [e.fields for e in await coordinator.logs.entries(tid, "spot_check")]
     fees = [e.fields for e in await coordinator.logs.entries(tid, "verifiers_paid")]
     trained = {c.job_id: c.train_seconds for c in await coordinator.db.checkpoints(tid, None)}
+    receipts = [e.fields for e in await coordinator.logs.entries(tid, "receipt_sent")]
+    cost = TrainingCost.of(rounds_done=record.round, rounds=record.spec.rounds, finished=True,
+                           deposit_wei=escrow.deposited_wei, payments=[(p.worker_id, p.amount_wei) for p in payments],
+                           receipts=receipts)
     return TrainingReport(
         metric=task.metric, higher_is_better=task.higher_is_better, loss_name=task.loss_name,
         final_metric=rounds[-1].metrics.get(task.metric),
         training_id=tid, status=record.phase, final_accuracy=reported_accuracy(rounds[-1]), model_cid=record.model_cid,
         manifest_cid=record.manifest_cid, rounds=round_reports, workers=tuple(workers), escrow=escrow,
         refund_tx=refund_tx, wall_seconds=time.perf_counter() - started, compute_seconds=compute,
-        verification=VerificationSpend.of_checks(checks, trained, fees))
+        verification=VerificationSpend.of_checks(checks, trained, fees), cost=cost)
 
 
 async def _reported_task(coordinator: Coordinator, record: TrainingRecord) -> TrainingTask:
