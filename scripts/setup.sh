@@ -43,7 +43,7 @@ if ! stamp_ok python pyproject.toml scripts/setup.sh; then
       | grep -v '^WARNING: Location' || echo "setup: the CUDA build did not install; keeping the CPU wheel" >&2
   fi
   # dev: the test tools; docs: mkdocs-material, which builds the docs site (the tests build it too).
-  "$VENV/bin/python" -m pip install --quiet -e ".[dev,docs]" 2>&1 | grep -v '^WARNING: Location' || true
+  "$VENV/bin/python" -m pip install --quiet -e ".[dev,docs,dashboard]" 2>&1 | grep -v '^WARNING: Location' || true
   "$VENV/bin/python" -c 'import aitbc_agent_sdk, aitbc_cli, torch, mkdocs' \
     || { echo "setup: the Python install failed" >&2; exit 1; }
   stamp_done python

@@ -86,6 +86,7 @@ LAYERS: dict[str, tuple[int, str]] = {
     "aitbc_agent_sdk.aggregate": (2, "ports"),
     "aitbc_agent_sdk.proof": (2, "ports"),
     "aitbc_agent_sdk.audit": (2, "ports"),
+    "aitbc_agent_sdk.tracking": (2, "ports"),
     "aitbc_agent_sdk.records": (1, "base"),
     "aitbc_agent_sdk.errors": (1, "base"),
     "aitbc_agent_sdk.limits": (1, "base"),

@@ -50,6 +50,11 @@ def test_json_output_is_one_object_with_the_promised_keys(aitbc_cmd, cli_env, ai
     assert spend["coordinator_seconds"] > 0 and spend["checked_training_seconds"] > 0
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert trainings(aitbc_home) == [(report["training_id"], "complete")]
+    cost = report["cost"]  # settled: the spend is what was paid, a string like every wei figure
+    assert cost["spent_wei"] == escrow["paid_wei"] and cost["deposit_wei"] == escrow["deposited_wei"]
+    assert len(cost["per_round_wei"]) == 3 and cost["projected_wei"] == cost["spent_wei"]
+    # TensorBoard event files by default, in the training's directory
+    assert list((aitbc_home / "trainings" / report["training_id"] / "tensorboard").glob("events.out.tfevents.*"))
 
     # every payment and the refund are in the training's hash-chained audit log
     tid = report["training_id"]
@@ -149,6 +154,7 @@ def test_an_elastic_run_grows_its_pool_and_shows_it_in_json_monitor_and_plot(ait
     assert int(cost["spent_wei"]) == int(cost["paid_wei"]) == paid > 0 and cost["rounds_done"] == 3
     assert sum(int(r["wei"]) for r in cost["per_round_wei"]) == paid and len(cost["per_round_wei"]) == 3
     assert "cost: " in text.stdout and "ETH spent of" in text.stdout, text.stdout
+    assert report["cost"] == cost  # run's report and monitor read one record of the spend
 
 
 def test_a_dry_run_shows_the_cost_and_touches_neither_home_nor_chain(aitbc_cmd, cli_env, aitbc_home):

@@ -220,3 +220,13 @@ def test_a_port_in_use_exits_2_with_a_clear_message(tmp_path):
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert f"127.0.0.1:{port}" in done.stderr and "--port" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_without_the_dashboard_extra_it_says_how_to_install_it(tmp_path, monkeypatch, capsys):
+    from aitbc_cli.app import main
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # as if the extra were not installed
+    with pytest.raises(SystemExit) as done:
+        main(["dashboard", "--home", str(tmp_path / "h"), "--port", "0"])
+    assert done.value.code == 2
+    assert "pip install 'aitbc-agent-sdk[dashboard]'" in capsys.readouterr().err
+    assert not (tmp_path / "h").exists()

@@ -9,6 +9,7 @@ downloads a browser. With AITBC_WRITE_DOCS_SCREENSHOT=1 the test also writes the
 from __future__ import annotations
 
 import os
+import queue
 import re
 import shutil
 import subprocess
@@ -159,3 +160,74 @@ def test_the_page_follows_a_running_training_and_shows_a_worker(tmp_path):
                 run.kill()
                 run.wait(timeout=30)
     assert not thread.is_alive()
+
+
+def served_at(server: subprocess.Popen, timeout_s: float) -> str | None:
+    """The address a server prints once it serves (None if it exits or stays silent); its output is drained
+    after that, so a full pipe never stalls it."""
+    found: queue.Queue[str | None] = queue.Queue()
+
+    def read() -> None:
+        assert server.stdout is not None
+        for line in server.stdout:
+            if m := re.search(r"http://127\.0\.0\.1:\d+/", line):
+                found.put(m.group(0))
+        found.put(None)
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        return found.get(timeout=timeout_s)
+    except queue.Empty:
+        return None
+
+
+def test_tensorboard_draws_the_curves_of_a_finished_run(tmp_path):
+    """The event files a run writes by default, shown by TensorBoard's own server in Chromium (the docs' view)."""
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: run scripts/setup.sh, which installs Chromium for this test")
+    from playwright.sync_api import sync_playwright
+
+    home = tmp_path / "home"
+    done = subprocess.run([sys.executable, "-m", "aitbc_cli.app", "distributed-training", "run", "--workers", "2",
+                           "--providers", "2", "--rounds", "6", "--epochs", "1", "--json"],
+                          env={**os.environ, "AITBC_HOME": str(home)}, capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    board = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(home / "trainings"),
+                              "--host", "127.0.0.1", "--port", "0"], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True)
+    try:
+        url = served_at(board, timeout_s=120)
+        assert url is not None, f"TensorBoard did not start (exit {board.poll()})"
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                page.goto(f"{url}#timeseries")
+                page.wait_for_selector("text=eval/loss", timeout=WAIT_MS)
+                groups = page.inner_text("body")  # every group is listed; its cards are drawn as they scroll in
+                assert all(re.search(rf"(^|\n){g}\s*\d+ cards?", groups) for g in (
+                    "bytes", "eval", "round", "spend", "verify", "worker")), groups[:2000]
+                # the tags a researcher looks at first: the curves, the money, each worker
+                page.fill("input[placeholder='Filter tags (regex)']", "eval/|spend/total|train_loss")
+                page.wait_for_selector("text=Tags matching filter", timeout=WAIT_MS)
+                page.wait_for_selector("text=spend/total_eth", timeout=WAIT_MS)
+                matching = page.inner_text("body")
+                assert re.search(r"Tags matching filter\s*5 cards", matching), matching[:2000]  # loss, accuracy,
+                # spend and the two workers
+                # for the picture: no suggestions over the cards, no settings pane, the charts' data loaded and drawn
+                page.keyboard.press("Escape")
+                page.click("button[aria-label='Toggle settings side pane']")
+                page.wait_for_load_state("networkidle", timeout=WAIT_MS)
+                page.evaluate("""() => new Promise(done => {
+                    let frames = 30; const next = () => --frames ? requestAnimationFrame(next) : done();
+                    requestAnimationFrame(next); })""")
+                shot = tmp_path / "tensorboard.png"
+                page.screenshot(path=str(shot))
+                assert is_png(shot) and shot.stat().st_size > 20_000
+                if os.environ.get("AITBC_WRITE_DOCS_SCREENSHOT") == "1":
+                    shutil.copyfile(shot, ROOT / "docs" / "images" / "tensorboard.png")
+            finally:
+                browser.close()
+    finally:
+        board.terminate()
+        board.wait(timeout=30)

@@ -30,6 +30,7 @@ from ..records import (
     TrainingStatus, Worker, WorkerContract, fit_problem, new_id, reported_accuracy,
 )
 from ..storage import ContentStore
+from ..tracking import experiment_log_problems
 from ..aggregate._aggregation import AggregationStrategy, FedAvg
 from ..data._datasets import LabeledData
 from ..wire._checkpoint import decode_state
@@ -120,6 +121,8 @@ class Coordinator:
 
     # -- set-up ----------------------------------------------------------------------------
     async def initialize(self, spec: TrainingSpec, *, wallet: str | None = None) -> TrainingRecord:
+        if missing := experiment_log_problems(spec.log_to):  # refused here, long before anything is funded
+            raise ConfigError("; ".join(missing))
         record = TrainingRecord(training_id=new_id("training"), spec=spec, coordinator=self.address, wallet=wallet)
         await self.db.save_training(record)
         return record

@@ -9,7 +9,7 @@ from ._sizes import ByteSize, format_size, parse_size  # noqa: F401
 from ._tasks import TaskRef, TaskManifest, TaskPackage, TaskPolicy, TaskPolicyName, MAX_TASK_BYTES  # noqa: F401
 from ._market import GpuInfo, Hardware, Offer, Worker, DeviceClass, CPU_CLASS, UNCONFIRMED_CLASS  # noqa: F401
 from ._footprint import ModelFootprint, describe, fit_problem, largest_machine  # noqa: F401
-from ._training import TrainingPhase, ModelSpec, JobConfig, Partition, AggregationName, OuterName, UpdateEncoding, FaultPolicy, ElasticPolicy, SampleRange, TrainingSpec, TrainingRecord, Shard, ShardManifest  # noqa: F401
+from ._training import TrainingPhase, ModelSpec, JobConfig, Partition, AggregationName, OuterName, UpdateEncoding, ExperimentLogName, FaultPolicy, ElasticPolicy, SampleRange, TrainingSpec, TrainingRecord, Shard, ShardManifest  # noqa: F401
 from ._jobs import WorkerContract, MAX_SHARD_BYTES, MAX_WEIGHTS_BYTES, declared_parameters, weights_limit, JobAssignment, WeightsDelta, JobStatus, Progress, JobResult, JobCancel, ResendRequest, Ping, Pong, CheckpointRef, ContractProposal, ContractReply, Heartbeat  # noqa: F401
 from ._reports import AggregateResult, RoundMetrics, Payment, EscrowSummary, TrainingStatus, Settlement, WorkerReport, RoundReport, TrainingReport, VerificationSpend, RoundSpend, TrainingCost, ChainIntent, reported_accuracy  # noqa: F401
 from ._receipts import PaymentReceipt  # noqa: F401

@@ -81,6 +81,7 @@ Partition = Literal["iid", "dirichlet"]
 OuterName = Literal["fedavg", "diloco"]
 UpdateEncoding = Literal["weights", "float32", "bf16", "int8"]
 AggregationName = Literal["fedavg", "median", "trimmed-mean", "krum", "multi-krum", "norm-clip"]
+ExperimentLogName = Literal["tensorboard", "wandb", "mlflow"]
 
 
 class FaultPolicy(Record):
@@ -224,6 +225,9 @@ class TrainingSpec(Record):
         "store the dataset sealed (AES-256-GCM) under a key only the coordinator and hired providers hold"))
     faults: FaultPolicy = FaultPolicy()
     elastic: ElasticPolicy | None = None
+    log_to: tuple[ExperimentLogName, ...] = Field(default=("tensorboard",), max_length=3, description=(
+        "the experiment logs each round is written to, in the training's directory (or where the library is "
+        "configured to write); empty: none"))
     footprint: ModelFootprint | None = Field(default=None, description=(
         "the model's size as the rehearsal measured it before funding (set by the coordinator, not the user)"))
 

@@ -29,7 +29,7 @@ from .training_options import (
     MinStakeOption, ModelType, ModelTypeOption, OpeningTimeoutOption, OuterLrOption, OuterMomentumOption,
     OuterOption, PartitionOption, PingTimeoutOption, ResendTimeoutOption, RoundsOption, RoundTimeoutOption,
     SeedOption, SpotChecksOption, TargetOption, TargetWorkersOption, UpdateEncodingOption, VerifyOnOption,
-    VerifyTimeoutOption, CanaryRateOption, VocabSizeOption,
+    VerifyTimeoutOption, CanaryRateOption, VocabSizeOption, LogToOption, log_to_names,
 )
 
 
@@ -81,6 +81,7 @@ class TrainingOptions:
     max_workers: MaxWorkersOption = 64
     scale_window: ScaleWindowOption = 2
     min_stake: MinStakeOption = None
+    log_to: LogToOption = None
 
     @property
     def target_kind(self) -> Optional[str]:
@@ -94,7 +95,7 @@ class TrainingOptions:
             target=self.target_kind, vocab_size=self.vocab_size, spare_workers=self.spares, encrypt=self.encrypt,
             min_stake_wei=self.min_stake, outer=_value(self.outer), outer_lr=self.outer_lr,
             outer_momentum=self.outer_momentum, update_encoding=_value(self.update_encoding),
-            aggregation=_value(self.aggregation),
+            aggregation=_value(self.aggregation), log_to=log_to_names(self.log_to),
             faults=FaultPolicy(
                 heartbeat_timeout_s=self.heartbeat_timeout, ping_timeout_s=self.ping_timeout,
                 first_round_deadline_s=self.first_round_deadline, assumed_samples_per_s=self.assumed_samples_per_s,

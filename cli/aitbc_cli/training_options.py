@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional, get_args
+from typing import Annotated, Any, Optional, get_args
 
 import typer
 
 from aitbc_agent_sdk.market import DEFAULT_MIN_STAKE_WEI
-from aitbc_agent_sdk.records import AggregationName, FaultPolicy, JobConfig, OuterName, Partition, TrainingSpec, UpdateEncoding
+from aitbc_agent_sdk.records import (AggregationName, ExperimentLogName, FaultPolicy, JobConfig, OuterName, Partition,
+                                     TrainingSpec, UpdateEncoding)
+from aitbc_agent_sdk.tracking import experiment_log_problems
 from aitbc_agent_sdk.records import TargetKind
 
 from .common import eth_amount_option
@@ -34,6 +36,9 @@ AggregationChoice = Enum("AggregationChoice", {v: v for v in get_args(Aggregatio
 TargetChoice = Enum("TargetChoice", {v: v for v in get_args(TargetKind)}, type=str)  # type: ignore[misc]
 VerifyOnChoice = Enum("VerifyOnChoice", {v: v for v in get_args(  # type: ignore[misc]
     FaultPolicy.model_fields["verify_on"].annotation)}, type=str)
+
+LogToChoice = Enum("LogToChoice", {v: v for v in (*get_args(ExperimentLogName), "none")},  # type: ignore[misc]
+                   type=str)
 
 
 class Strategy(str, Enum):
@@ -155,3 +160,24 @@ AlphaOption = Annotated[float, typer.Option(
 ResendTimeoutOption = Annotated[float, typer.Option(
     "--resend-timeout", min=0.1, metavar="SECONDS",
     help="seconds a worker has to re-send a checkpoint that could not be fetched before its work moves")]
+
+
+def _installed(chosen: Optional[list[Any]]) -> Optional[list[Any]]:
+    """Refuse a log whose library is missing while the options are parsed: before anything is funded."""
+    if problems := experiment_log_problems(v.value for v in chosen or () if v.value != "none"):
+        raise typer.BadParameter("; ".join(problems))
+    return chosen
+
+
+def log_to_names(chosen: Optional[list[Any]]) -> tuple[str, ...]:
+    """The spec's ``log_to``: TensorBoard when none is named, nothing for ``none``, else those named, once each."""
+    if not chosen:
+        return TrainingSpec.model_fields["log_to"].default  # type: ignore[no-any-return]
+    names = [getattr(v, "value", v) for v in chosen]
+    return () if "none" in names else tuple(dict.fromkeys(names))
+
+
+LogToOption = Annotated[Optional[list[LogToChoice]], typer.Option(  # type: ignore[valid-type]
+    "--log-to", callback=_installed, help="write each round's metrics, workers' losses, bytes, spend and "
+    "verification to this experiment log (repeatable): tensorboard (the default, event files in the training's "
+    "directory), wandb, mlflow (optional extras), or none")]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
 import secrets
 import socket
@@ -14,6 +15,7 @@ from aitbc_agent_sdk.errors import ConfigError
 from ..common import HomeOption, NetworkOption, network_or_default, resolve_home
 
 LOOPBACK_NAMES = ("localhost",)
+DASHBOARD_MODULES = ("starlette", "sse_starlette", "uvicorn")  # the dashboard extra
 
 
 class PortInUseError(ConfigError):
@@ -70,6 +72,9 @@ def dashboard(
 
     Example: aitbc dashboard --port 8765 --open
     """
+    if missing := [m for m in DASHBOARD_MODULES if importlib.util.find_spec(m) is None]:
+        raise ConfigError(f"aitbc dashboard needs {', '.join(missing)} (the dashboard extra): "
+                          "pip install 'aitbc-agent-sdk[dashboard]'")
     import uvicorn
 
     from .app import create_app
