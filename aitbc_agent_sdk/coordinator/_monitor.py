@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +10,7 @@ from pydantic import BaseModel
 
 from ..records import (EscrowSummary, Payment, Progress, RoundMetrics, TrainingCost, TrainingPhase, VerificationSpend,
                        id_path)
-from ..audit import read_log
+from ..audit import AuditEntry, read_log
 from ._training_db import TrainingDatabase
 
 
@@ -53,7 +54,10 @@ class Snapshot(BaseModel):
         return self.phase in (TrainingPhase.COMPLETE, TrainingPhase.FAILED)
 
 
-async def snapshot(db: TrainingDatabase, training_id: str, audit_dir: Path | None = None) -> Snapshot:
+async def snapshot(db: TrainingDatabase, training_id: str, audit_dir: Path | None = None, *,
+                   entries: Sequence[AuditEntry] | None = None) -> Snapshot:
+    """The training as ``monitor`` shows it; ``entries``: its audit log when the caller has read it already
+    (the dashboard shows the log too, and reads it once), else it is read from ``audit_dir``."""
     record = await db.training(training_id)
     payments = await db.payments(training_id)
     latest: dict[str, Progress] = {}
@@ -63,7 +67,7 @@ async def snapshot(db: TrainingDatabase, training_id: str, audit_dir: Path | Non
         latest[job.worker_id] = progress or Progress(
             job_id=job.job_id, training_id=training_id, worker_id=job.worker_id, round=job.round,
             status="assigned", epoch=0, epochs=job.config.epochs, progress=0.0)
-    logged = _logged(audit_dir, training_id, (*POOL_EVENTS, "receipt_sent"))
+    logged = _logged(audit_dir, training_id, (*POOL_EVENTS, "receipt_sent"), entries)
     events = [e for e in logged if e["event"] in POOL_EVENTS]
     workers = []
     for contract in await db.contracts(training_id):
@@ -109,9 +113,12 @@ def pool_events(audit_dir: Path | None, training_id: str) -> list[dict[str, Any]
     return _logged(audit_dir, training_id, POOL_EVENTS)
 
 
-def _logged(audit_dir: Path | None, training_id: str, kinds: tuple[str, ...]) -> list[dict[str, Any]]:
+def _logged(audit_dir: Path | None, training_id: str, kinds: tuple[str, ...],
+            entries: Sequence[AuditEntry] | None = None) -> list[dict[str, Any]]:
     """The audit log's events of those kinds, each flat (event, ts, fields), oldest first (none without a log)."""
-    path = id_path(audit_dir, training_id) / "audit.jsonl" if audit_dir else None
-    if path is None or not path.exists():
-        return []
-    return [{"event": e.event, "ts": e.ts, **e.fields} for e in read_log(path) if e.event in kinds]
+    if entries is None:
+        path = id_path(audit_dir, training_id) / "audit.jsonl" if audit_dir else None
+        if path is None or not path.exists():
+            return []
+        entries = read_log(path)
+    return [{"event": e.event, "ts": e.ts, **e.fields} for e in entries if e.event in kinds]

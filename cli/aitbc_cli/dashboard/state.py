@@ -35,15 +35,16 @@ def audit_entries(home: Path, training_id: str) -> list[AuditEntry]:
     return read_log(id_path(trainings_dir(home), training_id) / "audit.jsonl")
 
 
-async def read_snapshot(home: Path, training_id: str) -> tuple[Snapshot, dict[int, dict[str, float]]]:
-    """The snapshot ``monitor`` shows, and each accepted round's training loss per worker (as ``run`` reports it).
-    NotFoundError for an unknown training; no database is created."""
+async def read_snapshot(home: Path, training_id: str, entries: list[AuditEntry] | None = None
+                        ) -> tuple[Snapshot, dict[int, dict[str, float]]]:
+    """The snapshot ``monitor`` shows, and each accepted round's training loss per worker (as ``run`` reports it);
+    ``entries``: the audit log, if read already. NotFoundError for an unknown training; no database is created."""
     from aitbc_agent_sdk.coordinator import TrainingDatabase
 
     check_training_id(home, training_id)
     await flow.load_training(home, training_id)  # no database yet: say so, do not create one
     async with TrainingDatabase(flow.db_path(home)) as db:
-        snap = await snapshot(db, training_id, audit_dir=trainings_dir(home))
+        snap = await snapshot(db, training_id, audit_dir=trainings_dir(home), entries=entries)
         losses: dict[int, dict[str, float]] = {}
         for c in await db.checkpoints(training_id, "accepted"):
             losses.setdefault(c.round, {})[c.worker_id] = c.loss
@@ -53,8 +54,9 @@ async def read_snapshot(home: Path, training_id: str) -> tuple[Snapshot, dict[in
 async def training_view(home: Path, training_id: str) -> dict[str, Any]:
     """``GET /api/trainings/{id}``: the snapshot as ``monitor --json`` prints it, with worker losses per round,
     the audit log's newest entries and the cost figures."""
-    snap, losses = await read_snapshot(home, training_id)
+    check_training_id(home, training_id)  # before its id names a file
     entries = await asyncio.to_thread(audit_entries, home, training_id)
+    snap, losses = await read_snapshot(home, training_id, entries)
     view = wei_strings(snap.model_dump(mode="json"))
     view["finished"] = snap.finished
     view["worker_losses"] = [{"round": r, "losses": losses[r]} for r in sorted(losses)]
