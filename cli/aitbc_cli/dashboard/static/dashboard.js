@@ -219,10 +219,19 @@ function renderWorker(state) {
   const paid = view.payments.filter((p) => p.worker_id === id).map((p) => `${eth(p.amount_wei)} ETH in ${p.tx_hash}`);
   const events = view.audit.filter((a) => a.fields.worker === id).map((a) => `#${a.seq} ${a.event}` +
     (a.fields.round !== undefined ? ` round ${a.fields.round}` : "") + (a.fields.reason ? `: ${a.fields.reason}` : ""));
+  const mine = (kind) => view.events.filter((e) => e.event === kind && e.worker === id);
+  const checks = mine("spot_check"), passed = checks.filter((c) => c.passed === true).length;
+  const offer = state.market && typeof state.market === "object" ? state.market[id.toLowerCase()] : undefined;
+  const standing = offer ? `reputation ${num(offer.reputation, 2)}, ${eth(offer.stake_wei)} ETH bonded, ` +
+    `${offer.completed} completed / ${offer.failed} failed / ${offer.slashes} slashed on chain`
+    : typeof state.market === "string" ? `market not reachable: ${state.market}`
+    : state.market ? "no current offer on the market" : "asking the market...";
   const items = [["role", w.role], ["status", w.status], ["round", String(w.round)],
     ["epoch", `${w.epoch}/${w.epochs}`],
     ["progress", `${Math.round(w.progress)}%`], ["loss now", num(w.loss)], ["paid", `${eth(w.paid_wei)} ETH`],
     ["spend so far", `${eth(view.cost.per_worker_wei[id] ?? "0")} ETH`],
+    ["spot checks", checks.length ? `${passed} passed, ${checks.length - passed} failed` : "none yet"],
+    ["slashed here", String(mine("slashed").length)], ["on the market", standing],
     ["loss per round", losses.join("; ") || "-"], ["payments", paid.join("; ") || "-"],
     ["events", events.join("; ") || "-"]];
   document.getElementById("worker-detail").replaceChildren(definitions(items, "mono"));
@@ -250,7 +259,11 @@ function render(state, view) {
 
 function showTraining() {
   const parts = location.pathname.split("/").filter(Boolean).map(decodeURIComponent);
-  const state = { id: parts[1], worker: parts[3] || null, view: null };
+  const state = { id: parts[1], worker: parts[3] || null, view: null, market: null };
+  // each worker's standing (reputation, bond, record) is the market's: asked once, as the index asks it
+  getJSON("/api/market").then(({ offers }) => {
+    state.market = Object.fromEntries(offers.map((o) => [o.provider.toLowerCase(), o]));
+  }, (err) => { state.market = String(err.message || err); }).then(() => renderWorker(state));
   document.getElementById("training-id").textContent = state.id;
   document.title = `${state.id} · aitbc dashboard`;
   const events = new EventSource(withToken(`/api/trainings/${encodeURIComponent(state.id)}/events`));
