@@ -62,6 +62,11 @@ def test_five_commands_across_processes(aitbc_cmd, cli_env, aitbc_home, tmp_path
     assert snap["phase"] == "complete", snap
     assert [r["round"] for r in snap["round_metrics"]] == [1, 2, 3]
     assert snap["round_metrics"][-1]["accuracy"] >= 0.93
+    # the detached coordinator wrote each round to TensorBoard, the spec's default log (init's --log-to)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    board = EventAccumulator(str(aitbc_home / "trainings" / tid / "tensorboard"))
+    board.Reload()
+    assert [e.step for e in board.Scalars("eval/loss")] == [1, 2, 3]
 
     async def check_chain_and_ipfs() -> None:
         profile = load_profile(aitbc_home)
