@@ -399,9 +399,10 @@ async def _measure_fleet_kill(reader: SignedChannel, report: SimReport, victim: 
 
 
 def _training_spec(index: int, config: SimConfig) -> TrainingSpec:
-    # An MLP on a shard of digits: real training, negligible compute, so the market is what is measured.
+    # An MLP on a shard of digits: real training, negligible compute, so the market is what is measured
+    # (and no experiment log: a hundred TensorBoard writers in the one coordinator are not the market).
     return TrainingSpec(model_type="mlp", target_workers=config.workers, rounds=config.rounds, seed=index,
-                        job=JobConfig(batch_size=32, learning_rate=1e-2, epochs=1),
+                        job=JobConfig(batch_size=32, learning_rate=1e-2, epochs=1), log_to=(),
                         faults=FaultPolicy(verify_on=config.verify_on))
 
 
