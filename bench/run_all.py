@@ -29,6 +29,7 @@ FULL = {
     "bench_lm.py": ["--steps", "400", "--inner-steps", "50", "--plot", "docs/lm_curves.png"],
     "bench_cli_startup.py": ["--repeat", "15"],
     "bench_model_scale.py": ["--include", "350M", "--plot", "docs/model-scale.png"],
+    "bench_experiment_logs.py": ["--rounds", "10", "--repeat", "3", "--workers", "4"],
 }
 
 
