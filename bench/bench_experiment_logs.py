@@ -102,8 +102,9 @@ def main() -> None:
               f"({args.rounds} rounds, {args.workers} workers)")
     for name, seconds in per_round.items():
         print(f"{name}: {seconds * 1000:.2f} ms to write a round ({len(figures(args.workers, 1))} tags)")
-    print(json.dumps({"bench": "experiment_logs", "rounds": args.rounds, "repeat": args.repeat, "workers": args.workers,
-                      "tensorboard_import_s": import_s, "run_median_s": medians, "run_ratio_tensorboard_over_none": medians["tensorboard"] / medians["none"],
+    print(json.dumps({"bench": "experiment_logs", "rounds": args.rounds, "repeat": args.repeat,
+                      "workers": args.workers, "tensorboard_import_s": import_s, "run_median_s": medians,
+                      "run_ratio_tensorboard_over_none": medians["tensorboard"] / medians["none"],
                       "write_s_per_round": per_round, "figures_s_per_round": figures_s,
                       "write_ratio_over_figures": {n: s / figures_s for n, s in per_round.items()}}))
 
