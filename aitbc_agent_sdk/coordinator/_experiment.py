@@ -1,7 +1,8 @@
 """A training's rounds, written to the experiment logs its spec lists (``log_to``) as each round is saved.
 
-The figures come from the same state ``monitor`` reads (the training database and the audit log), through
-:func:`snapshot`; :func:`round_scalars` turns one round of it into named numbers. A log that fails is
+The figures come from the same state ``monitor`` reads (the training database and the audit log), priced by
+the same :meth:`TrainingCost.of`; :func:`round_scalars` turns one round of it into named numbers. The training
+record is read once, when the logs open: a round's path reads it no more than it did. A log that fails is
 dropped with a warning: an experiment log never ends a training.
 """
 
@@ -14,9 +15,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from ..records import RoundMetrics, TrainingRecord, id_path
+from ..records import RoundMetrics, TrainingCost, TrainingRecord, id_path
 from ..tracking import ExperimentLog, ExperimentRun, open_experiment_log
-from ._monitor import Snapshot, snapshot
+from ._monitor import pool_events
 from ._training_db import TrainingDatabase
 
 log = logging.getLogger(__name__)
@@ -61,16 +62,17 @@ def flat_config(record: TrainingRecord) -> dict[str, Any]:
 class ExperimentRecorder:
     """Writes each newly saved round of one training to its experiment logs (none: does nothing)."""
 
-    def __init__(self, db: TrainingDatabase, audit_dir: Path | None, training_id: str,
-                 logs: Sequence[tuple[str, ExperimentLog]], logged_through: int) -> None:
-        self._db, self._audit_dir, self._training_id = db, audit_dir, training_id
+    def __init__(self, db: TrainingDatabase, audit_dir: Path | None, record: TrainingRecord,
+                 logs: Sequence[tuple[str, ExperimentLog]]) -> None:
+        self._db, self._audit_dir, self._training_id = db, audit_dir, record.training_id
+        self._rounds = record.spec.rounds
         self._logs = list(logs)
-        self._logged_through = logged_through  # rounds an earlier coordinator process already wrote
+        self._logged_through = record.round  # rounds an earlier coordinator process already wrote
 
     @classmethod
-    async def open(cls, db: TrainingDatabase, audit_dir: Path | None, training_id: str) -> ExperimentRecorder:
+    async def open(cls, db: TrainingDatabase, audit_dir: Path | None, record: TrainingRecord) -> ExperimentRecorder:
         """The training's logs, opened in its directory; without an audit directory there is none to write in."""
-        record = await db.training(training_id)
+        training_id = record.training_id
         logs: list[tuple[str, ExperimentLog]] = []
         if audit_dir is not None:
             run = ExperimentRun(training_id, id_path(audit_dir, training_id), flat_config(record))
@@ -79,7 +81,7 @@ class ExperimentRecorder:
                     logs.append((name, await asyncio.to_thread(open_experiment_log, name, run)))
                 except Exception as exc:  # a missing library was refused before funding; anything else: go on
                     log.warning("training %s: cannot open the %s experiment log: %s", training_id, name, exc)
-        return cls(db, audit_dir, training_id, logs, record.round)
+        return cls(db, audit_dir, record, logs)
 
     async def __aenter__(self) -> ExperimentRecorder:
         return self
@@ -92,10 +94,13 @@ class ExperimentRecorder:
         """Write the rounds saved since the last call."""
         if not self._logs:
             return
-        view = await snapshot(self._db, self._training_id, self._audit_dir)
-        fresh = [m for m in view.round_metrics if m.round > self._logged_through]
+        fresh = [m for m in await self._db.rounds(self._training_id) if m.round > self._logged_through]
+        if not fresh:
+            return
+        events = await asyncio.to_thread(pool_events, self._audit_dir, self._training_id, ("receipt_sent",))
+        cost = await self._cost(fresh[-1].round, events)
         for metrics in fresh:
-            scalars = await self._scalars(view, metrics)
+            scalars = await self._scalars(metrics, cost, events)
             await self._each("write round", lambda target, s=scalars, r=metrics.round: target.log(r, s))
             self._logged_through = metrics.round
 
@@ -103,17 +108,25 @@ class ExperimentRecorder:
         await self._each("close", lambda target: target.close())
         self._logs = []
 
-    async def _scalars(self, view: Snapshot, metrics: RoundMetrics) -> dict[str, float]:
+    async def _cost(self, rounds_done: int, events: list[dict[str, Any]]) -> TrainingCost:
+        escrow = await self._db.escrow(self._training_id)
+        payments = await self._db.payments(self._training_id)
+        return TrainingCost.of(rounds_done=rounds_done, rounds=self._rounds, finished=False,
+                               deposit_wei=escrow.deposited_wei if escrow else None,
+                               payments=[(p.worker_id, p.amount_wei) for p in payments],
+                               receipts=[e for e in events if e["event"] == "receipt_sent"])
+
+    async def _scalars(self, metrics: RoundMetrics, cost: TrainingCost,
+                       events: list[dict[str, Any]]) -> dict[str, float]:
         losses: dict[str, float] = {}
         for job in await self._db.jobs(self._training_id, metrics.round):
             progress = await self._db.progress(job.job_id)
             if progress is not None and progress.loss is not None:
                 losses[job.worker_id] = progress.loss  # a reassigned slot's later job wins
-        cost = view.cost
-        spend = next((s.wei for s in cost.per_round_wei if s.round == metrics.round), None) if cost else None
-        return round_scalars(metrics, worker_losses=losses, spend_wei=spend, spent_wei=cost.spent_wei if cost else None,
-                             checks=[e for e in view.events if e["event"] == "spot_check"],
-                             slashes=sum(1 for e in view.events if e["event"] == "slashed"))
+        spend = next((s.wei for s in cost.per_round_wei if s.round == metrics.round), None)
+        return round_scalars(metrics, worker_losses=losses, spend_wei=spend, spent_wei=cost.spent_wei,
+                             checks=[e for e in events if e["event"] == "spot_check"],
+                             slashes=sum(1 for e in events if e["event"] == "slashed"))
 
     async def _each(self, what: str, call: Any) -> None:
         for name, target in list(self._logs):

@@ -108,9 +108,10 @@ async def _verification(db: TrainingDatabase, training_id: str, events: list[dic
     return VerificationSpend.of_checks(checks, trained, [e for e in events if e["event"] == "verifiers_paid"])
 
 
-def pool_events(audit_dir: Path | None, training_id: str) -> list[dict[str, Any]]:
-    """The audit log's scaling, rebalancing and fault events, oldest first (none without a log)."""
-    return _logged(audit_dir, training_id, POOL_EVENTS)
+def pool_events(audit_dir: Path | None, training_id: str, also: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """The audit log's scaling, rebalancing and fault events (and those ``also`` named), oldest first (none
+    without a log)."""
+    return _logged(audit_dir, training_id, (*POOL_EVENTS, *also))
 
 
 def _logged(audit_dir: Path | None, training_id: str, kinds: tuple[str, ...],

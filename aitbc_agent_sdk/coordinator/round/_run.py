@@ -158,7 +158,7 @@ async def drive_training(coordinator: Coordinator, tid: str, *,
         unusable: set[str] = set()
         audit, reassign = coordinator.logs.of(tid), reassigner_for(coordinator, tid)
         ports = await round_ports(coordinator, tid)
-        experiment = await ExperimentRecorder.open(coordinator.db, coordinator.settings.audit_dir, tid)
+        experiment = await ExperimentRecorder.open(coordinator.db, coordinator.settings.audit_dir, record)
         async with LivenessWatch(coordinator.channel) as liveness, experiment:
             while record.round < record.spec.rounds:
                 await coordinator.update_phase(tid, P.DISTRIBUTING)
