@@ -161,3 +161,41 @@ def test_one_round_is_named_as_the_docs_say() -> None:
         "round/samples_per_s": 100.0, "bytes/sent": 10.0, "spend/round_eth": 0.2, "spend/total_eth": 1.0,
         "worker/0xa/train_loss": 0.75, "worker/0xb/train_loss": 0.5,
         "verify/spot_checks_total": 3, "verify/failed_total": 2, "verify/slashed_total": 1}
+
+
+class KeptRounds:
+    """An experiment log that keeps the steps it was given (this test's own adapter of the port)."""
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+
+    def log(self, step: int, scalars: dict[str, float]) -> None:
+        self.steps.append(step)
+
+    def close(self) -> None:
+        pass
+
+
+async def test_an_audit_log_that_cannot_be_read_skips_the_round_and_the_training_goes_on(tmp_path: Path) -> None:
+    from aitbc_agent_sdk.coordinator._experiment import ExperimentRecorder
+    from aitbc_agent_sdk.coordinator._training_db import TrainingDatabase
+    from aitbc_agent_sdk.records import TrainingRecord
+
+    record = TrainingRecord(training_id="training_edited", spec=TrainingSpec(model_type="mlp", target_workers=1),
+                            coordinator="0x" + "11" * 20)
+    audit = tmp_path / "trainings" / record.training_id / "audit.jsonl"
+    audit.parent.mkdir(parents=True)
+    kept = KeptRounds()
+    async with TrainingDatabase(tmp_path / "aitbc.db") as db:
+        await db.save_training(record)
+        recorder = ExperimentRecorder(db, tmp_path / "trainings", record, [("kept", kept)])
+        await db.save_round(record.training_id, RoundMetrics(
+            round=1, accuracy=0.5, loss=1.0, model_cid="bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy",
+            workers=1))
+        audit.write_text("an edited line, not the hash chain\n")
+        await recorder.after_round()  # a warning, not an error: the round loop goes on
+        assert kept.steps == []
+        audit.unlink()
+        await recorder.after_round()  # the round is still owed, and written once it can be read
+        await recorder.after_round()
+        assert kept.steps == [1]

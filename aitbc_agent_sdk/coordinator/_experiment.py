@@ -91,18 +91,24 @@ class ExperimentRecorder:
         await self.close()
 
     async def after_round(self) -> None:
-        """Write the rounds saved since the last call."""
+        """Write the rounds saved since the last call; a round whose figures cannot be read (an audit log edited
+        under the coordinator, say) is skipped with a warning, as the training goes on."""
         if not self._logs:
             return
-        fresh = [m for m in await self._db.rounds(self._training_id) if m.round > self._logged_through]
-        if not fresh:
+        try:
+            fresh = [m for m in await self._db.rounds(self._training_id) if m.round > self._logged_through]
+            if not fresh:
+                return
+            events = await asyncio.to_thread(pool_events, self._audit_dir, self._training_id, ("receipt_sent",))
+            cost = await self._cost(fresh[-1].round, events)
+            written = [(m.round, await self._scalars(m, cost, events)) for m in fresh]
+        except Exception as exc:
+            log.warning("training %s: a round's figures could not be read for the experiment logs: %s",
+                        self._training_id, exc)
             return
-        events = await asyncio.to_thread(pool_events, self._audit_dir, self._training_id, ("receipt_sent",))
-        cost = await self._cost(fresh[-1].round, events)
-        for metrics in fresh:
-            scalars = await self._scalars(metrics, cost, events)
-            await self._each("write round", lambda target, s=scalars, r=metrics.round: target.log(r, s))
-            self._logged_through = metrics.round
+        for round_, scalars in written:
+            await self._each("write round", lambda target, s=scalars, r=round_: target.log(r, s))
+            self._logged_through = round_
 
     async def close(self) -> None:
         await self._each("close", lambda target: target.close())
