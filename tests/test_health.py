@@ -21,7 +21,7 @@ def test_the_seeds_rule_flags_progress_more_than_20_points_below_the_average():
 
 
 def test_coarse_progress_does_not_flag_jobs_that_are_merely_not_done_yet():
-    policy = FaultPolicy(straggler_grace=1.5)
+    policy = FaultPolicy(straggler_grace=1.5, straggler_min_s=0.0)
     progress = {0: 100.0, 1: 100.0, 2: 0.0, 3: 0.0}
     # two finished in about 1s; the others have run 1.2s: behind the average, but not for long
     assert confirmed_stragglers(progress, {2: 1.2, 3: 1.2}, [1.0, 1.0], policy) == []
@@ -29,6 +29,17 @@ def test_coarse_progress_does_not_flag_jobs_that_are_merely_not_done_yet():
     assert confirmed_stragglers(progress, {2: 1.2, 3: 2.0}, [1.0, 1.0], policy) == [3]
     # before half the jobs finished there is no yardstick
     assert confirmed_stragglers({0: 100.0, 1: 0.0, 2: 0.0}, {1: 9.0, 2: 9.0}, [1.0], policy) == []
+
+
+def test_a_short_job_is_no_straggler_for_lagging_a_fraction_of_a_second():
+    progress = {0: 100.0, 1: 100.0, 2: 0.0}
+    policy = FaultPolicy(straggler_grace=1.5, straggler_min_s=5.0)
+    # the others took 0.3s; three times that is still under the floor (a verifier's job waits behind its checks)
+    assert confirmed_stragglers(progress, {2: 0.9}, [0.3, 0.3], policy) == []
+    assert confirmed_stragglers(progress, {2: 5.5}, [0.3, 0.3], policy) == [2]
+    # a long job's patience is its grace, far above the floor
+    assert confirmed_stragglers(progress, {2: 80.0}, [60.0, 60.0], policy) == []
+    assert confirmed_stragglers(progress, {2: 95.0}, [60.0, 60.0], policy) == [2]
 
 
 def test_quantile_interpolates_between_ranks():

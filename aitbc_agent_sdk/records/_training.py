@@ -96,6 +96,9 @@ class FaultPolicy(Record):
                                         description="progress this far below the average marks a straggler")
     straggler_grace: float = Field(default=1.5, ge=1.0,
                                    description="...once it ran this many times the median of finished jobs")
+    straggler_min_s: float = Field(default=5.0, ge=0.0,
+                                   description="...and at least this many seconds: a job of a second is not "
+                                               "copied for lagging half of one")
     deadline_quantile: float = Field(default=0.9, gt=0.0, le=1.0)
     deadline_factor: float = Field(default=2.0, ge=1.0, description="deadline = factor x quantile of past rounds, "
                                                                      "or factor x the work at the assumed speed")

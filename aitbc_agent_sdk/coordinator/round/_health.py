@@ -31,11 +31,13 @@ def confirmed_stragglers(progress: Mapping[K, float], elapsed_s: Mapping[K, floa
 
     With one-epoch jobs progress jumps from 0 to 100, so right after the first results arrive
     every other job is "behind the average". A job counts only once at least half of the round's
-    jobs finished and it has run ``straggler_grace`` times longer than their median.
+    jobs finished and it has run ``straggler_grace`` times longer than their median, and at least
+    ``straggler_min_s``: a busy provider's short job (it verifies for others too) is not copied for lagging
+    by a fraction of a second.
     """
     if len(finished_s) * 2 < len(progress) or not finished_s:
         return []
-    patience = policy.straggler_grace * statistics.median(finished_s)
+    patience = max(policy.straggler_grace * statistics.median(finished_s), policy.straggler_min_s)
     return [k for k in progress_stragglers(progress, policy.straggler_gap_points) if elapsed_s.get(k, 0.0) > patience]
 
 
