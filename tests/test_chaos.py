@@ -2,7 +2,9 @@
 
 Each scenario starts its own devnet, injects one fault into a 3-round training, and checks the
 outcome against the chain (escrow conservation, who was paid) and the hash-chained audit log.
-The full suite is ``make chaos`` (``scripts/chaos/run_chaos.py``).
+The full suite is ``make chaos`` (``scripts/chaos/run_chaos.py``). Two of its rows left this file for
+the suite's time (three minutes each on CI): a NaN worker is caught and slashed in test_byzantine.py, and
+a coordinator killed with SIGKILL on a devnet is carried on in test_auto_resume.py.
 """
 
 from __future__ import annotations
@@ -77,26 +79,6 @@ def test_kill_provider(clean, chaos_root):
     assert result.detection_s is not None and 0 < result.detection_s < 30
     if result.silent_s is not None:
         assert result.silent_s >= CONFIG.heartbeat_timeout_s
-
-
-@pytest.mark.slow
-def test_byzantine_nan(clean, chaos_root):
-    reference = _reference(clean)
-    result = run("byzantine-nan", chaos_root, reference)
-    _common(result, reference)
-    assert result.faulty_paid_wei == 0
-    assert result.events.get("result_rejected", 0) >= 1 and result.events.get("worker_replaced", 0) >= 1
-    assert result.events.get("slashed", 0) >= 1  # a NaN checkpoint under its own signature is slashable
-
-
-@pytest.mark.slow
-def test_coordinator_kill(clean, chaos_root):
-    reference = _reference(clean)
-    result = run("coordinator-kill", chaos_root, reference)
-    _common(result, reference)
-    assert result.all_paid  # nobody was at fault: every worker paid in full, once
-    assert result.events.get("training_resumed") == 1
-    assert result.events.get("payment") == CONFIG.workers
 
 
 @pytest.mark.slow

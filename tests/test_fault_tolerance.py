@@ -195,11 +195,11 @@ async def test_a_checkpoint_that_cannot_be_fetched_is_asked_for_again_before_the
 
 
 class BrieflySlowProvider(ProviderAgent):
-    """Its round-2 job lags two seconds, then finishes: a straggler that recovers by itself."""
+    """Its round-2 job lags seven seconds, then finishes: a straggler (past the 5 s floor) that recovers by itself."""
 
     async def train_job(self, job, job_dir, on_epoch):
         if job.round == 2:
-            await asyncio.sleep(2.0)
+            await asyncio.sleep(7.0)
         return await super().train_job(job, job_dir, on_epoch)
 
 
@@ -244,6 +244,8 @@ async def test_honest_workers_on_label_skewed_shards_are_paid_in_full_and_never_
     assert len(checks) == 8 and all(e["passed"] for e in checks)  # 4 workers x 2 rounds, every one checked
     # hired as CPUs (no GPU offered), so compared bit for bit, and the log says so (issue #29)
     assert all(e["exact"] and e["tolerance_source"] == "bit for bit: a CPU" for e in checks)
+    # bit for bit: each segment's start is opened, its end only hashed (half the upload of a big model)
+    assert all(sorted(e["opened"]) == sorted(str(s) for s in e["segments"]) for e in checks), checks
     spend = report.verification  # the report prices the checks apart from the training (issue #29)
     assert spend is not None and (spend.checks, spend.failed) == (8, 0)
     assert spend.coordinator_seconds == sum(e["seconds"] for e in checks) > 0
@@ -277,6 +279,9 @@ async def test_an_honest_gpu_workers_noise_within_the_tolerance_is_paid_and_neve
     assert len(checks) == 2 and all(e["passed"] for e in checks)
     # its offer's GPU is unconfirmed on this CPU host, and no class is measured: the training's tolerance
     assert all(not e["exact"] and e["tolerance"] == 0.05 and e["tolerance_source"] == UNMEASURED for e in checks)
+    # within a tolerance, the end is compared too: both opened
+    assert all(sorted(map(int, e["opened"])) == sorted({b for s in e["segments"] for b in (s, s + 1)})
+               for e in checks), checks
     # verify_on auto: a GPU worker's checks go to the market (no other worker of its class: re-executed here as
     # the referee); the CPU workers' stay on this machine
     assert all(e["verified_on"] == "market" for e in checks)

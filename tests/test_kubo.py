@@ -242,3 +242,24 @@ async def test_wrong_cid_from_add_is_detected() -> None:
     async with KuboClient("http://fake", transport=_fake_daemon({}, add_reply=liar)) as client:
         with pytest.raises(IntegrityError, match=liar):
             await KuboContentStore(client).add(b"the real content")
+
+
+async def test_a_big_add_gets_time_for_the_daemon_to_store_it_before_it_answers(tmp_path) -> None:
+    # The daemon answers an add once the whole file is stored: a 1 GB boundary state took js-ipfs over a
+    # minute beside another upload, past the 60 s read timeout, and a spot check's opening was lost.
+    seen: dict[int, dict] = {}
+
+    def handle(request: httpx.Request) -> httpx.Response:  # records the timeouts httpx would enforce
+        body = request.read()
+        seen[len(body)] = request.extensions["timeout"]
+        cid = compute_cid(body[body.index(b"\r\n\r\n") + 4:body.rindex(b"\r\n--")], AddOptions())
+        return httpx.Response(200, content=json.dumps({"Name": "f", "Hash": cid, "Size": 1}) + "\n")
+
+    big = tmp_path / "big"
+    big.write_bytes(os.urandom(16 << 20))
+    async with KuboClient("http://fake", timeout=60.0, transport=httpx.MockTransport(handle)) as client:
+        await client.add(b"small")
+        await client.add(big)
+    small, large = (seen[k] for k in sorted(seen))
+    assert small["read"] == pytest.approx(60.0, abs=0.01)
+    assert large["read"] >= 60.0 + 3.9  # 16 MB at no less than 4 MB/s

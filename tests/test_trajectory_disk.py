@@ -17,7 +17,7 @@ import torch
 
 from aitbc_agent_sdk.coordinator.checks._spot_check import measured_step_s, opening_deadline_s
 from aitbc_agent_sdk.devnet._network import DEVNET_PROVIDER_ARGS
-from aitbc_agent_sdk.errors import TrainingError
+from aitbc_agent_sdk.errors import StoreUnreachableError, TrainingError
 from aitbc_agent_sdk.flow._provider_daemon import build_parser
 from aitbc_agent_sdk.records import JobAssignment, JobConfig, TaskRef, TrajectoryChallenge
 from aitbc_agent_sdk.provider._jobs import TrainOutcome
@@ -205,3 +205,36 @@ async def test_the_devnet_providers_keep_4_gib_and_past_it_the_oldest_job_goes(t
         await results.keep(owner, job, job_dir, TrainOutcome(job_dir / "checkpoint.safetensors", 1, 0.0, 0.0))
     assert results.get(owner, "job-1") is None and results.get(owner, "job-2") is not None
     assert results.bytes == 3000 and not (tmp_path / "kept" / owner.hex / "job-1").exists()
+
+
+class _FailingStore(LocalContentStore):
+    """Fault injection (a daemon that times out storing one file, which a real one does only under load):
+    adding boundary 21 fails."""
+
+    async def add(self, data, **kwargs):
+        if isinstance(data, Path) and data.name == boundary_name(21):
+            raise StoreUnreachableError("IPFS API http://127.0.0.1:5001: add timed out (ReadTimeout)")
+        return await super().add(data, **kwargs)
+
+
+async def test_a_boundary_that_cannot_be_uploaded_is_left_out_and_the_opening_still_goes_out(long_job, tmp_path):
+    _, _, _, commitment, directory = long_job
+    results = KeptResults(tmp_path / "kept", _FailingStore(tmp_path / "store"))
+    challenge = TrajectoryChallenge(job_id="job-1", training_id="training-1", round=1, segments=(42, 20),
+                                    deadline_s=30.0)
+    states = await results.open(kept_job(directory, tmp_path), challenge)
+    assert [s.boundary for s in states] == [43]  # 20 and 42 are not kept, 21 failed: its coordinator says so at once
+
+
+async def test_a_bit_for_bit_check_opens_each_segments_start_only(long_job, tmp_path):
+    _, _, _, commitment, directory = long_job
+    results = KeptResults(tmp_path / "kept", LocalContentStore(tmp_path / "store"))
+    both = TrajectoryChallenge(job_id="job-1", training_id="training-1", round=1, segments=(42, 20), deadline_s=30.0)
+    starts = both.model_copy(update={"ends": False})
+    assert (both.boundaries(), starts.boundaries()) == ([20, 21, 42, 43], [20, 42])
+    kept = kept_job(directory, tmp_path)
+    # 21 and 43 are the kept ones: asked for the starts 20 and 42, which it would recompute, it opens none of them
+    assert [s.boundary for s in await results.open(kept, starts)] == []
+    ends_kept = TrajectoryChallenge(job_id="job-1", training_id="training-1", round=1, segments=(21, 43),
+                                    deadline_s=30.0, ends=False)
+    assert [s.boundary for s in await results.open(kept, ends_kept)] == [21, 43]

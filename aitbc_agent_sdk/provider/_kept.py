@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..errors import AitbcError
 from ..records import BoundaryState, JobAssignment, TrajectoryChallenge, id_path
 from ..storage import ContentStore
 from ._jobs import TrainOutcome
@@ -90,11 +91,10 @@ class KeptResults:
 
     async def open(self, kept: KeptJob, challenge: TrajectoryChallenge,
                    recompute: Recompute | None = None) -> tuple[BoundaryState, ...]:
-        """Upload the boundaries around every segment asked for: the kept ones, and the others recomputed by
-        ``recompute`` (into a scratch directory, gone once uploaded; at most MAX_RECOMPUTES times per job).
-        Those it cannot open are left out."""
-        paths = {b: boundary_file(kept.trajectory, b) for b in sorted({b for s in challenge.segments
-                                                                         for b in (s, s + 1)})}
+        """Upload the boundaries of every segment asked for (starts, and ends if asked): the kept ones, and
+        the others recomputed by ``recompute`` (into a scratch directory, gone once uploaded; at most
+        MAX_RECOMPUTES times per job). Those it cannot open or upload are left out."""
+        paths = {b: boundary_file(kept.trajectory, b) for b in challenge.boundaries()}
         missing = tuple(b for b, path in paths.items() if not _regular(path))
         key = (kept.owner.hex, kept.job.job_id)
         scratch = None
@@ -108,11 +108,20 @@ class KeptResults:
                 except Exception:  # the opening still goes out, without them: the check says what is missing
                     log.exception("boundaries %s of job %s could not be recomputed", list(missing), kept.job.job_id)
                 paths.update({b: boundary_file(scratch, b) for b in missing})
-            return tuple([BoundaryState(boundary=b, cid=await self.store.add(path))
-                          for b, path in paths.items() if _regular(path)])
+            return tuple([state for b, path in paths.items() if _regular(path)
+                          and (state := await self._uploaded(kept, b, path)) is not None])
         finally:
             if scratch is not None:
                 await asyncio.to_thread(shutil.rmtree, scratch, True)
+
+    async def _uploaded(self, kept: KeptJob, boundary: int, path: Path) -> BoundaryState | None:
+        """One boundary in the store, or None: the opening still goes out without it, so its coordinator
+        learns at once what is missing rather than wait out the opening's deadline."""
+        try:
+            return BoundaryState(boundary=boundary, cid=await self.store.add(path))
+        except AitbcError as exc:
+            log.warning("boundary %d of job %s could not be uploaded: %s", boundary, kept.job.job_id, exc)
+            return None
 
     def owners(self) -> set[TrainingOwner]:
         return {kept.owner for kept in self._jobs.values()}

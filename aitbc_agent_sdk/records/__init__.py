@@ -14,6 +14,6 @@ from ._jobs import WorkerContract, MAX_SHARD_BYTES, MAX_WEIGHTS_BYTES, declared_
 from ._reports import AggregateResult, RoundMetrics, Payment, EscrowSummary, TrainingStatus, Settlement, WorkerReport, RoundReport, TrainingReport, VerificationSpend, RoundSpend, TrainingCost, ChainIntent, reported_accuracy  # noqa: F401
 from ._receipts import PaymentReceipt  # noqa: F401
 from ._generation import MAX_PROMPT_BYTES, MAX_SAMPLE_TOKENS, ExportFormat, ExportResult, SampleResult  # noqa: F401
-from ._verification import MAX_SEGMENTS, MAX_CHECKED_SEGMENTS, MAX_TRACE_POINTS, MAX_COMMITMENT_BYTES, COMMITMENT_KEY, MAX_HARDWARE_PRODUCT, MAX_HARDWARE_FLOPS, TrajectoryCommitment, TrajectoryChallenge, BoundaryState, TrajectoryOpening, HardwareChallenge, HardwareAnswer, VerifyRequest, VerifyReport, Precision, ToleranceRow, ToleranceTable  # noqa: F401
+from ._verification import MAX_SEGMENTS, MAX_CHECKED_SEGMENTS, MAX_TRACE_POINTS, MAX_COMMITMENT_BYTES, COMMITMENT_KEY, MAX_HARDWARE_PRODUCT, MAX_HARDWARE_FLOPS, TrajectoryCommitment, TrajectoryChallenge, boundaries_opened, BoundaryState, TrajectoryOpening, HardwareChallenge, HardwareAnswer, VerifyRequest, VerifyReport, Precision, ToleranceRow, ToleranceTable  # noqa: F401
 from ._datasets import TargetKind  # noqa: F401
 from ._inert import terminal_markup, visible, visible_values  # noqa: F401

@@ -5,6 +5,7 @@ every one of them comes from a stranger."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
@@ -65,8 +66,14 @@ class TrajectoryCommitment(Record):
         return self
 
 
+def boundaries_opened(segments: Iterable[int], *, ends: bool) -> list[int]:
+    """The boundary states an opening of ``segments`` holds: each one's start, and with ``ends`` its end."""
+    return sorted({b for s in segments for b in ((s, s + 1) if ends else (s,))})
+
+
 class TrajectoryChallenge(Record):
-    """The coordinator asks a worker to open segments of a committed trajectory (their start and end states)."""
+    """The coordinator asks a worker to open segments of a committed trajectory (their start states, and
+    with ``ends`` their end states too)."""
 
     job_id: Id
     training_id: Id
@@ -74,6 +81,13 @@ class TrajectoryChallenge(Record):
     segments: tuple[Annotated[int, Field(ge=0, lt=MAX_SEGMENTS)], ...] = Field(
         min_length=1, max_length=MAX_CHECKED_SEGMENTS)
     deadline_s: Finite = Field(gt=0.0)
+    # A replay compared bit for bit on the coordinator needs only its start: its end's hash is committed.
+    # A GPT-2 state is a gigabyte, so that halves the upload. Within a tolerance, or on the market, both.
+    ends: bool = True
+
+    def boundaries(self) -> list[int]:
+        """The boundary states this challenge opens, in order."""
+        return boundaries_opened(self.segments, ends=self.ends)
 
     @model_validator(mode="after")
     def _distinct(self) -> TrajectoryChallenge:

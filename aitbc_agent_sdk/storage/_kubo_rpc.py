@@ -29,6 +29,9 @@ __all__ = ["DEFAULT_API", "KuboClient", "UnsupportedEndpointError", "same_cid"]
 
 DEFAULT_API = "http://127.0.0.1:5001"
 _UPLOAD_PIECE = 1024 * 1024  # bytes read from disk per event-loop hop while uploading
+# The slowest rate at which a daemon may chunk, hash and store an upload before it answers: it answers once the
+# whole file is stored, and a 1 GB state took js-ipfs over a minute beside another upload (the GPT-2 test).
+_ADD_FLOOR_BYTES_PER_S = 4 * 1024 * 1024
 # Substrings of daemon messages that mean "this content is not here / was not found in time".
 # What kubo (Go's http.NotFound) and js-ipfs (hapi) answer for a path they do not route.
 _NO_ROUTE = ("404 page not found", "not found", "method not allowed", "not implemented")
@@ -96,7 +99,8 @@ class KuboClient:
         if isinstance(data, Path) and not data.is_file():
             raise StorageError(f"cannot add {data}: not a file")
         name = data.name if isinstance(data, Path) else "data"
-        async with self._request("add", params, upload=(data, name)) as reply:
+        size = data.stat().st_size if isinstance(data, Path) else len(data)
+        async with self._request("add", params, upload=(data, name), answer_s=size / _ADD_FLOOR_BYTES_PER_S) as reply:
             return _added_cid(await _read(reply, self.api_url), self.api_url)
 
     async def cat(self, cid: str) -> AsyncIterator[bytes]:
@@ -171,7 +175,8 @@ class KuboClient:
     # --- plumbing
 
     def _request(self, endpoint: str, params: dict[str, str] | None = None, *, fetches: bool = False,
-                 upload: tuple[bytes | Path, str] | None = None) -> _Call:
+                 upload: tuple[bytes | Path, str] | None = None, answer_s: float = 0.0) -> _Call:
+        """``answer_s``: seconds the daemon may take beyond ``timeout`` to answer (a big upload's storing)."""
         if self._closed:
             raise StorageError("KuboClient is closed")
         content, headers = None, None
@@ -180,7 +185,7 @@ class KuboClient:
             content = _multipart(*upload, boundary)
             headers = {"Content-Type": f"multipart/form-data; boundary={boundary}"}
         # Content lookups may legitimately wait up to find_timeout before the first byte.
-        timeout = httpx.Timeout(self.timeout + (self.find_timeout if fetches else 0.0),
+        timeout = httpx.Timeout(self.timeout + (self.find_timeout if fetches else 0.0) + answer_s,
                                 connect=min(self.timeout, 5.0))
         request = self._http.build_request("POST", endpoint, params=params, content=content,
                                            headers=headers, timeout=timeout)

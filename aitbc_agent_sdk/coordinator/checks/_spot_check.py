@@ -42,7 +42,7 @@ from ...errors import AitbcError
 from ...messaging import SignedChannel, topics
 from ...records import (
     UNCONFIRMED_CLASS, JobAssignment, Shard, ToleranceTable, TrajectoryChallenge, TrajectoryCommitment,
-    TrajectoryOpening, VerifyReport,
+    TrajectoryOpening, VerifyReport, boundaries_opened,
 )
 from ...wire._checkpoint import decode_state
 from ...proof._tolerances import Comparison, comparison_for, precision_of, shipped_tolerances
@@ -184,7 +184,9 @@ class SpotChecker:
             market = self.market if self.market is not None and self.market.takes(device_class, parameters) else None
             spent.on_market = market is not None
             step_s = await self._step_s(job, shard, commitment)
-            opened = await self._open(job, segments, self._opening_timeout(commitment, segments, step_s))
+            ends = market is not None or not comparison.exact  # bit for bit here: the start alone, hash the end
+            opened = await self._open(job, segments, ends,
+                                      self._opening_timeout(commitment, boundaries_opened(segments, ends=ends), step_s))
             started = time.perf_counter()
             if isinstance(opened, WorkVerdict):
                 verdict = opened
@@ -226,20 +228,20 @@ class SpotChecker:
                              self.round_times.of(job.training_id, job.worker_id), self.policy)
         return measured_step_s(found[0].train_seconds if found is not None else 0.0, commitment.steps, limit)
 
-    def _opening_timeout(self, commitment: TrajectoryCommitment, segments: tuple[int, ...], step_s: float) -> float:
+    def _opening_timeout(self, commitment: TrajectoryCommitment, wanted: list[int], step_s: float) -> float:
         """The opening's deadline: the policy's floor, plus the worker's recomputation at its measured speed."""
-        wanted = {b for s in segments for b in (s, s + 1)}
-        steps = recompute_segments(len(commitment.state_hashes), wanted) * commitment.segment_steps
+        steps = recompute_segments(len(commitment.state_hashes), set(wanted)) * commitment.segment_steps
         return opening_deadline_s(self.policy.opening_timeout_s, step_s, steps)
 
-    async def _open(self, job: JobAssignment, segments: tuple[int, ...], timeout: float
+    async def _open(self, job: JobAssignment, segments: tuple[int, ...], ends: bool, timeout: float
                     ) -> dict[int, str] | WorkVerdict:
-        """The CIDs of the boundary states around ``segments``, as the worker opened them."""
+        """The CIDs of the boundary states of ``segments`` (starts, and with ``ends`` ends), as the worker
+        opened them."""
+        challenge = TrajectoryChallenge(job_id=job.job_id, training_id=job.training_id, round=job.round,
+                                        segments=segments, deadline_s=timeout, ends=ends)
         waiting = self.listener.expect_opening(job.job_id)
         try:
-            await self.channel.publish(topics.challenge(job.worker_id), TrajectoryChallenge(
-                job_id=job.job_id, training_id=job.training_id, round=job.round, segments=segments,
-                deadline_s=timeout))
+            await self.channel.publish(topics.challenge(job.worker_id), challenge)
             opening: TrajectoryOpening = await asyncio.wait_for(waiting, timeout)
         except (TimeoutError, AitbcError) as exc:
             self.listener.forget_opening(job.job_id)
@@ -247,7 +249,7 @@ class SpotChecker:
             return WorkVerdict(f"missing work: did not open its committed trajectory {why} "
                                f"(segments {list(segments)}, {timeout:g}s)")
         cids = {s.boundary: s.cid for s in opening.states}
-        wanted = sorted({b for s in segments for b in (s, s + 1)})
+        wanted = challenge.boundaries()
         if missing := [b for b in wanted if b not in cids]:
             return WorkVerdict(f"missing work: the opening lacks boundaries {missing}")
         return {b: cids[b] for b in wanted}
@@ -393,9 +395,10 @@ class SpotChecker:
 
     async def _load(self, check: _CheckInputs, segment: int, fit: bool,
                     boundaries: tuple[int, ...] | None = None) -> dict[int, bytes] | WorkVerdict:
-        """The opened start and end of ``segment`` (or only ``boundaries``), each hashing as committed and
-        (with ``fit``) a state the task could be in."""
-        wanted = boundaries if boundaries is not None else (segment, segment + 1)
+        """The opened start and end of ``segment`` (the start alone if only it was opened, or only
+        ``boundaries``), each hashing as committed and (with ``fit``) a state the task could be in."""
+        wanted = boundaries if boundaries is not None else tuple(b for b in (segment, segment + 1)
+                                                                 if b in check.opened)
         blobs = await self._fetch({b: check.opened[b] for b in wanted})
         if isinstance(blobs, WorkVerdict):
             return blobs
