@@ -26,10 +26,10 @@ from .task_options import TaskOption, TaskParamOption
 from .training_options import (
     FAULTS, JOB, SPEC, AggregationChoiceOption, AlphaOption, AssumedSpeedOption, BatchSizeOption, EpochsOption,
     FetchTimeoutOption, FirstRoundDeadlineOption, LrOption, MinDeadlineOption, MinRoundTimeoutOption,
-    MinStakeOption, ModelType, ModelTypeOption, OpeningTimeoutOption, OuterLrOption, OuterMomentumOption,
-    OuterOption, PartitionOption, PingTimeoutOption, ResendTimeoutOption, RoundsOption, RoundTimeoutOption,
-    SeedOption, SpotChecksOption, TargetOption, TargetWorkersOption, UpdateEncodingOption, VerifyOnOption,
-    VerifyTimeoutOption, CanaryRateOption, VocabSizeOption, LogToOption, log_to_names,
+    StragglerMinOption, MinStakeOption, ModelType, ModelTypeOption, OpeningTimeoutOption, OuterLrOption,
+    OuterMomentumOption, OuterOption, PartitionOption, PingTimeoutOption, ResendTimeoutOption, RoundsOption,
+    RoundTimeoutOption, SeedOption, SpotChecksOption, TargetOption, TargetWorkersOption, UpdateEncodingOption,
+    VerifyOnOption, VerifyTimeoutOption, CanaryRateOption, VocabSizeOption, LogToOption, log_to_names,
 )
 
 
@@ -67,6 +67,7 @@ class TrainingOptions:
     first_round_deadline: FirstRoundDeadlineOption = FAULTS["first_round_deadline_s"].default
     assumed_samples_per_s: AssumedSpeedOption = FAULTS["assumed_samples_per_s"].default
     min_deadline: MinDeadlineOption = FAULTS["min_deadline_s"].default
+    straggler_min: StragglerMinOption = FAULTS["straggler_min_s"].default
     round_timeout: RoundTimeoutOption = None
     min_round_timeout: MinRoundTimeoutOption = FAULTS["min_round_timeout_s"].default
     fetch_timeout: FetchTimeoutOption = FAULTS["fetch_timeout_s"].default
@@ -99,7 +100,8 @@ class TrainingOptions:
             faults=FaultPolicy(
                 heartbeat_timeout_s=self.heartbeat_timeout, ping_timeout_s=self.ping_timeout,
                 first_round_deadline_s=self.first_round_deadline, assumed_samples_per_s=self.assumed_samples_per_s,
-                min_deadline_s=self.min_deadline, round_timeout_s=self.round_timeout,
+                min_deadline_s=self.min_deadline, straggler_min_s=self.straggler_min,
+                round_timeout_s=self.round_timeout,
                 min_round_timeout_s=self.min_round_timeout, fetch_timeout_s=self.fetch_timeout,
                 resend_timeout_s=self.resend_timeout, spot_checks=self.spot_checks,
                 opening_timeout_s=self.opening_timeout, verify_on=_value(self.verify_on),

@@ -117,6 +117,10 @@ MinDeadlineOption = Annotated[float, typer.Option(
     "--min-deadline", min=0.1, metavar="SECONDS",
     help=f"seconds: the shortest deadline of a provider with past rounds here (its deadline is {_FACTOR:g} x the "
          f"{FAULTS['deadline_quantile'].default:g} quantile of its round times, at least this)")]
+StragglerMinOption = Annotated[float, typer.Option(
+    "--straggler-min", min=0.0, metavar="SECONDS",
+    help=f"seconds a job must have run, besides {FAULTS['straggler_grace'].default:g} x the round's finished jobs' "
+         f"median, before a spare gets a copy of it as a straggler")]
 RoundTimeoutOption = Annotated[Optional[float], typer.Option(
     "--round-timeout", min=0.1, metavar="SECONDS", help="seconds a round may run before the training fails",
     show_default=f"{_ROUND_FACTOR:g} x the round's longest job deadline, at least --min-round-timeout")]
