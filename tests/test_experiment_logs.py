@@ -199,3 +199,38 @@ async def test_an_audit_log_that_cannot_be_read_skips_the_round_and_the_training
         await recorder.after_round()  # the round is still owed, and written once it can be read
         await recorder.after_round()
         assert kept.steps == [1]
+
+
+def test_a_resumed_training_carries_on_in_the_same_run_of_each_log(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A coordinator that resumes a training opens its logs again: round 2 lands in the run round 1 began."""
+    from aitbc_agent_sdk.tracking import ExperimentRun, open_experiment_log
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    run = ExperimentRun(training_id="training_resumed", directory=tmp_path, config={"rounds": 2})
+    for step in (1, 2):  # the first coordinator logs round 1 and dies; the one that resumes logs round 2
+        for name in ("tensorboard", "wandb", "mlflow"):
+            log = open_experiment_log(name, run)
+            log.log(step, {"eval/loss": 1.0 / step})
+            log.close()
+
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("eval/loss")] == [(1, 1.0), (2, 0.5)]
+
+    client = MlflowClient(tracking_uri=(tmp_path / "mlruns").as_uri())
+    experiment = client.get_experiment_by_name("aitbc")
+    [mlflow_run] = client.search_runs([experiment.experiment_id])  # one run, not one per coordinator
+    history = client.get_metric_history(mlflow_run.info.run_id, "eval/loss")
+    assert sorted((m.step, m.value) for m in history) == [(1, 1.0), (2, 0.5)]
+
+    # Offline, each process keeps its own file under the one id; `wandb sync` puts them in one run.
+    logs = sorted((tmp_path / "wandb").glob("offline-run-*-training_resumed/run-training_resumed.wandb"))
+    assert len(logs) == 2
+    runs = [r.run for path in logs for r in wandb_records(path) if r.WhichOneof("record_type") == "run"]
+    assert {r.run_id for r in runs} == {"training_resumed"}
+    history = [{i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+               for path in logs for r in wandb_records(path) if r.WhichOneof("record_type") == "history"]
+    assert [(h["_step"], h["eval/loss"]) for h in history] == [(1, 1.0), (2, 0.5)]
