@@ -9,6 +9,7 @@ from aitbc_agent_sdk import Agent, AgentConfig, TrainingSpec
 from aitbc_agent_sdk.errors import TrainingError
 from aitbc_agent_sdk.records import JobConfig
 from aitbc_agent_sdk.chain._escrow import training_key
+from aitbc_agent_sdk.provider._owners import TrainingOwner
 from aitbc_agent_sdk.wire._task_state import encode_task_state, restore_task_state
 
 TASK = '''
@@ -78,7 +79,14 @@ async def test_workers_resume_their_state_each_round_and_drop_it_once_the_traini
         owner = training_key(agent.coordinator.address, report.training_id).hex()  # the training's on-chain key
         states = [p.config.work_dir / "task-state" / owner for p in agent.stack.providers]
         assert sum(any(d.rglob("*.safetensors")) for d in states if d.exists()) == 2
+        # Each provider pinned its results (three rounds each) for the training, and they are pinned now.
+        store = agent.stack.store
+        pinned = [provider.pins.pinned(TrainingOwner(agent.coordinator.address, report.training_id))
+                  for provider in agent.stack.providers]
+        assert all(len(cids) >= 3 for cids in pinned), pinned
+        assert set().union(*pinned) <= set(await store.pins())
         for provider in agent.stack.providers:  # what each provider's offer refresh runs
             assert provider.chain is not None
             await provider._sweep()
         assert not any(d.exists() for d in states)  # the escrow is settled: the state is gone
+        assert not set().union(*pinned) & set(await store.pins())  # and so are the providers' pins

@@ -23,6 +23,7 @@ from aitbc_agent_sdk.records import JobAssignment, JobConfig, TaskRef, Trajector
 from aitbc_agent_sdk.provider._jobs import TrainOutcome
 from aitbc_agent_sdk.provider._kept import MAX_RECOMPUTES, KeptJob, KeptResults
 from aitbc_agent_sdk.provider._owners import TrainingOwner
+from aitbc_agent_sdk.provider._pins import TrainingPins
 from aitbc_agent_sdk.provider._process import TRAJECTORY_DIR
 from aitbc_agent_sdk.storage._local import LocalContentStore
 from aitbc_agent_sdk.tasks._bound_task import bind_task
@@ -122,7 +123,7 @@ def kept_job(directory: Path, root: Path) -> KeptJob:
 async def test_kept_results_open_what_they_kept_and_recompute_the_rest(long_job, tmp_path):
     spec, data, _, commitment, directory = long_job
     store = LocalContentStore(tmp_path / "store")
-    results = KeptResults(tmp_path / "kept", store)
+    results = KeptResults(tmp_path / "kept", TrainingPins(store))
     kept = kept_job(directory, tmp_path)
     asked: list[tuple[int, ...]] = []
 
@@ -194,7 +195,7 @@ async def test_the_devnet_providers_keep_4_gib_and_past_it_the_oldest_job_goes(t
     args = build_parser().parse_args(["--wallet", "w", "--price-wei", "1", *DEVNET_PROVIDER_ARGS])
     assert args.kept_size == 4 << 30
 
-    results = KeptResults(tmp_path / "kept", LocalContentStore(tmp_path / "store"), max_bytes=5000)
+    results = KeptResults(tmp_path / "kept", TrainingPins(LocalContentStore(tmp_path / "store")), max_bytes=5000)
     owner = TrainingOwner("0x" + "cd" * 20, "training-1")
     for n in (1, 2):
         job_dir = tmp_path / f"job-{n}"
@@ -219,7 +220,7 @@ class _FailingStore(LocalContentStore):
 
 async def test_a_boundary_that_cannot_be_uploaded_is_left_out_and_the_opening_still_goes_out(long_job, tmp_path):
     _, _, _, commitment, directory = long_job
-    results = KeptResults(tmp_path / "kept", _FailingStore(tmp_path / "store"))
+    results = KeptResults(tmp_path / "kept", TrainingPins(_FailingStore(tmp_path / "store")))
     challenge = TrajectoryChallenge(job_id="job-1", training_id="training-1", round=1, segments=(42, 20),
                                     deadline_s=30.0)
     states = await results.open(kept_job(directory, tmp_path), challenge)
@@ -228,7 +229,7 @@ async def test_a_boundary_that_cannot_be_uploaded_is_left_out_and_the_opening_st
 
 async def test_a_bit_for_bit_check_opens_each_segments_start_only(long_job, tmp_path):
     _, _, _, commitment, directory = long_job
-    results = KeptResults(tmp_path / "kept", LocalContentStore(tmp_path / "store"))
+    results = KeptResults(tmp_path / "kept", TrainingPins(LocalContentStore(tmp_path / "store")))
     both = TrajectoryChallenge(job_id="job-1", training_id="training-1", round=1, segments=(42, 20), deadline_s=30.0)
     starts = both.model_copy(update={"ends": False})
     assert (both.boundaries(), starts.boundaries()) == ([20, 21, 42, 43], [20, 42])

@@ -23,9 +23,9 @@ from pathlib import Path
 
 from ..errors import AitbcError
 from ..records import BoundaryState, JobAssignment, TrajectoryChallenge, id_path
-from ..storage import ContentStore
 from ._jobs import TrainOutcome
 from ._owners import TrainingOwner
+from ._pins import TrainingPins
 from ._process import CHECKPOINT_FILE, TRAJECTORY_DIR
 
 __all__ = ["KEPT_BYTES", "KEPT_JOBS", "MAX_RECOMPUTES", "KeptJob", "KeptResults", "Recompute", "boundary_file"]
@@ -59,10 +59,10 @@ commitment (boundaries outside the trajectory are skipped)."""
 
 
 class KeptResults:
-    def __init__(self, root: Path, store: ContentStore, *, max_jobs: int = KEPT_JOBS,
+    def __init__(self, root: Path, pins: TrainingPins, *, max_jobs: int = KEPT_JOBS,
                  max_bytes: int = KEPT_BYTES) -> None:
         self.root = root
-        self.store = store
+        self.pins = pins  # openings are pinned for their training, unpinned when it closes
         self.max_jobs = max_jobs
         self.max_bytes = max_bytes
         shutil.rmtree(root, ignore_errors=True)  # nothing kept survives a restart: no contract does either
@@ -118,7 +118,7 @@ class KeptResults:
         """One boundary in the store, or None: the opening still goes out without it, so its coordinator
         learns at once what is missing rather than wait out the opening's deadline."""
         try:
-            return BoundaryState(boundary=boundary, cid=await self.store.add(path))
+            return BoundaryState(boundary=boundary, cid=await self.pins.add(kept.owner, path))
         except AitbcError as exc:
             log.warning("boundary %d of job %s could not be uploaded: %s", boundary, kept.job.job_id, exc)
             return None

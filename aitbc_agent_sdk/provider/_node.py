@@ -47,6 +47,7 @@ from ._holdings import CHAIN_READ_S, TrainingHoldings
 from ._kept import KeptJob, KeptResults
 from ._onchain import ProviderChain
 from ._owners import JobIdLedger, TrainingOwner
+from ._pins import TrainingPins
 from ._process import CHECKPOINT_FILE, TrainingProcess
 from ._recompute import recompute_kept_job
 from ._receipts import ProviderReceipts
@@ -92,8 +93,10 @@ class ProviderAgent:
         self._cancel_reasons: dict[tuple[str, str], str] = {}
         self.job_ids = JobIdLedger()  # a job id is used once per training
         # Delivered checkpoints (for re-sends) and boundary states (for spot checks), until the training closes.
-        self.kept = KeptResults(config.work_dir / "kept", store, max_bytes=config.kept_bytes)
-        self.holdings = TrainingHoldings(self.tasks, self.kept, self.job_ids, self._contracts)  # until it closes
+        self.pins = TrainingPins(store)  # what it adds for a training: results, openings, verifiers' ends
+        self.kept = KeptResults(config.work_dir / "kept", self.pins, max_bytes=config.kept_bytes)
+        self.holdings = TrainingHoldings(self.tasks, self.kept, self.job_ids, self._contracts,  # until it closes
+                                         self.pins)
         self.hardware_answers = HardwareAnswers(self.channel, store, lambda: self.hardware)  # at hiring
         # The coordinator's signed payment receipts: kept, counted against its jobs, redeemed when it does not pay.
         self.receipts = ProviderReceipts(chain, account, config.max_unreceipted_rounds, work_dir=config.work_dir)
@@ -346,7 +349,7 @@ class ProviderAgent:
         contract = self._contracts.get(contract_key(verified.sender, kept.job.contract_id))
         if contract is None:
             return  # the training closed on chain: nothing is owed for it any more
-        cid = await self.upload_checkpoint(kept.job, kept.outcome.checkpoint)
+        cid = await self.upload_checkpoint(kept.owner, kept.job, kept.outcome.checkpoint)
         await self._publish_result(HeldJob(kept.job, kept.owner, contract), cid, kept.outcome)
 
     async def _open_trajectory(self, verified: Verified[TrajectoryChallenge]) -> None:
@@ -401,7 +404,7 @@ class ProviderAgent:
                 if found.end is None:
                     report = report.model_copy(update={"problem": found.problem})
                 else:
-                    cid = await self.store.add(found.end)
+                    cid = await self.pins.add(owner, found.end)
                     report = VerifyReport(
                         request_id=request.request_id, training_id=job.training_id, verifier_id=self.address,
                         round=job.round, segment=request.segment, end_cid=cid, state_hash=found.state_hash,
@@ -478,7 +481,7 @@ class ProviderAgent:
 
             outcome = await self.train_job(job, job_dir, on_epoch)
             await self.tasks.keep(owner, job, job_dir)
-            checkpoint_cid = await self.upload_checkpoint(job, outcome.checkpoint)
+            checkpoint_cid = await self.upload_checkpoint(owner, job, outcome.checkpoint)
             # Kept until the training closes: a checkpoint the coordinator could not fetch can be re-sent,
             # and a spot check opens the boundary states.
             kept = await self.kept.keep(owner, job, job_dir, outcome)
@@ -540,9 +543,10 @@ class ProviderAgent:
         """As a verifier: re-execute the requested segment in ``process``; its end state lands in ``job_dir``."""
         return await reexecute_for(process, self.inputs, self.store, owner, request, job_dir)
 
-    async def upload_checkpoint(self, job: JobAssignment, checkpoint: Path) -> str:
-        """Store the checkpoint; the returned CID is the one the result announces."""
-        return await self.store.add(checkpoint)
+    async def upload_checkpoint(self, owner: TrainingOwner, job: JobAssignment, checkpoint: Path) -> str:
+        """Store the checkpoint, pinned until the training closes; the returned CID is the one the result
+        announces."""
+        return await self.pins.add(owner, checkpoint)
 
     def sign_checkpoint(self, job: JobAssignment, cid: str, contract: ContractProposal) -> str:
         """``0x``-hex ``sign_result`` over (chain, registry, training, round, CID): slashing evidence."""

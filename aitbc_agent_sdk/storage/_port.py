@@ -65,6 +65,10 @@ class ContentStore(Protocol):
     async def pin(self, cid: str) -> None:
         ...
 
+    async def unpin(self, cid: str) -> None:
+        """Drop the pin (a no-op when there is none); the blocks go at the node's next garbage collection."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class DirEntry:

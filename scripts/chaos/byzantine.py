@@ -17,6 +17,7 @@ from eth_account import Account
 
 from aitbc_agent_sdk.records import ContractProposal, GpuInfo, Hardware, JobAssignment
 from aitbc_agent_sdk.provider._node import EpochReporter, ProviderAgent, TrainOutcome
+from aitbc_agent_sdk.provider._owners import TrainingOwner
 from aitbc_agent_sdk.provider._process import CHECKPOINT_FILE, WEIGHTS_FILE
 from aitbc_agent_sdk.storage import compute_cid
 from aitbc_agent_sdk.wire._checkpoint import decode_state, encode_state
@@ -135,8 +136,8 @@ class ForgedProvider(ProviderAgent):
 class CidMismatchProvider(ProviderAgent):
     """Uploads its honest checkpoint but announces the CID of other bytes, which it never stores."""
 
-    async def upload_checkpoint(self, job: JobAssignment, checkpoint: Path) -> str:
-        await super().upload_checkpoint(job, checkpoint)
+    async def upload_checkpoint(self, owner: TrainingOwner, job: JobAssignment, checkpoint: Path) -> str:
+        await super().upload_checkpoint(owner, job, checkpoint)
         other = await asyncio.to_thread(checkpoint.read_bytes)
         return compute_cid(other + b"\0")  # hash only: no block is written
 
@@ -184,9 +185,9 @@ class LossyProvider(ProviderAgent):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._lost: set[str] = set()
 
-    async def upload_checkpoint(self, job: JobAssignment, checkpoint: Path) -> str:
+    async def upload_checkpoint(self, owner: TrainingOwner, job: JobAssignment, checkpoint: Path) -> str:
         if job.job_id in self._lost:
-            return await super().upload_checkpoint(job, checkpoint)
+            return await super().upload_checkpoint(owner, job, checkpoint)
         self._lost.add(job.job_id)
         return compute_cid(await asyncio.to_thread(checkpoint.read_bytes))  # hash only: no block is written
 
