@@ -226,8 +226,9 @@ def test_a_resumed_training_carries_on_in_the_same_run_of_each_log(tmp_path: Pat
     history = client.get_metric_history(mlflow_run.info.run_id, "eval/loss")
     assert sorted((m.step, m.value) for m in history) == [(1, 1.0), (2, 0.5)]
 
-    # Offline, each process keeps its own file under the one id; `wandb sync` puts them in one run.
-    logs = sorted((tmp_path / "wandb").glob("offline-run-*-training_resumed/run-training_resumed.wandb"))
+    # Offline, each process keeps its own file under the one id (W&B adds "-1" to a directory opened in the
+    # same second); `wandb sync` puts them in one run.
+    logs = sorted((tmp_path / "wandb").glob("offline-run-*-training_resumed*/run-training_resumed.wandb"))
     assert len(logs) == 2
     runs = [r.run for path in logs for r in wandb_records(path) if r.WhichOneof("record_type") == "run"]
     assert {r.run_id for r in runs} == {"training_resumed"}
