@@ -30,14 +30,17 @@ def aitbc_cmd() -> list[str]:
 
 
 # The suite runs in pytest-xdist workers one file at a time (--dist loadfile), each worker taking
-# the next file in collection order. The longest files go first, so no worker is left with a
-# long file at the end while the other idles (measured: about 1.5 min of tail on 2 cores).
+# the next file in collection order (--no-loadscope-reorder: by default xdist puts the files with the
+# most tests first, which left the GPT-2-small test, one test of 9 minutes, to run alone at the end).
+# The longest files go first (seconds of a fresh-clone run, largest first), so no worker is left with
+# a long file at the end while the other idles.
 LONGEST_FIRST = (
-    "test_gpt2_small.py", "test_chaos.py", "test_cluster_train.py", "test_multinode.py", "test_fault_tolerance.py",
-    "test_benchmarks.py", "test_cli_training_admin.py", "test_assistant_chat.py", "test_devnet_flow.py",
-    "test_elastic.py", "test_auto_resume.py", "test_scenario_elastic_devnet.py", "test_cli_run.py",
-    "test_hostile_tasks.py", "test_user_tasks.py", "test_cli_habits.py", "test_cli_wallet.py",
-    "test_scenario_fault_tolerant.py", "test_language_model.py",
+    "test_gpt2_small.py", "test_benchmarks.py", "test_fault_tolerance.py", "test_cluster_train.py",
+    "test_chaos.py", "test_cli_run.py", "test_assistant_chat.py", "test_market_verification.py",
+    "test_multinode.py", "test_devnet_flow.py", "test_language_model.py", "test_scenario_elastic_devnet.py",
+    "test_cli_training_admin.py", "test_market_sim.py", "test_auto_resume.py", "test_elastic.py",
+    "test_user_tasks.py", "test_dashboard_browser.py", "test_embedded_run.py", "test_cli_wallet.py",
+    "test_hostile_tasks.py",
 )
 
 
