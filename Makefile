@@ -8,7 +8,7 @@ demo: setup
 	.venv/bin/aitbc distributed-training run --dataset digits --workers 4 --rounds 5 --plot training.png
 
 test: setup
-	.venv/bin/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25
+	.venv/bin/python -m pytest -q -n 2 --dist loadfile --durations=25
 
 bench: setup
 	.venv/bin/python bench/run_all.py
